@@ -1,0 +1,3 @@
+"""gpurig: PyTorch+CUDA images, GPU hosts, deployments, verification and monitoring."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,58 @@
+"""The errors a user can meet, each carrying the fix to print beside it.
+
+Everything below the CLI raises these; the CLI prints ``str(error)`` as one
+line on stderr and exits with ``error.exit_code``. Nothing else should reach
+the user as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class GpurigError(Exception):
+    """A problem the user can fix. ``problem`` says what is wrong, ``fix`` what to do."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.problem}; fix: {self.fix}" if self.fix else self.problem
+
+
+class SpecError(GpurigError):
+    """An image spec (images/*.yaml) that cannot be loaded or is invalid."""
+
+
+class CompatError(SpecError):
+    """A combination of versions that does not exist (torch x CUDA x Python x driver)."""
+
+
+class RenderError(GpurigError):
+    """A template that cannot be rendered into a build context."""
+
+
+class LintError(GpurigError):
+    """hadolint missing, or reporting problems in a rendered Dockerfile."""
+
+
+class DockerError(GpurigError):
+    """Docker missing, its daemon down, no BuildKit-capable client, or a failed build."""
+
+
+class InventoryError(GpurigError):
+    """An inventory file that cannot be loaded, or a host selection that matches nothing."""
+
+
+class HostError(GpurigError):
+    """A host that cannot be reached, authenticated, trusted or commanded."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """' (did you mean X?)' for the closest of ``choices``, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
