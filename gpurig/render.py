@@ -1,0 +1,310 @@
+"""Jinja templates + an ImageSpec -> one build-context directory per (matrix entry, variant)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from gpurig import compat
+from gpurig.errors import CompatError, RenderError
+from gpurig.spec import ImageSpec, MatrixEntry, Variant
+
+CONTEXT_META = "gpurig-context.json"
+# Variant files rendered from templates/files/<name>.j2 (or copied as they are), per feature.
+_FILES = {
+    "entrypoint.sh": "always",
+    "profile.sh": "always",
+    "sshd_config": "ssh",
+    "jupyter_server_config.py": "jupyter",
+    "healthcheck.py": "jupyter",
+}
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """A rendered build context: what `docker build` gets, and what the image will be called."""
+
+    path: Path
+    spec: ImageSpec
+    entry: MatrixEntry
+    variant: Variant
+    image_ref: str
+    aliases: tuple[str, ...]
+    labels: dict
+    wheelhouse: bool
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.path / "Dockerfile"
+
+
+def _dq(value: object) -> str:
+    """A Dockerfile double-quoted string."""
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def environment(templates_dir: Path) -> jinja2.Environment:
+    if not templates_dir.is_dir():
+        raise RenderError(f"no templates directory at {templates_dir}", "run from the project root (where templates/ is)")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["dq"] = _dq
+    env.filters["shquote"] = shlex.quote
+    return env
+
+
+def torch_requirement(entry: MatrixEntry) -> str:
+    """torch==X for the build PyPI serves by default, torch==X+cuXYZ (or +cpu) for the others."""
+    release = compat.torch_release(entry.torch)
+    if entry.cuda == release.pypi_cuda:
+        return f"torch=={entry.torch}"
+    return f"torch=={entry.torch}+{entry.cuda_tag}"
+
+
+def cuda_toolkit_requirement(entry: MatrixEntry) -> str:
+    """NVIDIA's pip meta-package for nvcc, headers and the runtime of this CUDA release."""
+    return f"cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]=={entry.cuda}.*"
+
+
+def _pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
+    build = spec.build
+    options: list[str] = []
+    if build.pip_index:
+        options += ["--index-url", build.pip_index]
+    for url in build.pip_extra_index:
+        options += ["--extra-index-url", url]
+    if wheelhouse:
+        options += ["--find-links", "/wheelhouse"]
+    for link in build.find_links:
+        if "://" in link:
+            options += ["--find-links", link]
+    return options
+
+
+def _pip_install_step(spec: ImageSpec, wheelhouse: bool):
+    """The RUN step that pip-installs: cache mount, CA bundle secret, wheelhouse bind; nothing stays in the layer."""
+
+    def pip_install(requirements: list[str], extra_index: str = "") -> str:
+        mounts = ["--mount=type=cache,target=/root/.cache/pip", "--mount=type=secret,id=ca,target=/run/secrets/ca.pem"]
+        if wheelhouse:
+            mounts.append("--mount=type=bind,source=wheelhouse,target=/wheelhouse")
+        options = _pip_options(spec, wheelhouse)
+        if extra_index:
+            options += ["--extra-index-url", extra_index]
+        words = " ".join(shlex.quote(w) for w in options + list(requirements))
+        lines = ["RUN " + " \\\n    ".join(mounts) + " \\"]
+        # The CA bundle is a build secret: present during this step only, never in a layer.
+        lines.append("    if [ -s /run/secrets/ca.pem ]; then export PIP_CERT=/run/secrets/ca.pem; fi \\")
+        lines.append(f"    && pip install {words}")
+        return "\n".join(lines)
+
+    return pip_install
+
+
+def _git(project: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project: Path) -> dict[str, str]:
+    """OCI and gpurig labels. created is the commit time, not now, so that a rebuild is a full cache hit."""
+    created = os.environ.get("SOURCE_DATE_EPOCH") and _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    return {
+        "org.opencontainers.image.title": spec.name,
+        "org.opencontainers.image.version": f"{entry.tag}-{variant.name}",
+        "org.opencontainers.image.revision": _git(project, "rev-parse", "HEAD") or "unknown",
+        "org.opencontainers.image.created": created or _git(project, "log", "-1", "--format=%cI") or "unknown",
+        "org.opencontainers.image.source": _git(project, "remote", "get-url", "origin") or f"local:{project.resolve().name}",
+        "org.opencontainers.image.base.name": variant.base,
+        "io.gpurig.variant": variant.name,
+        "io.gpurig.torch": entry.torch,
+        "io.gpurig.cuda": entry.cuda,
+        "io.gpurig.python": spec.python,
+        "io.gpurig.min-driver": entry.min_driver or "none",
+    }
+
+
+def _epoch_to_iso(epoch: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
+
+
+def check_renderable(entry: MatrixEntry, variant: Variant) -> None:
+    """Raise CompatError for a (entry, variant) pair that cannot exist."""
+    if variant.kind.cuda_toolkit and entry.is_cpu:
+        raise CompatError(
+            f"variant {variant.name} needs a CUDA build but {entry} has none",
+            f"choose a CUDA entry for {variant.name}, e.g. --cuda 13.0",
+        )
+
+
+def local_wheelhouses(spec: ImageSpec) -> list[Path]:
+    """find_links entries that are local directories (URLs are passed to pip as they are)."""
+    dirs = []
+    for link in spec.build.find_links:
+        if "://" in link:
+            continue
+        path = Path(os.path.expanduser(link))
+        if not path.is_dir():
+            raise RenderError(
+                f"{spec.path}: build.find_links names {link}, which is not a directory", "fix the path or remove it"
+            )
+        dirs.append(path)
+    return dirs
+
+
+def _fill_wheelhouse(target: Path, sources: list[Path]) -> None:
+    """Hard-link (or copy) the wheels into the context: the build mounts them, no layer keeps them."""
+    target.mkdir()
+    for source in sources:
+        for wheel in sorted(source.glob("*.whl")):
+            dest = target / wheel.name
+            if dest.exists():
+                continue
+            try:
+                os.link(wheel, dest)
+            except OSError:
+                shutil.copy2(wheel, dest)
+
+
+def render(
+    spec: ImageSpec, entry: MatrixEntry, variant_name: str, project: Path, out_root: Path
+) -> BuildContext:
+    """Render one build context into out_root/<name>/<tag>-<variant>, replacing any earlier one whole."""
+    variant = spec.variant(variant_name)
+    check_renderable(entry, variant)
+    env = environment(project / "templates")
+    wheelhouses = local_wheelhouses(spec)
+    labels = image_labels(spec, entry, variant, project)
+    values = {
+        "spec": spec,
+        "build": spec.build,
+        "entry": entry,
+        "variant": variant,
+        "image_ref": spec.image_ref(entry, variant.name),
+        "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini", *variant.apt],
+        "extra_pip": list(variant.pip),
+        "torch_requirement": torch_requirement(entry),
+        "torch_index": _torch_index(spec, entry),
+        "cuda_toolkit_requirement": None if entry.is_cpu else cuda_toolkit_requirement(entry),
+        "require_cuda": compat.require_cuda(entry.cuda),
+        "labels": labels,
+        "services": [s for s, on in (("sshd", variant.kind.ssh), ("jupyterlab", variant.kind.jupyter)) if on],
+        "pip_install": _pip_install_step(spec, bool(wheelhouses)),
+    }
+    final = out_root / spec.name / f"{entry.tag}-{variant.name}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", values))
+        for name, feature in _FILES.items():
+            if feature == "always" or getattr(variant.kind, feature):
+                _write_file(env, project / "templates" / "files", name, staging, values)
+        checks = project / "checks"
+        if not checks.is_dir():
+            raise RenderError(f"no checks directory at {checks}", "run from the project root (where checks/ is)")
+        shutil.copytree(checks, staging / "checks", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if wheelhouses:
+            _fill_wheelhouse(staging / "wheelhouse", wheelhouses)
+        context = BuildContext(
+            path=final,
+            spec=spec,
+            entry=entry,
+            variant=variant,
+            image_ref=values["image_ref"],
+            aliases=spec.alias_refs(entry, variant.name),
+            labels=labels,
+            wheelhouse=bool(wheelhouses),
+        )
+        meta = {
+            "image": context.image_ref,
+            "aliases": list(context.aliases),
+            "variant": variant.name,
+            "torch": entry.torch,
+            "cuda": entry.cuda,
+            "labels": labels,
+            "wheelhouse": context.wheelhouse,
+        }
+        _write(staging / CONTEXT_META, json.dumps(meta, indent=2) + "\n")
+        _replace_dir(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return context
+
+
+def _torch_index(spec: ImageSpec, entry: MatrixEntry) -> str:
+    if torch_requirement(entry) == f"torch=={entry.torch}" or not spec.build.torch_index:
+        return ""
+    return spec.build.torch_index.format(cuda_tag=entry.cuda_tag, cuda=entry.cuda)
+
+
+def _render(env: jinja2.Environment, name: str, values: dict) -> str:
+    try:
+        return env.get_template(name).render(**values)
+    except jinja2.TemplateNotFound as err:
+        raise RenderError(f"template {err.name} not found in templates/", "restore it from the gpurig project") from None
+    except jinja2.UndefinedError as err:
+        raise RenderError(f"template {name}: {err.message}", "define the value or fix the template") from None
+    except jinja2.TemplateSyntaxError as err:
+        raise RenderError(f"template {err.name or name} line {err.lineno}: {err.message}", "fix the template") from None
+
+
+def _write_file(env: jinja2.Environment, files: Path, name: str, staging: Path, values: dict) -> None:
+    if (files / f"{name}.j2").is_file():
+        text = _render(env, f"files/{name}.j2", values)
+    elif (files / name).is_file():
+        text = (files / name).read_text()
+    else:
+        raise RenderError(f"templates/files/{name} not found", "restore it from the gpurig project")
+    _write(staging / name, text, mode=0o755 if name.endswith(".sh") else 0o644)
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _replace_dir(staging: Path, final: Path) -> None:
+    """Swap the new context in; the old one is removed only after the new one is in place."""
+    os.chmod(staging, 0o755)
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(final)
+
+
+def render_matrix(
+    spec: ImageSpec, entries: list[MatrixEntry], variants: list[str], project: Path, out_root: Path
+) -> tuple[list[BuildContext], list[tuple[MatrixEntry, str, str]]]:
+    """Render every (entry, variant); pairs that cannot exist are returned as skipped with the reason."""
+    rendered, skipped = [], []
+    for entry in entries:
+        for name in variants:
+            try:
+                check_renderable(entry, spec.variant(name))
+            except CompatError as err:
+                skipped.append((entry, name, err.problem))
+                continue
+            rendered.append(render(spec, entry, name, project, out_root))
+    return rendered, skipped
