@@ -2,7 +2,7 @@
 """Is this container's PyTorch really using a GPU? One JSON record per check, on stdout.
 
 Standalone on purpose (stdlib, plus torch when present): it is copied into
-every image and piped to hosts, so it must not import gpurig. Each record is
+every image and piped to hosts, so it depends on nothing of gpurig. Each record is
     {"id", "status": pass|warn|fail|skip, "measured", "expected", "detail", "fix"}
 The exit status is 1 if any check failed, else 0. `--text` prints a table instead.
 """

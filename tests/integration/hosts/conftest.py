@@ -1,0 +1,258 @@
+"""Real sshd hosts on loopback for the hosts-layer tests: each with its own host key and port.
+
+Every process started here is stopped at teardown; readiness is polled
+(the SSH banner), never slept for.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpurig.connection import Connector, SSHSettings
+
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+
+pytestmark = pytest.mark.integration
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.integration)
+            if SSHD is None:
+                item.add_marker(pytest.mark.skip(reason="sshd not installed (apt-get install openssh-server)"))
+            elif os.geteuid() != 0:
+                item.add_marker(pytest.mark.skip(reason="sshd test hosts need root (to log in as root and create a sudo user)"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, comment: str = "gpurig-test") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+    return path
+
+
+def ssh_fingerprint(pub: Path) -> str:
+    """What OpenSSH itself says the key's fingerprint is (an oracle independent of gpurig)."""
+    return subprocess.run(["ssh-keygen", "-lf", str(pub)], check=True, capture_output=True, text=True).stdout.split()[1]
+
+
+def wait_for_banner(port: int, deadline_s: float = 10.0) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            raise RuntimeError(f"sshd on port {port} did not come up")
+        time.sleep(0.02)  # polling interval while waiting for readiness, not a synchronisation sleep
+
+
+@dataclass
+class SshdHost:
+    name: str
+    port: int
+    dir: Path
+    host_key: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return ssh_fingerprint(self.host_key.with_suffix(".pub"))
+
+    @property
+    def known_hosts_name(self) -> str:
+        return f"[127.0.0.1]:{self.port}"
+
+
+class SshdFarm:
+    """Starts and stops sshd processes, one per test host."""
+
+    def __init__(self, base: Path, client_pub: Path) -> None:
+        self.base = base
+        self.client_pub = client_pub
+        self.hosts: list[SshdHost] = []
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+
+    def start(self, count: int = 1, prefix: str = "h", extra: str = "") -> list[SshdHost]:
+        made = []
+        for _ in range(count):
+            name = f"{prefix}{len(self.hosts):03d}"
+            d = self.base / name
+            d.mkdir()
+            key = keygen(d / "host_key", name)
+            shutil.copy(self.client_pub, d / "authorized_keys")
+            host = SshdHost(name, free_port(), d, key)
+            (d / "sshd_config").write_text(
+                f"Port {host.port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {d}/sshd.pid\n"
+                f"AuthorizedKeysFile .ssh/authorized_keys {d}/authorized_keys\n"
+                "UsePAM no\nStrictModes no\nMaxStartups 500\nMaxSessions 100\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                "Subsystem sftp internal-sftp\nLogLevel ERROR\n" + extra
+            )
+            host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
+            self.hosts.append(host)
+            made.append(host)
+        for host in made:
+            wait_for_banner(host.port)
+        return made
+
+    def kill(self, host: SshdHost) -> None:
+        """SIGKILL the listener and every process under it (its sessions), like a host dying."""
+        if host.proc is None or host.proc.poll() is not None:
+            return
+        for pid in [host.proc.pid, *_descendants(host.proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        host.proc.wait()
+
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            self.kill(host)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+@pytest.fixture(scope="session")
+def client_key(tmp_path_factory) -> Path:
+    return keygen(tmp_path_factory.mktemp("client") / "id_ed25519", "gpurig-client")
+
+
+@pytest.fixture(scope="session")
+def farm(tmp_path_factory, client_key):
+    f = SshdFarm(tmp_path_factory.mktemp("sshd"), client_key.with_suffix(".pub"))
+    yield f
+    f.stop_all()
+
+
+@pytest.fixture(scope="session")
+def sshd(farm) -> SshdHost:
+    """One ordinary host, shared by tests that do not change it."""
+    return farm.start(1, prefix="shared")[0]
+
+
+@pytest.fixture
+def settings(tmp_path) -> SSHSettings:
+    """Settings isolated from the user's ~/.ssh: project known_hosts in tmp, no agent, no default keys."""
+    return SSHSettings(
+        connect_timeout=5,
+        connect_attempts=1,
+        project_known_hosts=tmp_path / "known_hosts",
+        user_known_hosts=None,
+        ssh_config=None,
+        allow_agent=False,
+        look_for_keys=False,
+    )
+
+
+@pytest.fixture
+def connector(settings):
+    c = Connector(settings)
+    yield c
+    c.close()
+
+
+def inventory_text(hosts: dict[str, dict], key: Path) -> str:
+    lines = ["all:", "  vars:", "    ansible_user: root", f"    ansible_ssh_private_key_file: {key}", "  hosts:"]
+    for name, hvars in hosts.items():
+        lines.append(f"    {name}:")
+        for k, v in hvars.items():
+            lines.append(f"      {k}: {v!r}" if isinstance(v, str) else f"      {k}: {v}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def write_inventory(tmp_path, client_key):
+    def write(hosts: dict[str, dict]) -> Path:
+        path = tmp_path / "inventory" / "hosts.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(inventory_text(hosts, client_key))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts TCP connections and never says a word (a hung host)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                held.append(conn)
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+@pytest.fixture
+def sudo_user(client_key):
+    """A Linux user with a password and a sudoers rule that requires it; both removed afterwards."""
+    name = f"gpst{secrets.token_hex(3)}"
+    password = "pw-" + secrets.token_urlsafe(12)
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True)
+    sudoers = Path(f"/etc/sudoers.d/{name}")
+    try:
+        subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True)
+        ssh_dir = Path(f"/home/{name}/.ssh")
+        ssh_dir.mkdir(mode=0o700)
+        shutil.copy(client_key.with_suffix(".pub"), ssh_dir / "authorized_keys")
+        subprocess.run(["chown", "-R", f"{name}:{name}", str(ssh_dir)], check=True)
+        sudoers.write_text(f"{name} ALL=(ALL) ALL\n")
+        sudoers.chmod(0o440)
+        yield name, password
+    finally:
+        sudoers.unlink(missing_ok=True)
+        subprocess.run(["userdel", "-r", "-f", name], check=False, capture_output=True)

@@ -1,0 +1,152 @@
+"""Loading images/*.yaml: the shipped spec, and every kind of invalid input with its one-line message."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpurig.errors import CompatError, SpecError
+from gpurig.spec import MatrixEntry, find_specs, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MINIMAL = """
+name: pytorch
+python: "3.11"
+matrix:
+  - {torch: "2.9.1", cuda: "12.8"}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_the_shipped_spec_loads_with_all_variants_and_a_default():
+    spec = load_spec(ROOT / "images" / "pytorch.yaml")
+    assert set(spec.variants) == {"slim", "ssh", "jupyter", "full"}
+    assert spec.default == MatrixEntry("2.14.1", "13.0")
+    assert spec.image_ref(spec.default, "slim") == "pytorch:2.14.1-cu130-slim"
+    assert "jupyterlab" in spec.variants["full"].pip and "gpustat" in spec.variants["full"].pip
+    assert "openssh-server" in spec.variants["ssh"].apt
+    assert spec.variants["slim"].apt == () and spec.variants["slim"].pip == ()
+
+
+def test_minimal_spec_gets_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, MINIMAL))
+    assert spec.default == MatrixEntry("2.9.1", "12.8")
+    assert spec.base == "debian:bookworm-slim"
+    assert spec.user.name == "gpurig" and spec.user.uid == 1000
+    assert set(spec.variants) == {"slim", "ssh", "jupyter", "full"}
+
+
+def test_spec_objects_are_frozen(tmp_path):
+    spec = load_spec(write(tmp_path, MINIMAL))
+    with pytest.raises(AttributeError):
+        spec.name = "other"
+
+
+def test_registry_and_aliases_make_the_tags(tmp_path):
+    spec = load_spec(
+        write(tmp_path, MINIMAL + 'registry: "reg.example.com:5000/ml/"\nbuild: {aliases: ["{variant}", "cu{cuda}"]}\n')
+    )
+    assert spec.image_ref(spec.default, "ssh") == "reg.example.com:5000/ml/pytorch:2.9.1-cu128-ssh"
+    assert spec.alias_refs(spec.default, "ssh") == (
+        "reg.example.com:5000/ml/pytorch:ssh",
+        "reg.example.com:5000/ml/pytorch:cu12.8",
+    )
+
+
+def test_matrix_selection_by_torch_or_cuda(tmp_path):
+    spec = load_spec(
+        write(
+            tmp_path,
+            """
+            name: p
+            python: "3.11"
+            matrix:
+              - {torch: "2.9.1", cuda: "12.8"}
+              - {torch: "2.9.1", cuda: "12.6", default: true}
+              - {torch: "2.13.0", cuda: "cpu"}
+            """,
+        )
+    )
+    assert spec.entry() == MatrixEntry("2.9.1", "12.6")
+    assert spec.entry(cuda="cpu") == MatrixEntry("2.13.0", "cpu")
+    assert spec.entry(torch="2.9.1", cuda="12.8") == MatrixEntry("2.9.1", "12.8")
+    with pytest.raises(SpecError, match="no matrix entry for torch=2.9.1 cuda=13.0"):
+        spec.entry(torch="2.9.1", cuda="13.0")
+    with pytest.raises(CompatError, match="torch 2.9 ships CUDA 12.6, 12.8, 13.0"):
+        spec.entry(torch="2.9.1", cuda="11.8")
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "spec.yaml is empty"),
+        ("name: [unclosed\n", "is not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping, got list"),
+        (MINIMAL + "variant: {}\n", "unknown key 'variant' (did you mean 'variants'?)"),
+        (MINIMAL + "variants: {slimm: {}}\n", "variants: unknown key 'slimm' (did you mean 'slim'?)"),
+        (MINIMAL + "variants: {slim: {pip: jupyterlab}}\n", "variants.slim.pip: expected a list of strings"),
+        (MINIMAL + "variants: {ssh: {ports: [22, 70000]}}\n", "variants.ssh.ports: expected a list of port numbers"),
+        (MINIMAL + "build: {pip_indx: x}\n", "unknown key 'pip_indx' (did you mean 'pip_index'?)"),
+        (MINIMAL + "build: {aliases: ['{arch}']}\n", "alias '{arch}' uses an unknown field"),
+        (MINIMAL + "user: {name: root}\n", "must not be root"),
+        (MINIMAL + "user: {uid: 0}\n", "uid 0 is not a regular user id"),
+        ('name: p\npython: "3.11"\n', "missing key 'matrix'"),
+        ('name: p\npython: "3.11"\nmatrix: []\n', "matrix: expected a non-empty list"),
+        ('name: p\npython: 3.10\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', 'python: 3.1 is a number; fix: quote it'),
+        ('name: P Q\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', "name: 'P Q' is not valid"),
+        ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9", cuda: "12.8"}]\n', "matrix[0].torch: '2.9' is not valid"),
+        ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8", gpu: a100}]\n', "unknown key 'gpu'"),
+        (
+            'name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "11.8"}]\n',
+            "matrix[0]: torch 2.9.1 has no wheel for CUDA 11.8; fix: torch 2.9 ships CUDA 12.6, 12.8, 13.0",
+        ),
+        (
+            'name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}, {torch: "2.9.1", cuda: "12.8"}]\n',
+            "matrix[1]: torch 2.9.1 + CUDA 12.8 is listed twice",
+        ),
+        (
+            'name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8", default: true},'
+            ' {torch: "2.9.1", cuda: "12.6", default: true}]\n',
+            "a second default entry",
+        ),
+        (
+            'name: p\npython: "3.12"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n',
+            "base debian:bookworm-slim installs Python 3.11, not 3.12",
+        ),
+        (
+            'name: p\npython: "3.8"\nbase: {image: "ubuntu:20.04"}\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n',
+            "torch 2.9.1 has no wheel for Python 3.8",
+        ),
+    ],
+)
+def test_invalid_specs_fail_with_one_line_naming_file_key_and_fix(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    line = str(err.value)
+    assert message in line
+    assert "\n" not in line
+    assert str(path) in line
+    assert "; fix: " in line
+
+
+def test_missing_spec_file_and_images_dir(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="no images directory"):
+        find_specs(tmp_path / "images")
+    (tmp_path / "images").mkdir()
+    with pytest.raises(SpecError, match="has no \\*.yaml image specs"):
+        find_specs(tmp_path / "images")
+
+
+def test_unknown_variant_lookup_suggests(tmp_path):
+    spec = load_spec(write(tmp_path, MINIMAL))
+    with pytest.raises(SpecError, match="unknown variant 'jupiter' \\(did you mean 'jupyter'\\?\\)"):
+        spec.variant("jupiter")
