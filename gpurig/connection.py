@@ -257,7 +257,7 @@ class KnownHosts:
             if line not in current:
                 if current and not current.endswith("\n"):
                     current += "\n"
-                _atomic_write(self.project, (current + line).encode())
+                atomic_write(self.project, (current + line).encode())
             self._project_keys.add(name, key.get_name(), key)
             log.info("recorded host key %s %s for %s in %s", key.get_name(), fingerprint(key), name, self.project)
         finally:
@@ -275,7 +275,7 @@ def _load_host_keys(path: Path) -> paramiko.HostKeys:
     return keys
 
 
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -751,10 +751,11 @@ class Connector:
             port=host.port or int(conf.get("port", 22)),
             user=host.user or conf.get("user") or getpass.getuser(),
             key_files=tuple(keys),
-            jumps=self._jump_targets(jump),
+            jumps=self._jump_targets(jump, tuple(keys)),
         )
 
-    def _jump_targets(self, spec: str | None) -> tuple[SSHTarget, ...]:
+    def _jump_targets(self, spec: str | None, inherited_keys: tuple[str, ...]) -> tuple[SSHTarget, ...]:
+        """Hops of a ProxyJump spec; a hop with no IdentityFile of its own offers the target's keys."""
         if not spec or spec == "none":
             return ()
         hops = []
@@ -768,7 +769,7 @@ class Connector:
                     hostname=conf.get("hostname", name),
                     port=int(port or conf.get("port", 22)),
                     user=user or conf.get("user") or getpass.getuser(),
-                    key_files=tuple(str(Path(k).expanduser()) for k in conf.get("identityfile", [])),
+                    key_files=tuple(str(Path(k).expanduser()) for k in conf.get("identityfile", [])) or inherited_keys,
                 )
             )
         return tuple(hops)
@@ -813,6 +814,9 @@ class Connector:
                     opts = transport.get_security_options()
                     opts.key_types = [t for t in known if t in opts.key_types] + [t for t in opts.key_types if t not in known]
                 transport.start_client(timeout=s.connect_timeout)
+                if not transport.initial_kex_done:
+                    # start_client returns quietly at its timeout while the banner wait goes on.
+                    raise _ConnectFailure(f"no SSH handshake within {s.connect_timeout:g}s (is an SSH server listening there?)")
                 break
             except _ConnectFailure as err:
                 last = err.reason
@@ -916,7 +920,7 @@ def _describe_connect_error(err: BaseException, timeout: float) -> str:
         return f"timed out after {timeout:g}s"
     text = str(err) or type(err).__name__
     if "banner" in text.lower():
-        return f"no SSH banner within {timeout:g}s (is an SSH server listening there?)"
+        return f"no SSH handshake within {timeout:g}s (is an SSH server listening there?)"
     if isinstance(err, EOFError) or "reset" in text.lower():
         return "the server closed the connection during the handshake"
     return text

@@ -22,7 +22,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("os_release", "cat /etc/os-release"),
     ("uname", "uname -srm"),
     ("nproc", "getconf _NPROCESSORS_ONLN"),
-    ("meminfo", "cat /proc/meminfo"),
+    ("meminfo", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
     ("df", "df -Pk / /var/lib/docker"),
     ("lspci", "lspci -nn -d 10de:"),
     # Fallback when pciutils is absent: vendor/class/device ids straight from sysfs.
@@ -81,11 +81,9 @@ def split_sections(output: str) -> dict[str, Section]:
                 rc = int(line[len(RC_MARK) + 1:].strip())
             except ValueError:
                 rc = 1
-            # The script adds a newline before each marker; drop it so the text is what the command printed.
-            text = "\n".join(body)
-            if text.endswith("\n") or (body and body[-1] == ""):
-                text = text[:-1] if text.endswith("\n") else "\n".join(body[:-1])
-            sections[name] = Section(rc, text)
+            # The script prints a newline before the rc marker; a command whose output
+            # ended with its own newline leaves one empty line, which is not output.
+            sections[name] = Section(rc, "\n".join(body[:-1] if body and body[-1] == "" else body))
             name = None
         elif name is not None:
             body.append(line)

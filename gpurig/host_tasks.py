@@ -1,5 +1,142 @@
-"""Invoke tasks that act on hosts from the inventory (facts, ...)."""
+"""Invoke tasks that act on hosts from the inventory (facts, hosts): parse flags, call gpurig."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import getpass
+import os
+from pathlib import Path
+
+from invoke.exceptions import Exit
+from rich.console import Console
+from rich.table import Table
+
+from gpurig.cli import task
+from gpurig.connection import HOST_KEY_POLICIES, Connector, SSHSettings
+from gpurig.errors import InventoryError
+from gpurig.facts import Facts, gather
+from gpurig.fleet import FleetReport, print_summary, run_fleet
+from gpurig.inventory import Host, load_inventory
+
+__all__ = ["facts", "hosts"]
+
+INVENTORY_ENV = "GPURIG_INVENTORY"
+
+_SELECT_HELP = {
+    "host": "hosts to act on: names or patterns, comma-separated (a100-*)",
+    "group": "inventory groups to act on, comma-separated",
+    "pattern": "an Ansible host pattern such as 'gpu:!a100-01'",
+    "inventory": f"inventory file (default: ${INVENTORY_ENV} or inventory/hosts.yaml)",
+}
+_CONNECT_HELP = {
+    "forks": "how many hosts at once (default 64)",
+    "host_key_policy": "strict | accept-new (default) | off: what to do with unknown host keys",
+    "connect_timeout": "seconds to wait for a host to answer (default 10)",
+    "ask_sudo_password": "prompt once for the sudo password (else $GPURIG_SUDO_PASSWORD)",
+}
+
+
+def _root(c) -> Path:
+    try:
+        return Path(c.config.gpurig.root)
+    except AttributeError:
+        return Path(".")
+
+
+def select_hosts(c, host: str | None, group: str | None, pattern: str | None, inventory: str | None) -> list[Host]:
+    """The inventory named by flag, env or default, narrowed to the selection."""
+    path = Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
+    chosen = load_inventory(path).select(hosts=host, groups=group, pattern=pattern)
+    if not chosen:
+        raise InventoryError(f"the selection matches no host in {path}", "check --host/--group/--pattern with 'invoke hosts'")
+    return chosen
+
+
+def make_connector(c, policy: str, connect_timeout: float, ask_sudo_password: bool, inventory_path: Path) -> Connector:
+    if policy not in HOST_KEY_POLICIES:
+        raise InventoryError(f"unknown --host-key-policy {policy!r}", f"use one of: {', '.join(HOST_KEY_POLICIES)}")
+    if policy == "off":
+        Console(stderr=True).print(
+            "[bold red]WARNING: host key checking is OFF. Any machine that answers for these hosts "
+            "will be trusted; use this only on a network you control.[/]"
+        )
+    settings = SSHSettings(
+        connect_timeout=connect_timeout,
+        host_key_policy=policy,
+        project_known_hosts=inventory_path.parent / "known_hosts",
+    )
+    password = (lambda: getpass.getpass("sudo password: ")) if ask_sudo_password else None
+    return Connector(settings, sudo_password=password)
+
+
+@task(help={**_SELECT_HELP, **_CONNECT_HELP, "json": "also write the facts as a JSON report to this file"})
+def facts(
+    c,
+    host=None,
+    group=None,
+    pattern=None,
+    inventory=None,
+    json=None,
+    forks=0,
+    host_key_policy="accept-new",
+    connect_timeout=10,
+    ask_sudo_password=False,
+):
+    """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts and print a table."""
+    chosen = select_hosts(c, host, group, pattern, inventory)
+    inv_path = Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
+    connector = make_connector(c, host_key_policy, float(connect_timeout), ask_sudo_password, inv_path)
+    try:
+        report = run_fleet(chosen, gather, connector=connector, forks=int(forks) or None, report_path=json, label="facts")
+    finally:
+        connector.close()
+    out = Console()
+    out.print(facts_table(report))
+    print_summary(report, Console(stderr=True))
+    if report.exit_code:
+        raise Exit(code=report.exit_code)
+
+
+@task(help=_SELECT_HELP)
+def hosts(c, host=None, group=None, pattern=None, inventory=None):
+    """List the hosts a selection picks, with their address, user and groups."""
+    table = Table("host", "address", "user", "groups", "connection")
+    for h in select_hosts(c, host, group, pattern, inventory):
+        port = f":{h.port}" if h.port else ""
+        table.add_row(h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection)
+    Console().print(table)
+
+
+def facts_table(report: FleetReport) -> Table:
+    """One row per host: what it is, or why it could not be asked."""
+    table = Table("host", "status", "os", "kernel", "cpus", "mem", "gpus", "driver", "docker", "runtime", "toolkit", "cgroup")
+    for r in report.results:
+        f: Facts | None = r.data if isinstance(r.data, Facts) else None
+        if f is None:
+            table.add_row(r.host, f"[red]{r.status}[/]", r.reason[:60], *[""] * 9)
+            continue
+        gpus = _gpu_summary(f)
+        docker = f.docker.server_version or ("stopped" if f.docker.installed else "-")
+        table.add_row(
+            r.host,
+            f"[green]{r.status}[/]",
+            f"{f.os.id or '?'} {f.os.version_id or ''}".strip(),
+            f.kernel or "?",
+            str(f.cpus or "?"),
+            f"{f.mem_total_bytes / 2**30:.0f}G" if f.mem_total_bytes else "?",
+            gpus,
+            f.driver_version or "-",
+            docker,
+            f.docker.default_runtime or "-",
+            f.toolkit_version or "-",
+            f"v{f.cgroup_version}" if f.cgroup_version else "?",
+        )
+    return table
+
+
+def _gpu_summary(f: Facts) -> str:
+    if f.gpus:
+        names = sorted({g.name for g in f.gpus})
+        return f"{len(f.gpus)}x {', '.join(names)}"
+    if f.pci_gpus:
+        return f"{len(f.pci_gpus)} on PCI, no driver"
+    return "-"

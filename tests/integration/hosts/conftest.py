@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpurig.connection import Connector, SSHSettings
 
@@ -190,12 +191,8 @@ def connector(settings):
 
 
 def inventory_text(hosts: dict[str, dict], key: Path) -> str:
-    lines = ["all:", "  vars:", "    ansible_user: root", f"    ansible_ssh_private_key_file: {key}", "  hosts:"]
-    for name, hvars in hosts.items():
-        lines.append(f"    {name}:")
-        for k, v in hvars.items():
-            lines.append(f"      {k}: {v!r}" if isinstance(v, str) else f"      {k}: {v}")
-    return "\n".join(lines) + "\n"
+    data = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(key)}, "hosts": hosts}}
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 @pytest.fixture
