@@ -97,17 +97,21 @@ def matrix(c, spec=None):
     """Show the versions matrix with the minimum host driver each image needs."""
     image = load_project_spec(c, spec)
     table = Table(title=f"{image.name} ({image.path}), Python {image.python}")
-    for column in ("torch", "CUDA", "min driver", "driver floor (minor compat)", "variants", "tag"):
-        table.add_column(column)
+    for column in ("torch", "CUDA", "min driver", "compat floor", "tag", "variants"):
+        table.add_column(column, no_wrap=column != "variants")
     for entry in image.matrix:
         table.add_row(
-            entry.torch + (" (default)" if entry == image.default else ""),
+            entry.torch + (" *" if entry == image.default else ""),
             entry.cuda,
             entry.min_driver or "-",
             "-" if entry.is_cpu else compat.cuda_release(entry.cuda).compat_driver,
-            ", ".join(v for v in image.variants if not (entry.is_cpu and image.variants[v].kind.cuda_toolkit)),
-            image.image_ref(entry, "<variant>"),
+            entry.tag,
+            " ".join(v for v in image.variants if not (entry.is_cpu and image.variants[v].kind.cuda_toolkit)),
         )
     console.print(table)
+    console.print(
+        "* default. min driver: what NVIDIA_REQUIRE_CUDA enforces at `docker run`; compat floor: the oldest driver that "
+        "still runs the image through CUDA minor-version compatibility (features needing a newer driver fail)."
+    )
 
 
