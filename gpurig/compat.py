@@ -30,23 +30,21 @@ class TorchRelease:
         return self.stable_cuda + self.experimental_cuda
 
 
-# Source: pytorch/pytorch RELEASE.md "Release Compatibility Matrix" and
-# pytorch.org "previous versions". Rows 2.11-2.14 are not in that reference:
-# 2.14's PyPI build (CUDA 13.0, via cuda-toolkit==13.0.3) was read from the
-# wheel's own metadata; the other CUDA columns of 2.11-2.14 follow 2.10's
-# and must be rechecked against RELEASE.md when those rows matter.
+# Source: pytorch/pytorch RELEASE.md "Release Compatibility Matrix" (rows up to
+# 2.14) and pytorch.org "previous versions". pypi_cuda is the build PyPI serves;
+# for 2.14 it was read from the wheel's own metadata (cuda-toolkit==13.0.3).
 TORCH_RELEASES: tuple[TorchRelease, ...] = (
     TorchRelease("2.4", ("11.8", "12.1"), ("12.4",), "12.1", "3.8", "3.12"),
-    TorchRelease("2.5", ("11.8", "12.1", "12.4"), (), "12.4", "3.9", "3.13"),
+    TorchRelease("2.5", ("11.8", "12.1", "12.4"), (), "12.4", "3.9", "3.12"),
     TorchRelease("2.6", ("11.8", "12.4"), ("12.6",), "12.4", "3.9", "3.13"),
     TorchRelease("2.7", ("11.8", "12.6"), ("12.8",), "12.6", "3.9", "3.13"),
     TorchRelease("2.8", ("12.6", "12.8"), ("12.9",), "12.8", "3.9", "3.13"),
     TorchRelease("2.9", ("12.6", "12.8"), ("13.0",), "12.8", "3.10", "3.14"),
     TorchRelease("2.10", ("12.6", "12.8"), ("13.0",), "12.8", "3.10", "3.14"),
     TorchRelease("2.11", ("12.6", "12.8", "13.0"), (), "13.0", "3.10", "3.14"),
-    TorchRelease("2.12", ("12.6", "12.8", "13.0"), (), "13.0", "3.10", "3.14"),
-    TorchRelease("2.13", ("12.6", "12.8", "13.0"), (), "13.0", "3.10", "3.14"),
-    TorchRelease("2.14", ("12.6", "12.8", "13.0"), (), "13.0", "3.10", "3.14"),
+    TorchRelease("2.12", ("12.6", "13.0"), ("13.2",), "13.0", "3.10", "3.14"),
+    TorchRelease("2.13", ("12.6", "13.0"), ("13.2",), "13.0", "3.10", "3.15"),
+    TorchRelease("2.14", ("12.6", "13.0", "13.2"), (), "13.0", "3.10", "3.15"),
 )
 
 
@@ -61,6 +59,8 @@ class CudaRelease:
 
 # Source: NVIDIA CUDA Toolkit Release Notes, "CUDA Toolkit and Corresponding
 # Driver Versions" (GA rows); minor-version compatibility floors from the same page.
+# CUDA 13.2 (torch 2.12+) has no row yet: an image for it is refused until its
+# driver minimum is added from those release notes.
 CUDA_RELEASES: tuple[CudaRelease, ...] = (
     CudaRelease("11.8", "520.61.05", "450.80.02"),
     CudaRelease("12.0", "525.60.13", "525.60.13"),

@@ -14,6 +14,11 @@ PUBLISHED_TORCH = [
     ("2.8", ["12.6", "12.8"], ["12.9"]),
     ("2.9", ["12.6", "12.8"], ["13.0"]),
     ("2.10", ["12.6", "12.8"], ["13.0"]),
+    # rows added from pytorch/pytorch RELEASE.md
+    ("2.11", ["12.6", "12.8", "13.0"], []),
+    ("2.12", ["12.6", "13.0"], ["13.2"]),
+    ("2.13", ["12.6", "13.0"], ["13.2"]),
+    ("2.14", ["12.6", "13.0", "13.2"], []),
 ]
 # gpu-facts.md table 2 (GA rows)
 PUBLISHED_DRIVER = {
@@ -58,6 +63,13 @@ def test_every_cuda_row_has_its_published_minimum_driver(cuda, driver):
     major, minor, *rest = driver.split(".")
     older = f"{int(major) - 1}.{minor}"
     assert not compat.driver_supports(older, cuda)
+
+
+def test_a_cuda_without_a_driver_row_is_refused_with_how_to_add_it():
+    with pytest.raises(CompatError) as err:
+        compat.check_torch_cuda("2.14.1", "13.2")
+    assert "CUDA 13.2 is not in gpurig's driver table" in str(err.value)
+    assert "CUDA_RELEASES" in str(err.value)
 
 
 def test_driver_comparison_is_numeric_not_textual():
