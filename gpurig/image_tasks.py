@@ -1,4 +1,4 @@
-"""Invoke tasks about images: matrix, render, lint (and, later, build)."""
+"""Invoke tasks about images: matrix, render, lint, build, images."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from gpurig.render import BuildContext, render_matrix
 from gpurig.report import console
 from gpurig.spec import ImageSpec, find_specs, load_spec
 
-__all__ = ["matrix", "render", "lint"]
+__all__ = ["matrix", "render", "lint", "build", "images"]
 
 CONTEXTS_DIR = "build-contexts"
+REPORTS_DIR = "reports"
 
 
 def project_root(c) -> Path:
@@ -79,6 +80,11 @@ def lint(c, spec=None):
     dockerfiles = sorted((root / CONTEXTS_DIR).glob("*/*/Dockerfile"))
     if not dockerfiles:
         raise LintError("no rendered Dockerfiles in build-contexts/", "run `invoke render --all` first")
+    lint_dockerfiles(root, dockerfiles)
+
+
+def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
+    """hadolint each Dockerfile; a LintError if any has a finding at or above the threshold."""
     bad = 0
     for dockerfile in dockerfiles:
         findings = run_hadolint(dockerfile, root / ".hadolint.yaml")
@@ -115,3 +121,97 @@ def matrix(c, spec=None):
     )
 
 
+BUILD_HELP = {
+    **SELECT_HELP,
+    "push": "push every tag to the spec's registry and record the digest in the report",
+    "label": "extra image label KEY=VALUE (repeatable), e.g. to find test images again",
+}
+
+
+@task(help=BUILD_HELP, iterable=["label"])
+def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
+    """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
+    from gpurig.base import ensure_base
+    from gpurig.build import build_image, find_client, human_size, push as push_refs, record_push, resolve_ca_bundle
+
+    labels = parse_labels(label or [])
+    image_spec = load_project_spec(c, spec)
+    if push and not image_spec.registry:
+        raise SpecError(f"{image_spec.path}: --push, but registry is empty", "set registry: HOST[:PORT]/PATH in the spec")
+    client = find_client()
+    contexts = render_selected(c, spec, variant, torch, cuda, all)
+    root = project_root(c)
+    lint_dockerfiles(root, [ctx.dockerfile for ctx in contexts])
+    console.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
+    ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
+    console.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
+    bases: dict[str, dict] = {}
+    results = []
+    for context in contexts:
+        ref = context.variant.base
+        if ref not in bases:
+            bootstrap = image_spec.bootstrap if ref == image_spec.base else None
+            bases[ref] = ensure_base(client.path, ref, bootstrap, labels, say=console.print).as_dict()
+        result = build_image(client, context, bases[ref], root / REPORTS_DIR, ca_bundle, labels)
+        if push:
+            refs = [context.image_ref, *context.aliases]
+            console.print(f"pushing {', '.join(refs)}")
+            result = type(result)(context, record_push(result.report_path, result.report, refs, push_refs(client, refs)), result.report_path)
+        results.append(result)
+        console.print(f"[green]built[/] {context.image_ref} -> report {result.report_path.relative_to(root)}")
+    table = Table(title="built")
+    for column in ("image", "torch", "size", "layers", "steps run", "time", "digest"):
+        table.add_column(column)
+    for result in results:
+        r = result.report
+        table.add_row(
+            "\n".join([r["image"], *r["aliases"]]),
+            r["torch_resolved"] or r["torch"],
+            human_size(r["size_bytes"]),
+            str(r["layers"]),
+            f"{r['steps']['ran']}/{r['steps']['total']}" + (" (all cached)" if not r["steps"]["ran"] else ""),
+            f"{r['duration_s']:.1f}s",
+            r["digest"] or "-",
+        )
+    console.print(table)
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--label {pair!r} is not KEY=VALUE", "write e.g. --label team=ml")
+        labels[key] = value
+    return labels
+
+
+@task
+def images(c):
+    """List the images gpurig built here: tags, versions, sizes (the resolved torch from their reports)."""
+    from gpurig.build import find_client, human_size, list_images, load_reports
+
+    client = find_client()
+    found = list_images(client)
+    reports = load_reports(project_root(c) / REPORTS_DIR)
+    if not found:
+        console.print("no gpurig images in the local store; build one with `invoke build`")
+        return
+    table = Table(title="gpurig images")
+    for column in ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base"):
+        table.add_column(column)
+    for image in found:
+        labels = (image.get("Config") or {}).get("Labels") or {}
+        report = reports.get(image["Id"], {})
+        table.add_row(
+            "\n".join(image.get("RepoTags") or ["<none>"]),
+            labels.get("io.gpurig.variant", "?"),
+            report.get("torch_resolved") or labels.get("io.gpurig.torch", "?"),
+            labels.get("io.gpurig.cuda", "?"),
+            labels.get("io.gpurig.python", "?"),
+            human_size(int(image.get("Size") or 0)),
+            image.get("Created", "")[:19].replace("T", " "),
+            image["Id"].split(":")[-1][:12],
+            labels.get("io.gpurig.base.source", "?"),
+        )
+    console.print(table)

@@ -1,0 +1,242 @@
+"""The base image a build starts FROM: found locally, pulled from a registry, or bootstrapped with debootstrap.
+
+Sites without registry access still get a base: the spec's ``base.bootstrap``
+suite is debootstrapped (``--variant=minbase``) from a Debian/Ubuntu mirror and
+``docker import``-ed. The result is tagged under the name the Dockerfile's FROM
+uses (so the rendered Dockerfile is the same online and offline) and also as
+``gpurig-base:<suite>-minbase``; it carries the label ``io.gpurig.bootstrap``
+so that every later build says it is a local stand-in, not the registry's image.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gpurig.errors import DockerError
+from gpurig.spec import Bootstrap
+
+BOOTSTRAP_LABEL = "io.gpurig.bootstrap"
+PULL_TIMEOUT_S = 180
+DEBOOTSTRAP_TIMEOUT_S = 1800
+
+# Like Debian's -slim images: no man pages, docs or translations from later apt installs.
+DPKG_EXCLUDES = """\
+# gpurig bootstrap: keep the image slim, as Debian's -slim images do
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+path-exclude /usr/share/lintian/*
+"""
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base a build uses, and how it was obtained (local | pulled | bootstrapped)."""
+
+    ref: str
+    source: str
+    image_id: str
+    digests: tuple[str, ...]
+    bootstrap: str = ""
+
+    @property
+    def stand_in(self) -> bool:
+        """True when the image under ``ref`` was made by debootstrap here, not pulled from a registry."""
+        return bool(self.bootstrap)
+
+    def describe(self) -> str:
+        if self.stand_in and self.source == "bootstrapped":
+            return (
+                f"base {self.ref}: no registry answered; bootstrapped it here ({self.bootstrap}) "
+                f"and tagged it {self.ref} as a local stand-in, not the registry's image"
+            )
+        if self.stand_in:
+            return (
+                f"base {self.ref}: local stand-in bootstrapped earlier ({self.bootstrap}); "
+                f"`docker rmi {self.ref}` to use the registry's image instead"
+            )
+        if self.source == "pulled":
+            return f"base {self.ref}: pulled from its registry ({self.digests[0] if self.digests else self.image_id})"
+        return f"base {self.ref}: found in the local image store ({self.digests[0] if self.digests else self.image_id})"
+
+    def as_dict(self) -> dict:
+        return {
+            "ref": self.ref,
+            "source": self.source,
+            "id": self.image_id,
+            "digests": list(self.digests),
+            "bootstrap": self.bootstrap or None,
+        }
+
+
+def bootstrap_tag(bootstrap: Bootstrap) -> str:
+    """The gpurig-owned name a bootstrapped base also gets."""
+    return f"gpurig-base:{bootstrap.suite}-minbase"
+
+
+def bootstrap_description(bootstrap: Bootstrap) -> str:
+    return f"debootstrap --variant=minbase {bootstrap.suite} {bootstrap.mirror}"
+
+
+def inspect_image(docker: str, ref: str) -> BaseImage | None:
+    """What the local store holds under ``ref``, or None."""
+    proc = subprocess.run(
+        [docker, "image", "inspect", "--format", "{{json .}}", ref], capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        return None
+    import json
+
+    info = json.loads(proc.stdout)
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    return BaseImage(
+        ref=ref,
+        source="local",
+        image_id=info["Id"],
+        digests=tuple(info.get("RepoDigests") or ()),
+        bootstrap=labels.get(BOOTSTRAP_LABEL, ""),
+    )
+
+
+def pull(docker: str, ref: str, timeout: float = PULL_TIMEOUT_S) -> str:
+    """Pull ``ref``; '' on success, else the registry's reason in one line."""
+    try:
+        proc = subprocess.run([docker, "pull", "--quiet", ref], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"no answer from the registry within {timeout:.0f} s"
+    if proc.returncode == 0:
+        return ""
+    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"docker pull exited {proc.returncode}"
+
+
+def ensure_base(
+    docker: str,
+    ref: str,
+    bootstrap: Bootstrap | None,
+    labels: dict[str, str] | None = None,
+    say: Callable[[str], None] = print,
+) -> BaseImage:
+    """The base image ``ref``: from the local store, else pulled, else bootstrapped (when the spec allows)."""
+    found = inspect_image(docker, ref)
+    if found:
+        say(found.describe())
+        return found
+    reason = pull(docker, ref)
+    if not reason:
+        pulled = inspect_image(docker, ref)
+        if pulled:
+            result = BaseImage(ref, "pulled", pulled.image_id, pulled.digests, pulled.bootstrap)
+            say(result.describe())
+            return result
+        reason = "pulled, yet not in the local store afterwards"
+    if bootstrap is None:
+        raise DockerError(
+            f"base image {ref} is not in the local image store and could not be pulled ({reason})",
+            f"pull it where a registry answers and `docker load` it here, or set base.bootstrap in the spec",
+        )
+    say(f"base {ref}: not in the local store and the pull failed ({reason}); bootstrapping {bootstrap.suite}")
+    made = bootstrap_base(docker, ref, bootstrap, labels or {})
+    say(made.describe())
+    return made
+
+
+def bootstrap_base(docker: str, ref: str, bootstrap: Bootstrap, labels: dict[str, str]) -> BaseImage:
+    """debootstrap a minbase rootfs of the suite and ``docker import`` it as ``ref`` and gpurig-base:<suite>-minbase."""
+    debootstrap = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
+    if not debootstrap:
+        raise DockerError(
+            f"base image {ref} is unavailable and debootstrap is not installed to make it",
+            "apt-get install debootstrap (or load the base image with `docker load`)",
+        )
+    if os.geteuid() != 0:
+        raise DockerError(f"bootstrapping base {ref} needs root (debootstrap)", "run the build as root once, or `docker load` the base")
+    described = bootstrap_description(bootstrap)
+    work = Path(tempfile.mkdtemp(prefix="gpurig-rootfs-", dir="/var/tmp"))
+    rootfs = work / "rootfs"
+    try:
+        proc = subprocess.run(
+            [debootstrap, "--variant=minbase", bootstrap.suite, str(rootfs), bootstrap.mirror],
+            capture_output=True,
+            text=True,
+            timeout=DEBOOTSTRAP_TIMEOUT_S,
+        )
+        if proc.returncode != 0:
+            last = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-1:] or ["no output"]
+            raise DockerError(
+                f"{described} failed: {last[0].strip()}",
+                "check that the mirror answers (plain HTTP works without a CA) or set base.bootstrap.mirror",
+            )
+        _slim_down(rootfs, bootstrap)
+        changes = [f"LABEL {BOOTSTRAP_LABEL}={_label_value(described)}"]
+        changes += [f"LABEL {key}={_label_value(value)}" for key, value in labels.items()]
+        changes += ['CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        image_id = _import(docker, rootfs, ref, changes)
+        tag = subprocess.run([docker, "tag", image_id, bootstrap_tag(bootstrap)], capture_output=True, text=True)
+        if tag.returncode != 0:
+            raise DockerError(f"docker tag {bootstrap_tag(bootstrap)} failed: {tag.stderr.strip()}", "check the daemon log")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BaseImage(ref, "bootstrapped", image_id, (), described)
+
+
+def _label_value(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _slim_down(rootfs: Path, bootstrap: Bootstrap) -> None:
+    """Trim what an image does not need and give apt the suite's updates, as the registry's image has."""
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/man", "usr/share/info", "usr/share/locale"):
+        target = rootfs / sub
+        if target.is_dir():
+            for item in target.iterdir():
+                if item.is_dir() and item.name != "partial":
+                    shutil.rmtree(item, ignore_errors=True)
+                elif item.is_file() and item.name not in ("lock", "locale.alias"):
+                    item.unlink()
+    for log in (rootfs / "var/log").glob("*.log"):
+        log.unlink()
+    shutil.rmtree(rootfs / "debootstrap", ignore_errors=True)
+    (rootfs / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/dpkg/dpkg.cfg.d/gpurig-slim").write_text(DPKG_EXCLUDES)
+    sources = rootfs / "etc/apt/sources.list"
+    if "debian" in bootstrap.mirror and sources.is_file():
+        lines = sources.read_text().rstrip("\n").splitlines()
+        lines.append(f"deb {bootstrap.mirror} {bootstrap.suite}-updates main")
+        if bootstrap.mirror.rstrip("/").endswith("deb.debian.org/debian"):
+            lines.append(f"deb http://deb.debian.org/debian-security {bootstrap.suite}-security main")
+        sources.write_text("\n".join(lines) + "\n")
+    # each container gets its own machine id, as in the registry's images
+    machine_id = rootfs / "etc/machine-id"
+    if machine_id.exists():
+        machine_id.write_text("")
+
+
+def _import(docker: str, rootfs: Path, ref: str, changes: list[str]) -> str:
+    argv = [docker, "import"]
+    for change in changes:
+        argv += ["--change", change]
+    argv += ["-", ref]
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "--exclude=./dev/*", "--exclude=./proc/*",
+         "--exclude=./sys/*", "-c", "."],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        proc = subprocess.run(argv, stdin=tar.stdout, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
+    finally:
+        if tar.stdout:
+            tar.stdout.close()
+        tar.wait()
+    if proc.returncode != 0 or tar.returncode != 0:
+        raise DockerError(f"docker import of the bootstrapped {ref} failed: {proc.stderr.strip()[:300]}", "check the daemon log")
+    return proc.stdout.strip()
