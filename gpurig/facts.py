@@ -31,7 +31,6 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("nvidia_smi", "nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits"),
     ("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules"),
     ("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c; else echo legacy-bios; fi"),
-    ("docker_client", "docker --version"),
     ("docker_info", "timeout 15 docker info --format '{{json .}}'"),
     ("daemon_json", "cat /etc/docker/daemon.json"),
     ("nvidia_ctk", "nvidia-ctk --version"),
@@ -282,44 +281,52 @@ def parse_secure_boot(s: Section) -> str:
     return "unknown"
 
 
-def parse_docker(client: Section, info: Section, daemon_json: Section) -> DockerInfo:
-    installed = client.rc != 127 or info.rc != 127
-    m = re.search(r"Docker version ([^\s,]+)", client.text) if client.ok else None
-    data: Mapping[str, Any] = {}
-    problem = None
-    if info.ok:
-        try:
-            data = json.loads(info.text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            problem = "docker info printed no JSON"
-    elif installed:
-        problem = _docker_problem(info)
+def parse_docker(info: Section, daemon_json: Section) -> DockerInfo:
+    """Docker from one ``docker info --format '{{json .}}'``: it reports the client even when the daemon is down."""
+    installed = info.rc != 127
+    data = _last_json_line(info.text) if installed else {}
+    client = (data.get("ClientInfo") or {}).get("Version") or None
     server = data.get("ServerVersion") or None
-    # docker info exits 0 with ServerErrors when the client cannot reach the daemon.
-    errors = data.get("ServerErrors") or []
-    if errors:
-        problem = "; ".join(str(e) for e in errors)
+    problem = None
+    if installed and not server:
+        problem = _docker_problem(info)
+    # docker info may exit 0 with ServerErrors when the client cannot reach the daemon.
+    if data.get("ServerErrors"):
+        problem = "; ".join(str(e) for e in data["ServerErrors"])
     runtimes = tuple(sorted((data.get("Runtimes") or {}).keys()))
     default = data.get("DefaultRuntime") or None
-    if not server:
-        # Daemon down: fall back to what daemon.json asks for, which is what it will use when started.
+    if installed and not server:
+        # Daemon down: what daemon.json asks for is what it will use once started.
         conf = _json_or_empty(daemon_json)
-        runtimes = tuple(sorted({"runc", *(conf.get("runtimes") or {}).keys()})) if conf else ()
-        default = conf.get("default-runtime") if conf else None
+        runtimes = tuple(sorted({"runc", *(conf.get("runtimes") or {}).keys()}))
+        default = conf.get("default-runtime", "runc")
     return DockerInfo(
         installed=installed,
-        client_version=m.group(1) if m else None,
+        client_version=client,
         running=bool(server),
         server_version=server,
-        runtimes=runtimes,
-        default_runtime=default,
-        problem=problem if installed else None,
+        runtimes=runtimes if installed else (),
+        default_runtime=default if installed else None,
+        problem=problem,
     )
+
+
+def _last_json_line(text: str) -> dict[str, Any]:
+    """The JSON document in output that may also hold error lines (stderr is folded in)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return {}
 
 
 def _docker_problem(info: Section) -> str:
     text = info.text.strip()
-    if info.rc == 124:
+    if info.rc == 124:  # killed by timeout(1)
         return "docker info timed out (daemon hung?)"
     if "permission denied" in text.lower():
         return "permission denied on the docker socket (user not in the docker group)"
@@ -373,7 +380,7 @@ def parse_facts(output: str) -> Facts:
         nouveau_loaded=nouveau,
         nvidia_loaded=nvidia,
         secure_boot=parse_secure_boot(get("secure_boot")),
-        docker=parse_docker(get("docker_client"), get("docker_info"), get("daemon_json")),
+        docker=parse_docker(get("docker_info"), get("daemon_json")),
         toolkit_version=parse_nvidia_ctk(get("nvidia_ctk")),
         cgroup_version=parse_cgroup(get("cgroup")),
         missing=tuple(name for name, _ in PROBES if name not in sec),

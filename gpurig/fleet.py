@@ -140,14 +140,14 @@ def run_fleet(
             try:
                 conn.connect()
             except ConnectError as err:
-                return HostResult(host.name, "unreachable", str(err), None, time.monotonic() - start)
+                return HostResult(host.name, "unreachable", _reason(host, err), None, time.monotonic() - start)
             value = work(conn)
             if isinstance(value, Outcome):
                 status = "changed" if value.changed else "ok"
                 return HostResult(host.name, status, value.detail, value.data, time.monotonic() - start)
             return HostResult(host.name, "ok", "", value, time.monotonic() - start)
         except GpurigError as err:
-            reason = "interrupted" if stopping.is_set() else str(err)
+            reason = "interrupted" if stopping.is_set() else _reason(host, err)
             return HostResult(host.name, "failed", reason, None, time.monotonic() - start)
         except Exception as err:  # a bug in work() must cost one host, not the fleet
             log.exception("unexpected error on %s", host.name)
@@ -248,6 +248,12 @@ class _Display:
         self.progress.console.print(f"[{style}]{r.status:<11}[/] {r.host} ({r.duration_s:.1f}s){reason}", highlight=False)
         counts = " ".join(f"[{_STATUS_STYLE[s]}]{s}={n}[/]" for s, n in self.counts.items() if n)
         self.progress.update(self.task, advance=1, counts=counts)
+
+
+def _reason(host: Host, err: Exception) -> str:
+    """The error text without the host name it starts with: reports already say which host."""
+    text = str(err)
+    return text.removeprefix(f"{host.name}: ")
 
 
 def _jsonable(value: Any) -> Any:

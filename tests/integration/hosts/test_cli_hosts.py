@@ -1,0 +1,97 @@
+"""`gpurig facts` / `gpurig hosts` as a user runs them: tables, JSON, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import free_port
+
+
+def gpurig(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    code = "import sys; from gpurig.cli import main; main(sys.argv)"
+    # HOME points at an empty directory so the user's own ~/.ssh does not leak into the test.
+    env = {**os.environ, "HOME": str(cwd), "COLUMNS": "250"}
+    env.pop("SSH_AUTH_SOCK", None)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cli_hosts(farm):
+    return farm.start(3, prefix="cli")
+
+
+def test_facts_prints_a_table_and_writes_json(cli_hosts, write_inventory, tmp_path):
+    inv = write_inventory({h.name: {"ansible_host": "127.0.0.1", "ansible_port": h.port} for h in cli_hosts})
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--host", f"{cli_hosts[0].name},{cli_hosts[1].name}", "--json", "out/facts.json")
+    assert proc.returncode == 0, proc.stderr
+    assert cli_hosts[0].name in proc.stdout and cli_hosts[1].name in proc.stdout
+    assert cli_hosts[2].name not in proc.stdout
+    assert "debian" in proc.stdout
+    report = json.loads((tmp_path / "out" / "facts.json").read_text())
+    assert report["summary"]["ok"] == 2
+    assert {h["host"] for h in report["hosts"]} == {cli_hosts[0].name, cli_hosts[1].name}
+    # accept-new recorded both keys next to the inventory.
+    assert len((inv.parent / "known_hosts").read_text().splitlines()) == 2
+
+
+def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path):
+    inv = write_inventory(
+        {
+            cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port},
+            "gone": {"ansible_host": "127.0.0.1", "ansible_port": free_port()},
+        }
+    )
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--connect-timeout", "2")
+    assert proc.returncode == 1
+    assert "unreachable" in proc.stdout and "gone" in proc.stdout
+    assert "unreachable=1" in proc.stderr and "ok=1" in proc.stderr
+
+
+def test_strict_policy_from_the_command_line_refuses_unknown_hosts(cli_hosts, write_inventory, tmp_path):
+    inv = write_inventory({cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port}})
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--host-key-policy", "strict")
+    assert proc.returncode == 1
+    assert "policy is strict" in proc.stderr
+
+
+def test_off_policy_warns_loudly(cli_hosts, write_inventory, tmp_path):
+    inv = write_inventory({cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port}})
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--host-key-policy", "off")
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: host key checking is OFF" in proc.stderr
+    assert not (inv.parent / "known_hosts").exists()
+
+
+def test_malformed_yaml_is_one_line_with_the_position(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("all:\n  hosts:\n    a100-01: {ansible_host: [\n")
+    one_line_error(gpurig(tmp_path, "facts", "--inventory", str(inv)), "malformed YAML", "line")
+
+
+def test_unknown_host_and_group_suggest_the_right_name(write_inventory, tmp_path):
+    inv = write_inventory({"a100-01": {}, "h100-01": {}})
+    one_line_error(gpurig(tmp_path, "facts", "--inventory", str(inv), "--host", "a100-1"), "did you mean 'a100-01'")
+    one_line_error(gpurig(tmp_path, "hosts", "--inventory", str(inv), "--group", "ungroupd"), "did you mean 'ungrouped'")
+
+
+def test_hosts_lists_the_selection(tmp_path):
+    repo_inventory = Path(__file__).resolve().parents[3] / "inventory" / "hosts.yaml"
+    proc = gpurig(tmp_path, "hosts", "--inventory", str(repo_inventory), "--pattern", "gpu:!a100-01")
+    assert proc.returncode == 0, proc.stderr
+    assert "a100-02" in proc.stdout and "h100-01" in proc.stdout and "a100-01" not in proc.stdout
