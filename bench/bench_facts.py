@@ -1,0 +1,181 @@
+"""Benchmark: facts from N sshd hosts on loopback, gpurig vs pyinfra vs Ansible, side by side.
+
+Run as root (it starts sshd processes and a throwaway login user):
+
+    python -m venv /tmp/gpurig-bench-venv
+    /tmp/gpurig-bench-venv/bin/pip install ansible-core pyinfra
+    python bench/bench_facts.py --hosts 100 --runs 3 --tools-venv /tmp/gpurig-bench-venv
+
+Every tool gets the same hosts, the same key, the same known_hosts file (host
+keys checked, none recorded during the timed runs) and the same remote work
+for the facts Ansible's setup module and pyinfra's facts do not cover (GPUs,
+driver, Docker, toolkit, Secure Boot, cgroup): gpurig's probe lines. Wall
+time is the whole command, interpreter start-up included. The login user has
+/bin/sh as its shell so a heavy ~/.bashrc on the bench machine (root's runs
+`pyenv init` here) does not weigh on the tool that runs the most commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpurig.facts import PROBES  # noqa: E402
+from tests.integration.hosts.conftest import SshdFarm, keygen  # noqa: E402
+
+BENCH_USER = "gpurigbench"
+# What setup / pyinfra's facts do not gather: the same probe gpurig runs for these sections.
+GPU_SECTIONS = ("lspci", "pci_sysfs", "nvidia_version", "nvidia_smi", "modules", "secure_boot", "docker_info", "daemon_json", "nvidia_ctk", "cgroup")
+GPU_PROBE = "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES if name in GPU_SECTIONS)
+RAW_GPU_PROBE = "{% raw %}" + GPU_PROBE + "{% endraw %}"  # Ansible templates task args; the probe has {{ and {#
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int, int]:
+    """(wall s, cpu s of the command and its children, peak RSS of the main process in MiB, exit code)."""
+    start = time.monotonic()
+    log = open(cwd / "last-run.log", "wb")
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    log.close()
+    if proc.returncode != 0:
+        print((cwd / "last-run.log").read_text(errors="replace")[-3000:], file=sys.stderr)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, proc.returncode
+
+
+def make_user(client_pub: Path) -> None:
+    # Password '*': no password login, but not a locked account (which sshd without PAM refuses).
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-p", "*", BENCH_USER], check=True)
+    ssh = Path(f"/home/{BENCH_USER}/.ssh")
+    ssh.mkdir(mode=0o700)
+    shutil.copy(client_pub, ssh / "authorized_keys")
+    subprocess.run(["chown", "-R", f"{BENCH_USER}:{BENCH_USER}", str(ssh)], check=True)
+
+
+def drop_user() -> None:
+    subprocess.run(["userdel", "-r", "-f", BENCH_USER], capture_output=True)
+
+
+def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
+    inv_dir = work / "inventory"
+    inv_dir.mkdir()
+    known = inv_dir / "known_hosts"  # gpurig's project known_hosts; the others are pointed at it
+    known.write_text("".join(f"{h.known_hosts_name} {h.host_key.with_suffix('.pub').read_text().split()[0]} {h.host_key.with_suffix('.pub').read_text().split()[1]}\n" for h in hosts))
+    lines = [
+        "all:",
+        "  vars:",
+        f"    ansible_user: {BENCH_USER}",
+        f"    ansible_ssh_private_key_file: {key}",
+        "    ansible_python_interpreter: /usr/bin/python3",
+        f"    ansible_ssh_common_args: '-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes'",
+        "  hosts:",
+    ]
+    lines += [f"    {h.name}: {{ansible_host: 127.0.0.1, ansible_port: {h.port}}}" for h in hosts]
+    yaml_inv = inv_dir / "hosts.yaml"
+    yaml_inv.write_text("\n".join(lines) + "\n")
+    py_inv = work / "pyinfra_inventory.py"
+    entries = ",\n".join(
+        f"    ({h.name!r}, {{'ssh_hostname': '127.0.0.1', 'ssh_port': {h.port}, 'ssh_user': {BENCH_USER!r}, "
+        f"'ssh_key': {str(key)!r}, 'ssh_known_hosts_file': {str(known)!r}, 'ssh_strict_host_key_checking': 'yes'}})"
+        for h in hosts
+    )
+    py_inv.write_text(f"hosts = [\n{entries},\n]\n")
+    return yaml_inv, py_inv, known
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
+    ap.add_argument("--only", default="gpurig,pyinfra,ansible")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_facts.py must run as root: it starts sshd hosts and creates a throwaway login user")
+    tools = args.only.split(",")
+    venv_bin = args.tools_venv / "bin"
+    for tool in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
+        if tool[0] in tools and not (venv_bin / tool[1]).exists():
+            sys.exit(f"{venv_bin / tool[1]} missing: pip install ansible-core pyinfra into {args.tools_venv}")
+
+    work = Path(tempfile.mkdtemp(prefix="gpurig-bench-"))
+    key = keygen(work / "id_ed25519", "bench")
+    (work / "sshd").mkdir()
+    farm = SshdFarm(work / "sshd", key.with_suffix(".pub"))
+    drop_user()
+    make_user(key.with_suffix(".pub"))
+    try:
+        t = time.monotonic()
+        hosts = farm.start(args.hosts, prefix="gpu")
+        print(f"{len(hosts)} sshd hosts up in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs")
+        yaml_inv, py_inv, known = write_inventories(work, hosts, key)
+        playbook = work / "facts.yml"
+        playbook.write_text(
+            "- hosts: all\n  gather_facts: true\n  tasks:\n"
+            f"    - name: gpu facts\n      ansible.builtin.shell: {json.dumps(RAW_GPU_PROBE)}\n      changed_when: false\n"
+        )
+        env = {**os.environ, "HOME": str(work), "COLUMNS": "200"}
+        env.pop("SSH_AUTH_SOCK", None)
+        commands = {
+            "gpurig": [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts",
+                       "--inventory", str(yaml_inv), "--forks", "100", "--host-key-policy", "strict", "--json", str(work / "gpurig.json")],
+            "pyinfra": [str(venv_bin / "pyinfra"), str(py_inv), "--parallel", "100", "-y", "fact",
+                        "server.LinuxDistribution", "server.KernelVersion", "server.Arch", "hardware.Cpus", "hardware.Memory",
+                        "server.Command", f"command={GPU_PROBE}"],
+            "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
+        }
+        results: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in tools}
+        for run in range(args.runs):
+            for name in tools:
+                run_env = dict(env)
+                if name == "ansible":
+                    # A fresh ControlMaster directory per run: every run starts cold, like the others.
+                    run_env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(work / f"cp-{run}")
+                    run_env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
+                    run_env["PATH"] = f"{venv_bin}:{env['PATH']}"
+                results[name].append(timed(commands[name], run_env, work))
+                wall, cpu, rss, rc = results[name][-1]
+                print(f"run {run + 1} {name:8s} {wall:7.2f}s wall  {cpu:7.2f}s cpu  {rss:5d} MiB peak  exit {rc}", flush=True)
+                if rc != 0:
+                    sys.exit(f"{name} failed: its figures would not be comparable")
+                if name == "ansible":
+                    _stop_control_masters(work / f"cp-{run}")
+        gp = json.loads((work / "gpurig.json").read_text()) if "gpurig" in tools else None
+        print()
+        print(f"facts from {len(hosts)} hosts, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS of the main process):")
+        med = {name: statistics.median(r[0] for r in rs) for name, rs in results.items()}
+        for name, rs in results.items():
+            line = f"  {name:8s} {med[name]:7.2f}s  cpu {statistics.median(r[1] for r in rs):6.2f}s  peak {max(r[2] for r in rs):4d} MiB"
+            if "gpurig" in med and name != "gpurig":
+                line += f"   gpurig/{name} = {med['gpurig'] / med[name]:.2f}x  ({name} takes {med[name] / med['gpurig']:.1f}x as long)"
+            print(line)
+        if gp:
+            print(f"  gpurig report: {gp['summary']}")
+    finally:
+        farm.stop_all()
+        drop_user()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_control_masters(directory: Path) -> None:
+    """Ansible leaves one ssh ControlMaster per host running for 60 s; end them so the next run starts clean."""
+    if not directory.is_dir():
+        return
+    for sock in directory.iterdir():
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10)
+
+
+if __name__ == "__main__":
+    main()
