@@ -158,22 +158,25 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
             console.print(f"pushing {', '.join(refs)}")
             result = type(result)(context, record_push(result.report_path, result.report, refs, push_refs(client, refs)), result.report_path)
         results.append(result)
-        console.print(f"[green]built[/] {context.image_ref} -> report {result.report_path.relative_to(root)}")
-    table = Table(title="built")
-    for column in ("image", "torch", "size", "layers", "steps run", "time", "digest"):
-        table.add_column(column)
+        steps = result.report["steps"]
+        cache = " (full cache hit)" if not steps["ran"] else ""
+        console.print(
+            f"[green]built[/] {context.image_ref} in {result.report['duration_s']:.1f}s: "
+            f"{steps['ran']} of {steps['total']} steps ran{cache}; report {result.report_path.relative_to(root)}"
+        )
+    rows = []
     for result in results:
         r = result.report
-        table.add_row(
-            "\n".join([r["image"], *r["aliases"]]),
+        rows.append((
+            " ".join([r["image"], *r["aliases"]]),
             r["torch_resolved"] or r["torch"],
             human_size(r["size_bytes"]),
             str(r["layers"]),
-            f"{r['steps']['ran']}/{r['steps']['total']}" + (" (all cached)" if not r["steps"]["ran"] else ""),
+            f"{r['steps']['ran']}/{r['steps']['total']}",
             f"{r['duration_s']:.1f}s",
             r["digest"] or "-",
-        )
-    console.print(table)
+        ))
+    print_rows("built", ("image", "torch", "size", "layers", "steps run", "time", "digest"), rows)
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -197,14 +200,13 @@ def images(c):
     if not found:
         console.print("no gpurig images in the local store; build one with `invoke build`")
         return
-    table = Table(title="gpurig images")
-    for column in ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base"):
-        table.add_column(column)
+    columns = ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base")
+    rows = []
     for image in found:
         labels = (image.get("Config") or {}).get("Labels") or {}
         report = reports.get(image["Id"], {})
-        table.add_row(
-            "\n".join(image.get("RepoTags") or ["<none>"]),
+        rows.append((
+            " ".join(image.get("RepoTags") or ["<none>"]),
             labels.get("io.gpurig.variant", "?"),
             report.get("torch_resolved") or labels.get("io.gpurig.torch", "?"),
             labels.get("io.gpurig.cuda", "?"),
@@ -213,5 +215,20 @@ def images(c):
             image.get("Created", "")[:19].replace("T", " "),
             image["Id"].split(":")[-1][:12],
             labels.get("io.gpurig.base.source", "?"),
-        )
+        ))
+    print_rows("gpurig images", columns, rows)
+
+
+def print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A rich table on a terminal; tab-separated lines when piped (nothing truncated for scripts and logs)."""
+    if not console.is_terminal:
+        print("\t".join(columns))
+        for row in rows:
+            print("\t".join(row))
+        return
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)

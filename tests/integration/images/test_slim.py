@@ -1,0 +1,64 @@
+"""slim (CPU torch for speed): it builds from the local base, runs torch as the user, reports, rebuilds from cache."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import CPU_TORCH, SESSION, SPEC_NAME, TEST_LABEL, docker, health_records, run_in
+
+
+def test_base_path_is_stated(base):
+    found, said = base
+    assert found.source in ("local", "pulled", "bootstrapped")
+    assert said and found.ref in said[-1]
+    if found.stand_in:
+        assert "stand-in" in said[-1] and "debootstrap --variant=minbase bookworm" in said[-1]
+
+
+def test_slim_builds_and_runs_torch_as_the_user(build):
+    image = build("slim")
+    proc = run_in(image.ref, "python", "-c", "import os, torch; print(os.getuid(), torch.__version__)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1000", f"{CPU_TORCH}+cpu"]
+
+
+def test_report_pins_what_was_built(build, docker_client):
+    report = build("slim").report
+    inspected = json.loads(docker("image", "inspect", report["image"]).stdout)[0]
+    assert report["image_id"] == inspected["Id"]
+    assert report["size_bytes"] == inspected["Size"] and report["layers"] == len(inspected["RootFS"]["Layers"])
+    assert report["aliases"] == [f"{SPEC_NAME}:slim"] and f"{SPEC_NAME}:slim" in inspected["RepoTags"]
+    assert f"torch=={CPU_TORCH}+cpu" in report["pip_freeze"] and report["torch_resolved"] == f"torch=={CPU_TORCH}+cpu"
+    assert report["dpkg"]["python3"].startswith("3.11") and "tini" in report["dpkg"]
+    assert report["base"]["id"].startswith("sha256:") and report["base"]["source"] in ("local", "pulled", "bootstrapped")
+    assert report["settings"]["ca_bundle"] in ("passed as build secret", "none")
+    assert report["duration_s"] > 0 and report["steps"]["total"] >= 8
+    labels = inspected["Config"]["Labels"]
+    assert labels["io.gpurig.torch"] == CPU_TORCH and labels["io.gpurig.base.source"] == report["base"]["source"]
+
+
+def test_gpu_health_reports_the_missing_gpu_as_json(build):
+    proc = run_in(build("slim").ref, "python", "/opt/gpurig/checks/gpu_health.py")
+    assert "Traceback" not in proc.stderr
+    records = {r["id"]: r for r in health_records(proc.stdout)}
+    assert len(records) == len(proc.stdout.strip().splitlines())  # JSON lines only
+    assert records["host.driver"]["status"] in ("skip", "fail") and "no NVIDIA driver" in records["host.driver"]["detail"]
+    assert records["cuda.available"]["status"] == "skip" and "CPU" in records["cuda.available"]["detail"]
+
+
+def test_rebuild_without_change_is_a_full_cache_hit(build, cli):
+    first = build("slim")
+    proc = cli("build", "--variant", "slim", "--cuda", "cpu", "--label", f"{TEST_LABEL}={SESSION}")
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((cli.project / "reports/builds" / SPEC_NAME / f"{CPU_TORCH}-cpu-slim.json").read_text())
+    assert again["steps"]["ran"] == 0, proc.stdout
+    assert again["image_id"] == first.report["image_id"]
+    assert again["pip_freeze"] == first.report["pip_freeze"]
+    assert "(full cache hit)" in proc.stdout
+
+
+def test_images_lists_what_was_built(build, cli):
+    build("slim")
+    proc = cli("images")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{SPEC_NAME}:{CPU_TORCH}-cpu-slim" in proc.stdout and f"{CPU_TORCH}+cpu" in proc.stdout
