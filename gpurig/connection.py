@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import paramiko
 
@@ -779,7 +779,7 @@ class Connector:
         via = None
         for i, hop in enumerate(target.jumps):
             via = self._jump(hop, via, target.jumps[:i])
-        return self._connect(target, via, extra_keys=())
+        return self._connect(target, via)
 
     def _jump(self, hop: SSHTarget, via: paramiko.Transport | None, before: tuple[SSHTarget, ...]) -> paramiko.Transport:
         # One transport per jump host, shared by every host behind it: a bastion sees one login, not a hundred.
@@ -787,11 +787,11 @@ class Connector:
         with self._jump_lock:
             t = self._jumps.get(key)
             if t is None or not t.is_active():
-                t = self._connect(hop, via, extra_keys=())
+                t = self._connect(hop, via)
                 self._jumps[key] = t
             return t
 
-    def _connect(self, target: SSHTarget, via: paramiko.Transport | None, extra_keys: Iterable[str]) -> paramiko.Transport:
+    def _connect(self, target: SSHTarget, via: paramiko.Transport | None) -> paramiko.Transport:
         s = self.settings
         last = ""
         for attempt in range(max(1, s.connect_attempts)):
