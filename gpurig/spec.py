@@ -37,7 +37,7 @@ VARIANT_KINDS: dict[str, VariantKind] = {
         jupyter=True,
         cuda_toolkit=True,
         ports=(22, 8888),
-        apt=SSH_APT + ("build-essential", "git", "curl", "less", "procps", "vim-tiny"),
+        apt=SSH_APT + ("build-essential", "python3-dev", "git", "curl", "less", "procps", "vim-tiny"),
         pip=JUPYTER_PIP + ("nvitop", "ninja"),
     ),
 }
