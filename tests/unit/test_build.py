@@ -1,0 +1,175 @@
+"""gpurig.build's pure parts: client detection, the build command line, progress parsing, reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpurig import build as b
+from gpurig.errors import DockerError
+from gpurig.render import render
+from gpurig.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Recorded from Debian's docker 20.10 client (BuildKit built in), --progress=plain.
+PLAIN = """\
+#1 [internal] load build definition from Dockerfile
+#1 DONE 0.0s
+#4 [stage-0 1/9] FROM docker.io/library/debian:bookworm-slim
+#4 DONE 0.0s
+#5 [stage-0 2/9] RUN --mount=type=cache,target=/var/cache/apt,sharing=locked     apt-get update
+#5 CACHED
+#9 [stage-0 5/9] RUN --mount=type=cache,target=/root/.cache/pip     pip install torch==2.13.0+cpu
+#9 1.234 Collecting torch==2.13.0+cpu
+#9 DONE 21.6s
+#12 [stage-0 8/9] COPY checks /opt/gpurig/checks
+#12 CACHED
+"""
+
+FAILED = """\
+#5 [stage-0 2/9] RUN apt-get install -y gpurig-no-such-package
+#5 2.101 E: Unable to locate package gpurig-no-such-package
+#5 ERROR: executor failed running [/bin/bash -o pipefail -c apt-get install -y gpurig-no-such-package]: exit code: 100
+------
+ > [stage-0 2/9] RUN apt-get install -y gpurig-no-such-package:
+------
+executor failed running [/bin/bash -o pipefail -c apt-get install -y gpurig-no-such-package]: exit code: 100
+"""
+
+
+@pytest.mark.parametrize(
+    "version,buildx,ok",
+    [
+        ("20.10.24", False, True),  # Debian's docker.io: BuildKit built in
+        ("18.09.0", False, True),
+        ("18.06.1", False, False),  # before BuildKit
+        ("28.2.2", False, False),  # a 23+ client without the buildx plugin refuses BuildKit
+        ("28.2.2", True, True),
+        ("", False, False),
+    ],
+)
+def test_which_clients_can_build_with_buildkit(version, buildx, ok):
+    assert b.supports_buildkit(version, buildx) is ok
+
+
+def test_client_version_is_read_from_docker_version_output():
+    assert b.parse_client_version("Docker version 20.10.24+dfsg1, build 297e128") == "20.10.24"
+    assert b.parse_client_version("Docker version 28.2.2, build e6534b4") == "28.2.2"
+    assert b.parse_client_version("garbage") == ""
+
+
+def test_the_first_capable_client_on_path_is_chosen():
+    new = b.DockerClient("/usr/local/bin/docker", "28.2.2", False)
+    old = b.DockerClient("/usr/bin/docker", "20.10.24", False)
+    assert b.choose_client([new, old]) == old
+
+
+def test_no_capable_client_says_what_to_install():
+    with pytest.raises(DockerError) as err:
+        b.choose_client([b.DockerClient("/usr/local/bin/docker", "28.2.2", False)])
+    assert "/usr/local/bin/docker (28.2.2, no buildx)" in err.value.problem and "buildx" in err.value.fix
+    with pytest.raises(DockerError, match="docker is not installed"):
+        b.choose_client([])
+
+
+def test_docker_candidates_lists_each_binary_once_in_path_order(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "docker").write_text("#!/bin/sh\n")
+        (folder / "docker").chmod(0o755)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "docker").symlink_to(first / "docker")
+    path = f"{second}:{tmp_path / 'c'}:{first}:{tmp_path / 'missing'}"
+    assert b.docker_candidates(path) == [str(second / "docker"), str(tmp_path / "c" / "docker")]
+
+
+@pytest.fixture
+def context(tmp_path):
+    spec = load_spec(REPO / "images" / "pytorch.yaml")
+    return render(spec, spec.default, "slim", REPO, tmp_path / "contexts")
+
+
+def test_build_command_is_an_argv_with_tags_secret_and_labels(context, tmp_path):
+    client = b.DockerClient("/usr/bin/docker", "20.10.24", False)
+    ca = tmp_path / "ca bundle.pem"
+    argv = b.build_argv(client, context, tmp_path / "iid", ca, {"io.gpurig.test": "x y"})
+    assert argv[:3] == ["/usr/bin/docker", "build", "--progress=plain"]
+    tags = [argv[i + 1] for i, word in enumerate(argv) if word == "--tag"]
+    assert tags == [context.image_ref, *context.aliases]
+    assert ["--secret", f"id=ca,src={ca}"] == argv[argv.index("--secret"): argv.index("--secret") + 2]
+    assert "io.gpurig.test=x y" in argv and argv[-1] == str(context.path)
+    assert "--secret" not in b.build_argv(client, context, tmp_path / "iid", None)
+    assert client.env()["DOCKER_BUILDKIT"] == "1"
+
+
+def test_progress_counts_cached_and_run_steps():
+    parser = b.ProgressParser()
+    for line in PLAIN.splitlines():
+        parser.feed(line)
+    assert parser.total == 9 and parser.cached == 2 and parser.ran == 1  # FROM never counts as run
+    assert parser.steps["9"].seconds == 21.6 and parser.steps["9"].lines == ["Collecting torch==2.13.0+cpu"]
+    assert parser.failed_step() is None
+
+
+def test_a_failing_step_becomes_one_line_with_step_exit_code_and_cause(context, tmp_path):
+    parser = b.ProgressParser()
+    for line in FAILED.splitlines():
+        parser.feed(line)
+    err = b._build_failure(context, parser, 1, tmp_path / "build.log")
+    assert "failed at step 2/9" in err.problem and "exit code 100" in err.problem
+    assert "Unable to locate package gpurig-no-such-package" in err.problem
+    assert "\n" not in str(err) and str(tmp_path / "build.log") in err.fix
+
+
+def test_credentials_in_urls_are_redacted():
+    assert b.redact("pip --index-url https://bob:s3cret@pypi.example.com/simple x") == (
+        "pip --index-url https://***@pypi.example.com/simple x"
+    )
+    assert b.redact("http://deb.debian.org/debian") == "http://deb.debian.org/debian"
+
+
+def test_ca_bundle_auto_follows_the_hosts_pip(tmp_path):
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("x")
+    assert b.resolve_ca_bundle("auto", {"PIP_CERT": str(bundle)}, lambda: "") == bundle
+    assert b.resolve_ca_bundle("auto", {}, lambda: str(bundle)) == bundle
+    assert b.resolve_ca_bundle("auto", {"PIP_CERT": str(tmp_path / "gone")}, lambda: "") is None
+    assert b.resolve_ca_bundle("none", {"PIP_CERT": str(bundle)}, lambda: "") is None
+    assert b.resolve_ca_bundle(str(bundle), {}, lambda: "") == bundle
+    with pytest.raises(DockerError, match="not a file"):
+        b.resolve_ca_bundle(str(tmp_path / "gone"), {}, lambda: "")
+
+
+def test_freeze_output_splits_into_pip_and_dpkg():
+    freeze, dpkg = b.parse_freeze("torch==2.13.0+cpu\nsympy==1.14.0\n--- dpkg\npython3=3.11.2-1+b1\ntini=0.19.0-1\n")
+    assert freeze == ["torch==2.13.0+cpu", "sympy==1.14.0"]
+    assert dpkg == {"python3": "3.11.2-1+b1", "tini": "0.19.0-1"}
+
+
+def test_report_shape_and_atomic_write(context, tmp_path):
+    client = b.DockerClient("/usr/bin/docker", "20.10.24", False)
+    parser = b.ProgressParser()
+    for line in PLAIN.splitlines():
+        parser.feed(line)
+    image = {"Id": "sha256:" + "a" * 64, "Size": 123, "RootFS": {"Layers": ["l1", "l2"]}}
+    base = {"ref": "debian:bookworm-slim", "source": "bootstrapped", "id": "sha256:b", "digests": [], "bootstrap": "x"}
+    report = b.make_report(context, client, image, base, parser, 12.34, ["torch==2.14.1"], {"tini": "1"}, Path("/ca"))
+    assert report["image"] == context.image_ref and report["image_id"] == image["Id"]
+    assert report["size_bytes"] == 123 and report["layers"] == 2 and report["duration_s"] == 12.3
+    assert report["steps"] == {"total": 9, "cached": 2, "ran": 1}
+    assert report["torch_resolved"] == "torch==2.14.1" and report["digest"] is None
+    assert report["settings"]["ca_bundle"] == "passed as build secret" and "/ca" not in json.dumps(report["settings"])
+    path = tmp_path / "reports" / "r.json"
+    b.write_json_atomic(path, report)
+    assert json.loads(path.read_text()) == report
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+    pushed = b.record_push(path, report, ["r/x:1"], "sha256:" + "c" * 64)
+    assert json.loads(path.read_text())["digest"] == pushed["digest"] == "sha256:" + "c" * 64
+
+
+def test_sizes_read_like_docker_prints_them():
+    assert b.human_size(1_020_740_441) == "1.02 GB" and b.human_size(512) == "512 B"
