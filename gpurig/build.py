@@ -196,7 +196,7 @@ def build_argv(
     return argv
 
 
-_STEP = re.compile(r"^#(\d+) \[(?:([^\]\s]+) )?(\d+)/(\d+)\] (.*)$")
+_STEP = re.compile(r"^#(\d+) \[(?:([^\]\s]+)\s+)?\s*(\d+)/(\d+)\] (.*)$")
 _STATE = re.compile(r"^#(\d+) (CACHED|DONE [\d.]+s|ERROR.*|CANCELED)$")
 _FAILED = re.compile(r"(executor failed running|failed to solve|ERROR: ).*")
 

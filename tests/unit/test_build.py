@@ -115,6 +115,14 @@ def test_progress_counts_cached_and_run_steps():
     assert parser.failed_step() is None
 
 
+def test_step_numbers_padded_for_ten_steps_or_more_are_read():
+    parser = b.ProgressParser()
+    for line in ("#4 [stage-0  1/13] FROM docker.io/library/debian:bookworm-slim", "#4 CACHED",
+                 "#9 [stage-0  5/13] RUN pip install torch", "#9 DONE 83.6s"):
+        parser.feed(line)
+    assert parser.total == 13 and parser.cached == 1 and parser.ran == 1
+
+
 def test_a_failing_step_becomes_one_line_with_step_exit_code_and_cause(context, tmp_path):
     parser = b.ProgressParser()
     for line in FAILED.splitlines():

@@ -30,7 +30,16 @@ SPEC_NAME = "gpurig-test"
 CPU_TORCH = "2.13.0"
 CUDA_TORCH, CUDA = "2.14.1", "13.0"
 
-pytestmark = pytest.mark.integration
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: builds a CUDA image (torch with its CUDA wheels, about 3 GB)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/integration/images" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
 
 
 def wheel_dir() -> str | None:
