@@ -13,16 +13,16 @@ from torch.utils.cpp_extension import load
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0")  # compiling needs no GPU, only a target
 src = Path(tempfile.mkdtemp())
 # The kernel's file includes no torch header (nvcc over torch's headers takes minutes on 2 cores).
-(src / "add_one.cu").write_text('''
+(src / "add_one.cu").write_text("""
 __global__ void add_one_kernel(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }
 void add_one(float* x, int n) { add_one_kernel<<<(n + 255) / 256, 256>>>(x, n); }
-''')
-(src / "binding.cpp").write_text('''
+""")
+(src / "binding.cpp").write_text("""
 #include <torch/extension.h>
 void add_one(float* x, int n);
 void add_one_(torch::Tensor x) { add_one(x.data_ptr<float>(), static_cast<int>(x.numel())); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("add_one_", &add_one_); }
-''')
+""")
 module = load("gpurig_add_one", [str(src / "binding.cpp"), str(src / "add_one.cu")], build_directory=str(src))
 print("compiled", hasattr(module, "add_one_"))
 '''
