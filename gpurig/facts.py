@@ -31,7 +31,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("nvidia_smi", "nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits"),
     ("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules"),
     ("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c; else echo legacy-bios; fi"),
-    ("docker_info", "timeout 15 docker info --format '{{json .}}'"),
+    ("docker_info", "timeout -k 5 15 docker info --format '{{json .}}'"),
     ("daemon_json", "cat /etc/docker/daemon.json"),
     ("nvidia_ctk", "nvidia-ctk --version"),
     ("cgroup", "stat -fc %T /sys/fs/cgroup"),

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gpurig.connection import Connector, SSHSettings
+from gpurig.inventory import Host
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
@@ -157,6 +158,35 @@ def client_key(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def login_user(client_key) -> str:
+    """The account tests log in as: /bin/sh, key-only, passwordless sudo; removed afterwards.
+
+    Not root: root's ~/.bashrc may do real work on every SSH command (here it
+    runs `pyenv init`, whose rehash lock a killed session would leave behind),
+    and tests must neither pay for nor disturb the machine's own setup.
+    """
+    name = f"gpt{secrets.token_hex(3)}"
+    sudoers = Path(f"/etc/sudoers.d/{name}")
+    # Password '*': no password login, yet not a locked account (which sshd without PAM refuses).
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", "-p", "*", name], check=True)
+    try:
+        _authorize(name, client_key)
+        sudoers.write_text(f"{name} ALL=(ALL) NOPASSWD: ALL\n")
+        sudoers.chmod(0o440)
+        yield name
+    finally:
+        sudoers.unlink(missing_ok=True)
+        subprocess.run(["userdel", "-r", "-f", name], check=False, capture_output=True)
+
+
+def _authorize(user: str, client_key: Path) -> None:
+    ssh_dir = Path(f"/home/{user}/.ssh")
+    ssh_dir.mkdir(mode=0o700)
+    shutil.copy(client_key.with_suffix(".pub"), ssh_dir / "authorized_keys")
+    subprocess.run(["chown", "-R", f"{user}:{user}", str(ssh_dir)], check=True)
+
+
+@pytest.fixture(scope="session")
 def farm(tmp_path_factory, client_key):
     f = SshdFarm(tmp_path_factory.mktemp("sshd"), client_key.with_suffix(".pub"))
     yield f
@@ -190,20 +220,30 @@ def connector(settings):
     c.close()
 
 
-def inventory_text(hosts: dict[str, dict], key: Path) -> str:
-    data = {"all": {"vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(key)}, "hosts": hosts}}
+def inventory_text(hosts: dict[str, dict], key: Path, user: str) -> str:
+    data = {"all": {"vars": {"ansible_user": user, "ansible_ssh_private_key_file": str(key)}, "hosts": hosts}}
     return yaml.safe_dump(data, sort_keys=False)
 
 
 @pytest.fixture
-def write_inventory(tmp_path, client_key):
+def write_inventory(tmp_path, client_key, login_user):
     def write(hosts: dict[str, dict]) -> Path:
         path = tmp_path / "inventory" / "hosts.yaml"
         path.parent.mkdir(exist_ok=True)
-        path.write_text(inventory_text(hosts, client_key))
+        path.write_text(inventory_text(hosts, client_key, login_user))
         return path
 
     return write
+
+
+@pytest.fixture
+def make_host(client_key, login_user):
+    """A Host on 127.0.0.1 logging in as the test user with the test key."""
+
+    def make(port: int, name: str = "h", user: str | None = None, key: Path | None = None, **vars) -> Host:
+        return Host(name=name, groups=("ungrouped",), vars=vars, address="127.0.0.1", port=port, user=user or login_user, key_file=str(key or client_key))
+
+    return make
 
 
 @pytest.fixture
@@ -243,10 +283,7 @@ def sudo_user(client_key):
     sudoers = Path(f"/etc/sudoers.d/{name}")
     try:
         subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True)
-        ssh_dir = Path(f"/home/{name}/.ssh")
-        ssh_dir.mkdir(mode=0o700)
-        shutil.copy(client_key.with_suffix(".pub"), ssh_dir / "authorized_keys")
-        subprocess.run(["chown", "-R", f"{name}:{name}", str(ssh_dir)], check=True)
+        _authorize(name, client_key)
         sudoers.write_text(f"{name} ALL=(ALL) ALL\n")
         sudoers.chmod(0o440)
         yield name, password

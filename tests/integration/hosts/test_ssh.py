@@ -16,35 +16,32 @@ from gpurig.connection import (
     SudoPasswordError,
     UnreachableError,
 )
+from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
 
 from .conftest import free_port, keygen, ssh_fingerprint
 
 
-def host(name="h", port=22, user="root", key=None, **vars) -> Host:
-    return Host(name=name, groups=("ungrouped",), vars=vars, address="127.0.0.1", port=port, user=user, key_file=str(key) if key else None)
-
-
-def test_key_auth_runs_commands_and_reuses_one_connection(connector, sshd, client_key):
-    with connector.open(host(port=sshd.port, key=client_key)) as conn:
+def test_key_auth_runs_commands_and_reuses_one_connection(connector, sshd, make_host, login_user):
+    with connector.open(make_host(sshd.port)) as conn:
         first = conn.run("echo out; echo err >&2; exit 3", warn=True)
         second = conn.run(["id", "-un"])
         transport = conn._transport
         conn.run("true")
         assert conn._transport is transport  # one connection for all of a host's work
     assert (first.exited, first.stdout, first.stderr) == (3, "out\n", "err\n")
-    assert second.stdout.strip() == "root"
+    assert second.stdout.strip() == login_user
 
 
-def test_nonzero_exit_raises_unless_warn(connector, sshd, client_key):
-    with connector.open(host(port=sshd.port, key=client_key)) as conn:
+def test_nonzero_exit_raises_unless_warn(connector, sshd, make_host):
+    with connector.open(make_host(sshd.port)) as conn:
         with pytest.raises(CommandError, match="exited 7"):
             conn.run("exit 7")
 
 
-def test_streaming_output_arrives_before_the_command_ends(connector, sshd, client_key):
+def test_streaming_output_arrives_before_the_command_ends(connector, sshd, make_host):
     seen: list[tuple[float, str]] = []
-    with connector.open(host(port=sshd.port, key=client_key)) as conn:
+    with connector.open(make_host(sshd.port)) as conn:
         start = time.monotonic()
         # The remote waits on a fifo we never write: only the timeout ends it, after "early" was streamed.
         with pytest.raises(CommandTimeout):
@@ -52,42 +49,42 @@ def test_streaming_output_arrives_before_the_command_ends(connector, sshd, clien
     assert seen and seen[0][1] == "early\n" and seen[0][0] < 1.5
 
 
-def test_wrong_key_is_a_clear_auth_error(connector, sshd, tmp_path):
+def test_wrong_key_is_a_clear_auth_error(connector, sshd, tmp_path, make_host, login_user):
     other = keygen(tmp_path / "other_key")
     with pytest.raises(AuthError) as err:
-        connector.open(host(port=sshd.port, key=other)).connect()
-    assert "authentication failed for root@127.0.0.1" in str(err.value)
+        connector.open(make_host(sshd.port, key=other)).connect()
+    assert f"authentication failed for {login_user}@127.0.0.1" in str(err.value)
     assert "authorized_keys" in err.value.fix
 
 
-def test_closed_port_is_unreachable(connector):
+def test_closed_port_is_unreachable(connector, make_host):
     port = free_port()
     with pytest.raises(UnreachableError, match="connection refused"):
-        connector.open(host(port=port)).connect()
+        connector.open(make_host(port)).connect()
 
 
-def test_connect_retries_back_off_then_give_up(settings):
+def test_connect_retries_back_off_then_give_up(settings, make_host):
     s = dataclasses.replace(settings, connect_attempts=3, retry_backoff_s=0.1)
     start = time.monotonic()
     with pytest.raises(UnreachableError, match="after 3 attempts"):
-        Connector(s).open(host(port=free_port())).connect()
+        Connector(s).open(make_host(free_port())).connect()
     assert time.monotonic() - start >= 0.3  # 0.1 + 0.2 of backoff between the three attempts
 
 
-def test_silent_host_times_out_as_configured(settings, silent_port):
-    conn = Connector(dataclasses.replace(settings, connect_timeout=1)).open(host(port=silent_port))
+def test_silent_host_times_out_as_configured(settings, silent_port, make_host):
+    conn = Connector(dataclasses.replace(settings, connect_timeout=1)).open(make_host(silent_port))
     start = time.monotonic()
     with pytest.raises(UnreachableError, match="no SSH handshake within 1s"):
         conn.connect()
     assert time.monotonic() - start < 4
 
 
-def test_changed_host_key_is_refused_with_both_fingerprints(settings, sshd, client_key, tmp_path):
+def test_changed_host_key_is_refused_with_both_fingerprints(settings, sshd, tmp_path, make_host):
     impostor = keygen(tmp_path / "impostor")
     pub = impostor.with_suffix(".pub").read_text().split()
     settings.project_known_hosts.write_text(f"{sshd.known_hosts_name} {pub[0]} {pub[1]}\n")
     with pytest.raises(HostKeyError) as err:
-        Connector(settings).open(host(port=sshd.port, key=client_key)).connect()
+        Connector(settings).open(make_host(sshd.port)).connect()
     text = str(err.value)
     assert "HOST KEY CHANGED" in text
     assert sshd.fingerprint in text  # what the server offered
@@ -95,45 +92,45 @@ def test_changed_host_key_is_refused_with_both_fingerprints(settings, sshd, clie
     assert f"ssh-keygen -R '{sshd.known_hosts_name}'" in err.value.fix
 
 
-def test_changed_key_fails_even_with_checking_off(settings, sshd, client_key, tmp_path):
+def test_changed_key_fails_even_with_checking_off(settings, sshd, tmp_path, make_host):
     pub = keygen(tmp_path / "impostor").with_suffix(".pub").read_text().split()
     settings.project_known_hosts.write_text(f"{sshd.known_hosts_name} {pub[0]} {pub[1]}\n")
     with pytest.raises(HostKeyError, match="CHANGED"):
-        Connector(dataclasses.replace(settings, host_key_policy="off")).open(host(port=sshd.port, key=client_key)).connect()
+        Connector(dataclasses.replace(settings, host_key_policy="off")).open(make_host(sshd.port)).connect()
 
 
-def test_accept_new_records_the_key_and_strict_then_accepts_it(settings, sshd, client_key):
-    Connector(settings).open(host(port=sshd.port, key=client_key)).run("true")
+def test_accept_new_records_the_key_and_strict_then_accepts_it(settings, sshd, make_host):
+    Connector(settings).open(make_host(sshd.port)).run("true")
     line = settings.project_known_hosts.read_text()
     assert line.startswith(f"{sshd.known_hosts_name} ssh-ed25519 ")
     assert line.split()[2] == sshd.host_key.with_suffix(".pub").read_text().split()[1]
     strict = dataclasses.replace(settings, host_key_policy="strict")
-    assert Connector(strict).open(host(port=sshd.port, key=client_key)).run("echo ok").stdout == "ok\n"
+    assert Connector(strict).open(make_host(sshd.port)).run("echo ok").stdout == "ok\n"
 
 
-def test_strict_refuses_unknown_host(settings, sshd, client_key):
+def test_strict_refuses_unknown_host(settings, sshd, make_host):
     strict = dataclasses.replace(settings, host_key_policy="strict")
     with pytest.raises(HostKeyError, match="policy is strict") as err:
-        Connector(strict).open(host(port=sshd.port, key=client_key)).connect()
+        Connector(strict).open(make_host(sshd.port)).connect()
     assert sshd.fingerprint in str(err.value)
     assert not settings.project_known_hosts.exists()
 
 
-def test_off_accepts_without_recording(settings, sshd, client_key):
+def test_off_accepts_without_recording(settings, sshd, make_host):
     off = dataclasses.replace(settings, host_key_policy="off")
-    assert Connector(off).open(host(port=sshd.port, key=client_key)).run("echo ok").ok
+    assert Connector(off).open(make_host(sshd.port)).run("echo ok").ok
     assert not settings.project_known_hosts.exists()
 
 
-def test_proxy_jump_goes_through_the_bastion(farm, settings, client_key):
+def test_proxy_jump_goes_through_the_bastion(farm, settings, make_host, login_user):
     bastion, target = farm.start(2, prefix="jump")
     closed = farm.start(1, prefix="nofwd", extra="AllowTcpForwarding no\n")[0]
-    via = f"root@127.0.0.1:{bastion.port}"
-    jumped = dataclasses.replace(host(port=target.port, key=client_key), vars={"ansible_ssh_common_args": f"-J {via}"})
+    via = f"{login_user}@127.0.0.1:{bastion.port}"
+    jumped = dataclasses.replace(make_host(target.port), vars={"ansible_ssh_common_args": f"-J {via}"})
     c = Connector(settings)
     assert c.open(jumped).run("echo through").stdout == "through\n"
     # Through a bastion that refuses forwarding the same target is unreachable: the route really is the jump.
-    blocked = dataclasses.replace(jumped, vars={"ansible_ssh_common_args": f"-o ProxyJump=root@127.0.0.1:{closed.port}"})
+    blocked = dataclasses.replace(jumped, vars={"ansible_ssh_common_args": f"-o ProxyJump={login_user}@127.0.0.1:{closed.port}"})
     with pytest.raises(UnreachableError, match="jump host could not reach it"):
         c.open(blocked).connect()
     # Both the bastion's and the target's keys were checked and recorded.
@@ -142,12 +139,12 @@ def test_proxy_jump_goes_through_the_bastion(farm, settings, client_key):
     c.close()
 
 
-def test_proxy_jump_from_ssh_config(farm, settings, client_key, tmp_path):
+def test_proxy_jump_from_ssh_config(farm, settings, client_key, tmp_path, login_user):
     bastion, target = farm.start(2, prefix="cfg")
     config = tmp_path / "ssh_config"
     config.write_text(
-        f"Host bastion\n  HostName 127.0.0.1\n  Port {bastion.port}\n  User root\n  IdentityFile {client_key}\n\n"
-        f"Host gpu-box\n  HostName 127.0.0.1\n  Port {target.port}\n  User root\n  IdentityFile {client_key}\n  ProxyJump bastion\n"
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {bastion.port}\n  User {login_user}\n  IdentityFile {client_key}\n\n"
+        f"Host gpu-box\n  HostName 127.0.0.1\n  Port {target.port}\n  User {login_user}\n  IdentityFile {client_key}\n  ProxyJump bastion\n"
     )
     c = Connector(dataclasses.replace(settings, ssh_config=config))
     alias = Host(name="gpu-box", groups=("ungrouped",), vars={}, address="gpu-box")
@@ -155,10 +152,10 @@ def test_proxy_jump_from_ssh_config(farm, settings, client_key, tmp_path):
     c.close()
 
 
-def test_sudo_with_password(farm, settings, client_key, sudo_user, sshd):
+def test_sudo_with_password(farm, settings, sudo_user, sshd, make_host):
     name, password = sudo_user
     c = Connector(settings, sudo_password=password)
-    with c.open(host(port=sshd.port, user=name, key=client_key)) as conn:
+    with c.open(make_host(sshd.port, user=name)) as conn:
         result = conn.sudo(["id", "-un"])
         assert result.stdout.strip() == "root"
         assert password not in result.stdout + result.stderr + result.command
@@ -166,29 +163,32 @@ def test_sudo_with_password(farm, settings, client_key, sudo_user, sshd):
         assert conn.sudo("cat; echo end").stdout == "end\n"
 
 
-def test_wrong_sudo_password_is_reported_as_such(settings, client_key, sudo_user, sshd):
+def test_wrong_sudo_password_is_reported_as_such(settings, sudo_user, sshd, make_host):
     name, _ = sudo_user
     c = Connector(settings, sudo_password="not-the-password")
     with pytest.raises(SudoPasswordError, match="rejected the password"):
-        c.open(host(port=sshd.port, user=name, key=client_key)).sudo("true")
+        c.open(make_host(sshd.port, user=name)).sudo("true")
 
 
-def test_sudo_without_a_password_says_what_to_set(settings, client_key, sudo_user, sshd, monkeypatch):
+def test_sudo_without_a_password_says_what_to_set(settings, sudo_user, sshd, monkeypatch, make_host):
     monkeypatch.delenv("GPURIG_SUDO_PASSWORD", raising=False)
     name, _ = sudo_user
     with pytest.raises(SudoPasswordError) as err:
-        Connector(settings).open(host(port=sshd.port, user=name, key=client_key)).sudo("true")
+        Connector(settings).open(make_host(sshd.port, user=name)).sudo("true")
     assert "GPURIG_SUDO_PASSWORD" in err.value.fix
 
 
-def test_put_and_get_round_trip(connector, sshd, client_key, tmp_path):
+def test_put_and_get_round_trip(connector, sshd, tmp_path, make_host, login_user):
     src = tmp_path / "src.bin"
     src.write_bytes(bytes(range(256)) * 1000)
-    remote = f"{sshd.dir}/uploaded file 'q'.bin"
-    with connector.open(host(port=sshd.port, key=client_key)) as conn:
+    remote = f"/home/{login_user}/uploaded file 'q'.bin"
+    with connector.open(make_host(sshd.port)) as conn:
         conn.put(src, remote, mode=0o600)
         assert conn.run(["stat", "-c", "%a %s", remote]).stdout.split() == ["600", "256000"]
         conn.get(remote, tmp_path / "back.bin")
+        with pytest.raises(HostError, match="cannot put .* Permission denied"):
+            conn.put(src, "/etc/gpurig-not-allowed")
+        assert conn.run("ls -a /etc | grep -c gpurig-tmp", warn=True).stdout.strip() == "0"  # nothing half-written left
     assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
 
 
