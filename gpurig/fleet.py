@@ -129,6 +129,8 @@ def run_fleet(
     lock = threading.Lock()
     stopping = threading.Event()
 
+    display = _Display(console, len(hosts), label) if show else None
+
     def one(host: Host) -> HostResult:
         if stopping.is_set():
             return HostResult(host.name, "failed", "interrupted before start")
@@ -137,10 +139,14 @@ def run_fleet(
         with lock:
             open_conns[host.name] = conn
         try:
+            if display:
+                display.state(host.name, "connecting")
             try:
                 conn.connect()
             except ConnectError as err:
                 return HostResult(host.name, "unreachable", _reason(host, err), None, time.monotonic() - start)
+            if display:
+                display.state(host.name, "running")
             value = work(conn)
             if isinstance(value, Outcome):
                 status = "changed" if value.changed else "ok"
@@ -158,7 +164,6 @@ def run_fleet(
                 open_conns.pop(host.name, None)
             conn.close()
 
-    display = _Display(console, len(hosts), label) if show else None
     pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="gpurig-host")
     interrupted = False
     try:
@@ -220,7 +225,7 @@ def print_summary(report: FleetReport, console: Console) -> None:
 
 
 class _Display:
-    """A progress bar with each host's status line printed as it finishes."""
+    """A progress bar with live counts of hosts connecting and running, and each host's line as it finishes."""
 
     def __init__(self, console: Console, total: int, label: str) -> None:
         self.progress = Progress(
@@ -229,11 +234,14 @@ class _Display:
             MofNCompleteColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
+            TextColumn("[dim]{task.fields[busy]}"),
             console=console,
             transient=True,
         )
         self.counts = {s: 0 for s in STATUSES}
-        self.task = self.progress.add_task(label, total=total, counts="")
+        self.busy: dict[str, str] = {}  # host -> connecting | running
+        self._lock = threading.Lock()
+        self.task = self.progress.add_task(label, total=total, counts="", busy="")
 
     def start(self) -> None:
         self.progress.start()
@@ -241,7 +249,22 @@ class _Display:
     def stop(self) -> None:
         self.progress.stop()
 
+    def state(self, host: str, state: str) -> None:
+        with self._lock:
+            self.busy[host] = state
+            self._show_busy()
+
+    def _show_busy(self) -> None:
+        connecting = sum(1 for s in self.busy.values() if s == "connecting")
+        running = [h for h, s in self.busy.items() if s == "running"]
+        shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
+        text = (f"{connecting} connecting  " if connecting else "") + (f"running: {shown}" if running else "")
+        self.progress.update(self.task, busy=text)
+
     def finished(self, r: HostResult) -> None:
+        with self._lock:
+            self.busy.pop(r.host, None)
+            self._show_busy()
         self.counts[r.status] += 1
         style = _STATUS_STYLE[r.status]
         reason = f"  {r.reason}" if r.reason else ""

@@ -74,3 +74,12 @@ def test_summary_names_each_failed_host_once(tmp_path):
     print_summary(report, Console(file=buf, width=200))
     text = buf.getvalue()
     assert text.count("l0") == 1 and "failed=2" in text
+
+
+def test_progress_on_a_terminal_prints_each_host_as_it_finishes(tmp_path):
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=160)
+    run_fleet(hosts(3), lambda c: c.run("exit 1") if c.host.name == "l1" else None, connector=connector(tmp_path), console=console)
+    text = buf.getvalue()
+    assert "l0" in text and "l2" in text
+    assert "failed" in text and "exited 1" in text
