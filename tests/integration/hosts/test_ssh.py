@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import time
 
 import pytest
@@ -204,3 +206,35 @@ def test_injection_in_host_vars_reaches_the_remote_as_literal_text(write_invento
     assert local.run(["printf", "%s", nasty]).stdout == nasty
     assert local.sudo(["printf", "%s", nasty]).stdout == nasty
     assert not marker.exists()
+
+
+@pytest.fixture
+def ssh_agent(tmp_path, client_key):
+    """A real ssh-agent holding the test key, stopped afterwards."""
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "ssh-agent did not create its socket"
+            time.sleep(0.01)  # polling for readiness
+        subprocess.run(["ssh-add", "-q", str(client_key)], env={**os.environ, "SSH_AUTH_SOCK": str(sock)}, check=True, capture_output=True)
+        yield sock
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_key_from_ssh_agent(settings, sshd, ssh_agent, login_user, monkeypatch):
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(ssh_agent))
+    agent_only = Host(name="h", groups=(), vars={}, address="127.0.0.1", port=sshd.port, user=login_user)
+    c = Connector(dataclasses.replace(settings, allow_agent=True))
+    assert c.open(agent_only).run("echo agent").stdout == "agent\n"
+    with pytest.raises(AuthError, match="no key to offer"):
+        Connector(settings).open(agent_only).connect()  # agent off, no key file: nothing to offer
+
+
+def test_sudo_password_from_the_environment(settings, sudo_user, sshd, make_host, monkeypatch):
+    name, password = sudo_user
+    monkeypatch.setenv("GPURIG_SUDO_PASSWORD", password)
+    assert Connector(settings).open(make_host(sshd.port, user=name)).sudo("id -u").stdout == "0\n"
