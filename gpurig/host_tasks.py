@@ -42,16 +42,22 @@ def _root(c) -> Path:
         return Path(".")
 
 
+def inventory_path(c, inventory: str | None) -> Path:
+    """The inventory named by --inventory, else $GPURIG_INVENTORY, else inventory/hosts.yaml."""
+    return Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
+
+
 def select_hosts(c, host: str | None, group: str | None, pattern: str | None, inventory: str | None) -> list[Host]:
-    """The inventory named by flag, env or default, narrowed to the selection."""
-    path = Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
+    """The inventory's hosts narrowed to the selection; an empty selection is an error."""
+    path = inventory_path(c, inventory)
     chosen = load_inventory(path).select(hosts=host, groups=group, pattern=pattern)
     if not chosen:
         raise InventoryError(f"the selection matches no host in {path}", "check --host/--group/--pattern with 'invoke hosts'")
     return chosen
 
 
-def make_connector(c, policy: str, connect_timeout: float, ask_sudo_password: bool, inventory_path: Path) -> Connector:
+def make_connector(policy: str, connect_timeout: float, ask_sudo_password: bool, inventory: Path) -> Connector:
+    """Connection settings from the flags; the project's known_hosts sits beside the inventory."""
     if policy not in HOST_KEY_POLICIES:
         raise InventoryError(f"unknown --host-key-policy {policy!r}", f"use one of: {', '.join(HOST_KEY_POLICIES)}")
     if policy == "off":
@@ -62,7 +68,7 @@ def make_connector(c, policy: str, connect_timeout: float, ask_sudo_password: bo
     settings = SSHSettings(
         connect_timeout=connect_timeout,
         host_key_policy=policy,
-        project_known_hosts=inventory_path.parent / "known_hosts",
+        project_known_hosts=inventory.parent / "known_hosts",
     )
     password = (lambda: getpass.getpass("sudo password: ")) if ask_sudo_password else None
     return Connector(settings, sudo_password=password)
@@ -83,8 +89,7 @@ def facts(
 ):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts and print a table."""
     chosen = select_hosts(c, host, group, pattern, inventory)
-    inv_path = Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
-    connector = make_connector(c, host_key_policy, float(connect_timeout), ask_sudo_password, inv_path)
+    connector = make_connector(host_key_policy, float(connect_timeout), ask_sudo_password, inventory_path(c, inventory))
     try:
         report = run_fleet(chosen, gather, connector=connector, forks=int(forks) or None, report_path=json, label="facts")
     finally:
