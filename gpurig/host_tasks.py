@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from invoke.exceptions import Exit
-from rich.console import Console
 from rich.table import Table
 
 from gpurig.cli import task
+from gpurig.report import console, err_console
 from gpurig.connection import HOST_KEY_POLICIES, Connector, SSHSettings
 from gpurig.errors import InventoryError
 from gpurig.facts import Facts, gather
@@ -61,7 +61,7 @@ def make_connector(policy: str, connect_timeout: float, ask_sudo_password: bool,
     if policy not in HOST_KEY_POLICIES:
         raise InventoryError(f"unknown --host-key-policy {policy!r}", f"use one of: {', '.join(HOST_KEY_POLICIES)}")
     if policy == "off":
-        Console(stderr=True).print(
+        err_console.print(
             "[bold red]WARNING: host key checking is OFF. Any machine that answers for these hosts "
             "will be trusted; use this only on a network you control.[/]"
         )
@@ -74,7 +74,11 @@ def make_connector(policy: str, connect_timeout: float, ask_sudo_password: bool,
     return Connector(settings, sudo_password=password)
 
 
-@task(help={**_SELECT_HELP, **_CONNECT_HELP, "json": "also write the facts as a JSON report to this file"})
+# Long flags only: Invoke would give --host the short flag -h, which users read as help.
+@task(
+    help={**_SELECT_HELP, **_CONNECT_HELP, "json": "also write the facts as a JSON report to this file"},
+    auto_shortflags=False,
+)
 def facts(
     c,
     host=None,
@@ -94,21 +98,20 @@ def facts(
         report = run_fleet(chosen, gather, connector=connector, forks=int(forks) or None, report_path=json, label="facts")
     finally:
         connector.close()
-    out = Console()
-    out.print(facts_table(report))
-    print_summary(report, Console(stderr=True))
+    console.print(facts_table(report))
+    print_summary(report, err_console)
     if report.exit_code:
         raise Exit(code=report.exit_code)
 
 
-@task(help=_SELECT_HELP)
+@task(help=_SELECT_HELP, auto_shortflags=False)
 def hosts(c, host=None, group=None, pattern=None, inventory=None):
     """List the hosts a selection picks, with their address, user and groups."""
     table = Table("host", "address", "user", "groups", "connection")
     for h in select_hosts(c, host, group, pattern, inventory):
         port = f":{h.port}" if h.port else ""
         table.add_row(h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection)
-    Console().print(table)
+    console.print(table)
 
 
 def facts_table(report: FleetReport) -> Table:
