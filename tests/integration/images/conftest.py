@@ -78,7 +78,7 @@ build:
   find_links: [{wheels}]
   torch_index: ""
   ca_bundle: auto
-  aliases: ["{{variant}}"]
+  aliases: ["{{variant}}-{{cuda_tag}}"]
 """
 
 

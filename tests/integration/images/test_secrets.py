@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CUDA, DOCKER, docker
+from conftest import CUDA, docker
 import conftest
 
-PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")
+# A whole PEM key (libraries such as gnutls contain the marker alone, as a format string).
+PRIVATE_KEY = re.compile(rb"-----BEGIN ((?:[A-Z]+ )?PRIVATE KEY)-----\s*(?:Proc-Type[^\n]*\n[^\n]*\n\s*)?[A-Za-z0-9+/=\s]{64,}-----END \1-----")
 SHADOW_HASH = re.compile(rb"^[^:\n]+:\$[0-9a-z]+\$", re.M)
 SCAN_LIMIT = 8 << 20  # contents of files up to 8 MiB are read; every name is checked
 PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
@@ -51,7 +52,10 @@ def scan(ref: str, ssh: bool) -> list[str]:
                     if not entry.isfile() or entry.size > SCAN_LIMIT:
                         continue
                     data = layer.extractfile(entry).read()
-                    if PRIVATE_KEY.search(data):
+                    # Public test vectors, not secrets: gnutls's self-test keys inside its ELF, and the
+                    # test keys some wheels ship (tornado/test/test.key).
+                    shipped = data[:4] == b"\x7fELF" or re.search(r"/site-packages/[^/]+/(.+/)?tests?/", name)
+                    if PRIVATE_KEY.search(data) and not shipped:
                         findings.append(f"{member.name}: private key in {name}")
                     if name.endswith("etc/shadow") and SHADOW_HASH.search(data):
                         findings.append(f"{member.name}: password hash in {name}")
@@ -68,3 +72,23 @@ def scan(ref: str, ssh: bool) -> list[str]:
 def test_no_secret_in_any_layer(build, variant, cuda):
     image = build(variant, cuda)
     assert scan(image.ref, ssh=variant in ("ssh", "full")) == []
+
+
+def test_the_scan_finds_a_planted_key_and_ca(base, tmp_path):
+    """The scanner itself: an image with a private key and the host's CA bundle copied in is caught."""
+    found, _ = base
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id")], check=True)
+    from gpurig.build import resolve_ca_bundle
+
+    bundle = resolve_ca_bundle("auto")
+    lines = [f"FROM {found.ref}", "COPY id /root/.ssh/id_ed25519"]
+    if bundle:
+        (tmp_path / "ca.pem").write_bytes(bundle.read_bytes())
+        lines.append("COPY ca.pem /usr/local/share/ca.pem")
+    (tmp_path / "Dockerfile").write_text("\n".join(lines) + "\n")
+    ref = f"gpurig-test-planted:{conftest.SESSION}"
+    docker("build", "-q", "--label", f"{conftest.TEST_LABEL}={conftest.SESSION}", "-t", ref, str(tmp_path))
+    findings = scan(ref, ssh=False)
+    assert any("private key in ./root/.ssh/id_ed25519" in f or "private key in root/.ssh/id_ed25519" in f for f in findings)
+    if bundle and host_only_cas():
+        assert any("CA bundle in" in f for f in findings)

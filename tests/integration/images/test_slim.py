@@ -27,7 +27,7 @@ def test_report_pins_what_was_built(build, docker_client):
     inspected = json.loads(docker("image", "inspect", report["image"]).stdout)[0]
     assert report["image_id"] == inspected["Id"]
     assert report["size_bytes"] == inspected["Size"] and report["layers"] == len(inspected["RootFS"]["Layers"])
-    assert report["aliases"] == [f"{SPEC_NAME}:slim"] and f"{SPEC_NAME}:slim" in inspected["RepoTags"]
+    assert report["aliases"] == [f"{SPEC_NAME}:slim-cpu"] and f"{SPEC_NAME}:slim-cpu" in inspected["RepoTags"]
     assert f"torch=={CPU_TORCH}+cpu" in report["pip_freeze"] and report["torch_resolved"] == f"torch=={CPU_TORCH}+cpu"
     assert report["dpkg"]["python3"].startswith("3.11") and "tini" in report["dpkg"]
     assert report["base"]["id"].startswith("sha256:") and report["base"]["source"] in ("local", "pulled", "bootstrapped")
