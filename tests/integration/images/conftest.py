@@ -127,12 +127,13 @@ def docker_client():
     DOCKER = client.path
     yield client
     # Everything this session labelled goes; BuildKit's cache stays.
-    for kind in ("container",):
-        ids = docker("ps", "-aq", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
-        if ids:
-            docker("rm", "-f", "-v", *ids, check=False)
-    ids = docker("image", "ls", "-q", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
+    ids = docker("ps", "-aq", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
     if ids:
+        docker("rm", "-f", "-v", *ids, check=False)
+    for _ in range(3):  # a base goes only once the images built on it are gone
+        ids = docker("image", "ls", "-q", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
+        if not ids:
+            break
         docker("image", "rm", "-f", *sorted(set(ids)), check=False)
     docker("volume", "prune", "-f", "--filter", f"label={TEST_LABEL}={SESSION}", check=False)
 
