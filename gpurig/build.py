@@ -31,6 +31,18 @@ def redact(text: str) -> str:
     return _CREDENTIALS.sub(r"\g<scheme>***@", text)
 
 
+def refuse_credentials(settings) -> None:
+    """A user:password in an index, find-links or mirror URL would be written into the image's history: refuse it."""
+    urls = [settings.pip_index, *settings.pip_extra_index, *settings.find_links, settings.torch_index, settings.apt_mirror]
+    for url in urls:
+        if url and _CREDENTIALS.search(url):
+            raise DockerError(
+                f"the build settings name a URL with a user and password ({redact(url)}); "
+                "RUN lines are kept in the image's history",
+                "drop the credentials from the spec and let the index trust the build host's network, or use a local mirror",
+            )
+
+
 # --- the docker client ------------------------------------------------------------
 
 

@@ -132,10 +132,19 @@ BUILD_HELP = {
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
     from gpurig.base import ensure_base
-    from gpurig.build import build_image, find_client, human_size, push as push_refs, record_push, resolve_ca_bundle
+    from gpurig.build import (
+        build_image,
+        find_client,
+        human_size,
+        push as push_refs,
+        record_push,
+        refuse_credentials,
+        resolve_ca_bundle,
+    )
 
     labels = parse_labels(label or [])
     image_spec = load_project_spec(c, spec)
+    refuse_credentials(image_spec.build)
     if push and not image_spec.registry:
         raise SpecError(f"{image_spec.path}: --push, but registry is empty", "set registry: HOST[:PORT]/PATH in the spec")
     client = find_client()

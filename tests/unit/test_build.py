@@ -140,6 +140,15 @@ def test_credentials_in_urls_are_redacted():
     assert b.redact("http://deb.debian.org/debian") == "http://deb.debian.org/debian"
 
 
+def test_credentials_in_build_urls_are_refused_before_they_reach_a_layer():
+    from gpurig.spec import BuildSettings
+
+    b.refuse_credentials(BuildSettings(pip_index="https://pypi.example.com/simple"))
+    with pytest.raises(DockerError) as err:
+        b.refuse_credentials(BuildSettings(pip_extra_index=("https://bob:s3cret@pypi.example.com/simple",)))
+    assert "s3cret" not in str(err.value) and "***@pypi.example.com" in str(err.value)
+
+
 def test_ca_bundle_auto_follows_the_hosts_pip(tmp_path):
     bundle = tmp_path / "ca.pem"
     bundle.write_text("x")
