@@ -10,6 +10,7 @@ so that every later build says it is a local stand-in, not the registry's image.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -94,8 +95,6 @@ def inspect_image(docker: str, ref: str) -> BaseImage | None:
     )
     if proc.returncode != 0:
         return None
-    import json
-
     info = json.loads(proc.stdout)
     labels = (info.get("Config") or {}).get("Labels") or {}
     return BaseImage(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rich.table import Table
@@ -165,7 +166,8 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
         if push:
             refs = [context.image_ref, *context.aliases]
             console.print(f"pushing {', '.join(refs)}")
-            result = type(result)(context, record_push(result.report_path, result.report, refs, push_refs(client, refs)), result.report_path)
+            pushed = record_push(result.report_path, result.report, refs, push_refs(client, refs))
+            result = dataclasses.replace(result, report=pushed)
         results.append(result)
         steps = result.report["steps"]
         cache = " (full cache hit)" if not steps["ran"] else ""
