@@ -2,7 +2,8 @@
 
 Everything created here (images, containers, the bootstrapped base when this
 session made it) carries the label io.gpurig.test=<session id> and is removed
-at the end; BuildKit's cache stays so that the next session is fast.
+at the end; BuildKit's cache stays, trimmed to GPURIG_TEST_KEEP_BUILD_CACHE
+(25GB) so that repeated sessions do not fill the disk.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from gpurig.errors import DockerError
 REPO = Path(__file__).resolve().parents[3]
 TEST_LABEL = "io.gpurig.test"
 SESSION = uuid.uuid4().hex[:12]
-SPEC_NAME = "gpurig-test"
+# Per session, so that two sessions on one engine never move each other's tags.
+SPEC_NAME = f"gpurig-test-{SESSION[:8]}"
 CPU_TORCH = "2.13.0"
 CUDA_TORCH, CUDA = "2.14.1", "13.0"
 
@@ -136,6 +138,9 @@ def docker_client():
             break
         docker("image", "rm", "-f", *sorted(set(ids)), check=False)
     docker("volume", "prune", "-f", "--filter", f"label={TEST_LABEL}={SESSION}", check=False)
+    # Each session's base is new, so the cache built on an older one is never hit again: bound it
+    # (least recently used goes first; about 18 GB is this suite's own, CUDA images included).
+    docker("builder", "prune", "-f", "--keep-storage", os.environ.get("GPURIG_TEST_KEEP_BUILD_CACHE", "25GB"), check=False)
 
 
 @pytest.fixture(scope="session")

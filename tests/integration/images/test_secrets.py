@@ -40,7 +40,8 @@ def scan(ref: str, ssh: bool) -> list[str]:
     proc = subprocess.Popen([conftest.DOCKER, "save", ref], stdout=subprocess.PIPE)
     with tarfile.open(fileobj=proc.stdout, mode="r|") as image:
         for member in image:
-            if not member.name.endswith("layer.tar"):
+            # docker save writes a layer identical to an earlier one as a symlink to it: scanned already
+            if not member.name.endswith("layer.tar") or not member.isfile() or member.size == 0:
                 continue
             with tarfile.open(fileobj=image.extractfile(member), mode="r|") as layer:
                 for entry in layer:
