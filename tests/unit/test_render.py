@@ -89,6 +89,11 @@ def test_every_rendered_dockerfile_is_hadolint_clean(rendered, entry, variant):
     assert failing(lint(context.dockerfile, ROOT / ".hadolint.yaml")) == []
 
 
+def test_torch_comes_with_numpy(rendered):
+    lines = instructions(rendered[0][(SPEC.default, "slim")].dockerfile)
+    assert re.search(r"pip install .*torch==2\.14\.1 numpy$", lines[index_of(lines, r"pip install")])
+
+
 def test_slim_is_runtime_only_and_non_root(rendered):
     context = rendered[0][(SPEC.default, "slim")]
     text = context.dockerfile.read_text()

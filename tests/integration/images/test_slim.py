@@ -17,9 +17,12 @@ def test_base_path_is_stated(base):
 
 def test_slim_builds_and_runs_torch_as_the_user(build):
     image = build("slim")
-    proc = run_in(image.ref, "python", "-c", "import os, torch; print(os.getuid(), torch.__version__)")
+    proc = run_in(
+        image.ref, "python", "-c", "import os, torch; print(os.getuid(), torch.__version__, torch.ones(2).numpy().sum())"
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["1000", f"{CPU_TORCH}+cpu"]
+    assert proc.stdout.split() == ["1000", f"{CPU_TORCH}+cpu", "2.0"]
+    assert "NumPy" not in proc.stderr  # torch warns "Failed to initialize NumPy" without it
 
 
 def test_report_pins_what_was_built(build, docker_client):
