@@ -11,7 +11,7 @@ from gpurig import compat
 from gpurig.cli import task
 from gpurig.errors import LintError, SpecError
 from gpurig.lint import failing, lint as run_hadolint
-from gpurig.render import BuildContext, render_matrix
+from gpurig.render import BuildContext, check_renderable, render_matrix
 from gpurig.report import console
 from gpurig.spec import ImageSpec, find_specs, load_spec
 
@@ -50,6 +50,9 @@ def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | 
 def render_selected(c, spec_file, variant, torch, cuda, all_) -> list[BuildContext]:
     spec = load_project_spec(c, spec_file)
     entries, variants = select(spec, variant, torch, cuda, all_)
+    if not all_:
+        # asked for by name, an impossible pair is an error; --all only skips it
+        check_renderable(entries[0], spec.variant(variants[0]))
     root = project_root(c)
     contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR)
     for entry, name, reason in skipped:

@@ -84,6 +84,7 @@ def test_lint_before_render_says_what_to_do(project):
         (["render", "--variant", "slimm"], ["unknown variant 'slimm'", "did you mean 'slim'"]),
         (["render", "--torch", "2.9.1", "--cuda", "11.8"], ["torch 2.9.1 has no wheel for CUDA 11.8", "12.6, 12.8, 13.0"]),
         (["render", "--all", "--variant", "ssh"], ["--all cannot be combined"]),
+        (["render", "--variant", "full", "--cuda", "cpu"], ["variant full needs a CUDA build"]),
         (["render", "--spec", "missing.yaml"], ["missing.yaml not found"]),
     ],
 )
