@@ -141,7 +141,7 @@ def ensure_base(
     if bootstrap is None:
         raise DockerError(
             f"base image {ref} is not in the local image store and could not be pulled ({reason})",
-            f"pull it where a registry answers and `docker load` it here, or set base.bootstrap in the spec",
+            "pull it where a registry answers and `docker load` it here, or set base.bootstrap in the spec",
         )
     say(f"base {ref}: not in the local store and the pull failed ({reason}); bootstrapping {bootstrap.suite}")
     made = bootstrap_base(docker, ref, bootstrap, labels or {})

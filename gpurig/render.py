@@ -65,10 +65,14 @@ def environment(templates_dir: Path) -> jinja2.Environment:
     return env
 
 
+def _on_pypi(entry: MatrixEntry) -> bool:
+    """Whether this is the build plain `pip install torch` gets from PyPI."""
+    return entry.cuda == compat.torch_release(entry.torch).pypi_cuda
+
+
 def torch_requirement(entry: MatrixEntry) -> str:
     """torch==X for the build PyPI serves by default, torch==X+cuXYZ (or +cpu) for the others."""
-    release = compat.torch_release(entry.torch)
-    if entry.cuda == release.pypi_cuda:
+    if _on_pypi(entry):
         return f"torch=={entry.torch}"
     return f"torch=={entry.torch}+{entry.cuda_tag}"
 
@@ -250,7 +254,7 @@ def render(
 
 
 def _torch_index(spec: ImageSpec, entry: MatrixEntry) -> str:
-    if torch_requirement(entry) == f"torch=={entry.torch}" or not spec.build.torch_index:
+    if _on_pypi(entry) or not spec.build.torch_index:
         return ""
     return spec.build.torch_index.format(cuda_tag=entry.cuda_tag, cuda=entry.cuda)
 
