@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from gpurig.files import atomic_write, to_json
 from gpurig.errors import DockerError
 from gpurig.render import BuildContext
 
@@ -428,17 +429,9 @@ def report_path(reports_dir: Path, context: BuildContext) -> Path:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Write to a temp file beside ``path``, then rename: a reader never sees half a report."""
+    """Write a report beside its siblings; a reader never sees half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, to_json(data))
 
 
 # --- pushing ----------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 import paramiko
 
 from gpurig.errors import HostError
+from gpurig.files import atomic_write
 from gpurig.inventory import Host
 
 log = logging.getLogger(__name__)
@@ -273,20 +274,6 @@ def _load_host_keys(path: Path) -> paramiko.HostKeys:
         except (OSError, paramiko.SSHException) as err:
             raise HostError(f"cannot read known_hosts file {path}: {err}", "fix or remove the damaged line") from None
     return keys
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- the connection interface -----------------------------------------------------------------

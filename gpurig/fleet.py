@@ -10,7 +10,6 @@ report for what finished.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -23,7 +22,8 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpurig.connection import Connection, ConnectError, Connector, atomic_write
+from gpurig.connection import Connection, ConnectError, Connector
+from gpurig.files import write_report
 from gpurig.errors import GpurigError
 from gpurig.inventory import Host
 
@@ -95,9 +95,7 @@ class FleetReport:
 
     def write_json(self, path: str | Path) -> None:
         """Write the report atomically: readers see the old file or the whole new one."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, (json.dumps(self.to_dict(), indent=2, default=_jsonable) + "\n").encode())
+        write_report(path, self.to_dict(), default=_jsonable)
 
 
 def run_fleet(

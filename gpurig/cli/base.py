@@ -1,15 +1,13 @@
-"""The Invoke collection behind ``invoke`` (tasks.py) and the ``gpurig`` console script."""
+"""What every task module shares: the ``task`` decorator and the project root."""
 
 from __future__ import annotations
 
 import functools
-import sys
+from pathlib import Path
 
-from invoke import Collection, Program
 from invoke import task as invoke_task
 from invoke.exceptions import Exit
 
-from gpurig import __version__
 from gpurig.errors import GpurigError
 
 
@@ -36,19 +34,6 @@ def task(*args, **kwargs):
     return decorate
 
 
-def build_collection() -> Collection:
-    """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig import host_tasks, image_tasks
-
-    ns = Collection()
-    for module in (image_tasks, host_tasks):
-        for name in module.__all__:
-            ns.add_task(getattr(module, name))
-    ns.configure({"gpurig": {"root": "."}})
-    return ns
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``gpurig`` console script."""
-    program = Program(namespace=build_collection(), name="gpurig", binary="gpurig", version=__version__)
-    program.run(argv if argv is not None else sys.argv)
+def project_root(c) -> Path:
+    """The project gpurig acts on (where tasks.py lies, or the configured root)."""
+    return Path(c.config.get("gpurig", {}).get("root", ".")).resolve()

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from gpurig import compat
-from gpurig.cli import task
+from gpurig.cli.base import project_root, task
 from gpurig.errors import LintError, SpecError
 from gpurig.lint import failing, lint as run_hadolint
 from gpurig.render import BuildContext, check_renderable, render_matrix
@@ -19,10 +19,6 @@ __all__ = ["matrix", "render", "lint", "build", "images"]
 
 CONTEXTS_DIR = "build-contexts"
 REPORTS_DIR = "reports"
-
-
-def project_root(c) -> Path:
-    return Path(c.config.get("gpurig", {}).get("root", ".")).resolve()
 
 
 def load_project_spec(c, spec: str | None) -> ImageSpec:

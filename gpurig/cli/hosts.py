@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke.exceptions import Exit
 from rich.table import Table
 
-from gpurig.cli import task
+from gpurig.cli.base import project_root, task
 from gpurig.report import console, err_console
 from gpurig.connection import HOST_KEY_POLICIES, Connector, SSHSettings
 from gpurig.errors import InventoryError
@@ -35,16 +35,9 @@ _CONNECT_HELP = {
 }
 
 
-def _root(c) -> Path:
-    try:
-        return Path(c.config.gpurig.root)
-    except AttributeError:
-        return Path(".")
-
-
 def inventory_path(c, inventory: str | None) -> Path:
     """The inventory named by --inventory, else $GPURIG_INVENTORY, else inventory/hosts.yaml."""
-    return Path(inventory or os.environ.get(INVENTORY_ENV) or _root(c) / "inventory" / "hosts.yaml")
+    return Path(inventory or os.environ.get(INVENTORY_ENV) or project_root(c) / "inventory" / "hosts.yaml")
 
 
 def select_hosts(c, host: str | None, group: str | None, pattern: str | None, inventory: str | None) -> list[Host]:
