@@ -1,0 +1,151 @@
+"""Grammar checks for values that come from users' files and flags.
+
+Each ``*_problem`` function returns ``None`` for a valid value or the rule it
+breaks, in words ("contains a shell metacharacter"), for the caller to put in
+its one-line error beside the file and key. Every pattern is matched whole
+(``re.fullmatch``): ``$`` would let a trailing newline through.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_DNS_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
+_SHELL_META = set(";|&<>$`\\\"'*?()[]{}!#~")
+_DEB_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+:~-]+)?")
+_URL_FORBIDDEN = set(" \t\r\n\v\f\"'<>\\^`{|}")
+# distribution/reference's grammar: [domain[:port]/]path-components[:tag][@digest]
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
+_IMAGE_REF = re.compile(
+    rf"(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+_REGISTRY = re.compile(rf"{_IMAGE_DOMAIN}(?:/{_IMAGE_COMPONENT})*")
+_TAG = re.compile(r"[\w][\w.-]{0,127}")
+
+
+def _control(value: str) -> bool:
+    return any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+
+
+def excerpt(value: object, limit: int = 40) -> str:
+    """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars)."""
+    text = repr(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def matches(pattern: re.Pattern, value: object) -> bool:
+    """``value`` is a string matched whole by ``pattern`` (no trailing newline slips through)."""
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def hostname_problem(value: object) -> str | None:
+    """A DNS name, IPv4 address, IPv6 address or [IPv6]; nothing a shell or ssh option parser could act on."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty host name or address"
+    if _control(value) or any(ch.isspace() for ch in value):
+        return "contains whitespace or a control character"
+    if value.startswith("-"):
+        return "starts with '-' (it would be read as an option)"
+    if any(ch in _SHELL_META for ch in value.replace("[", "").replace("]", "")) or "%" in value:
+        return "contains a shell metacharacter"
+    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        ipaddress.ip_address(bare)
+        return None
+    except ValueError:
+        pass
+    if bare != value:
+        return "is bracketed but not an IPv6 address"
+    if len(value) > 253 or not _DNS_NAME.fullmatch(value):
+        return "is not a valid host name (letters, digits, '-', '_' and dots) or IP address"
+    return None
+
+
+def user_problem(value: object) -> str | None:
+    """A login name: letters, digits, '_', '.', '-', at most 32, not starting with '-'."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty user name"
+    if _control(value) or any(ch.isspace() for ch in value):
+        return "contains whitespace or a control character"
+    if value.startswith("-"):
+        return "starts with '-' (it would be read as an option)"
+    if not _USER.fullmatch(value):
+        return "is not a valid user name (letters, digits, '_', '.', '-', at most 32)"
+    return None
+
+
+def port_problem(value: object) -> str | None:
+    """A TCP port: an integer (not a bool, not a float) from 1 to 65535."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "must be a whole number (a TCP port such as 22)"
+    if not 0 < value < 65536:
+        return "is out of range (1-65535)"
+    return None
+
+
+def debian_package_problem(value: object) -> str | None:
+    """A Debian package name, optionally with :arch and =version (Debian policy 5.6.1 / 5.6.12)."""
+    if not isinstance(value, str) or not _DEB_PACKAGE.fullmatch(value):
+        return "is not a Debian package name (lowercase letters, digits, '+', '-', '.'; optional =VERSION)"
+    return None
+
+
+def url_problem(value: object, schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+    """An absolute URL with one of ``schemes``, a host, and no whitespace, quotes or shell-special characters."""
+    if not isinstance(value, str) or not value:
+        return "must be a URL"
+    if _control(value) or any(ch in _URL_FORBIDDEN for ch in value):
+        return "contains whitespace, a quote or a character not allowed in a URL"
+    if value.startswith("-"):
+        return "starts with '-' (it would be read as an option)"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        return "is not a valid URL"
+    if parts.scheme not in schemes:
+        return f"must start with {' or '.join(s + '://' for s in schemes)}"
+    if not parts.hostname:
+        return "has no host"
+    if "#" in value:
+        return "has a #fragment (no index, mirror or registry uses one)"
+    return None
+
+
+def image_ref_problem(value: object) -> str | None:
+    """An image reference as Docker parses it: [registry[:port]/]name[:tag][@digest], lowercase path."""
+    if not isinstance(value, str) or len(value) > 255 or not _IMAGE_REF.fullmatch(value):
+        return "is not an image reference such as debian:bookworm-slim or registry.example.com:5000/ml/base:1"
+    return None
+
+
+def registry_problem(value: object) -> str | None:
+    """A registry with an optional path: host[:port][/path]."""
+    if not isinstance(value, str) or len(value) > 255 or not _REGISTRY.fullmatch(value):
+        return "is not a registry such as registry.example.com:5000/ml"
+    return None
+
+
+def tag_problem(value: object) -> str | None:
+    """An image tag: letters, digits, '_', '.', '-', at most 128, not starting with '.' or '-'."""
+    if not isinstance(value, str) or not _TAG.fullmatch(value):
+        return "is not a valid image tag (letters, digits, '_', '.', '-', at most 128)"
+    return None
+
+
+def strip_userinfo(url: str) -> str:
+    """``url`` without ``user:password@``: what may be recorded in labels, reports and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))

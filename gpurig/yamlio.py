@@ -1,0 +1,161 @@
+"""Loading users' YAML files with bounded work and strict meaning.
+
+Every spec, inventory and vars file goes through ``load_yaml``:
+
+- only regular files (a FIFO would hang, /dev/zero never ends), at most
+  ``MAX_BYTES`` (the size is in the message);
+- a document whose aliases would expand past ``MAX_NODES`` nodes, or nest
+  deeper than ``MAX_DEPTH``, is refused before anything walks it;
+- a key given twice in one mapping is an error naming both lines (YAML's
+  "last one wins" silently dropped a whole `variants:` block);
+- integers longer than ``MAX_INT_DIGITS`` digits are refused;
+- every failure is the caller's error class with one line: file, line, rule.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpurig.errors import GpurigError
+
+MAX_BYTES = 5 * 1024 * 1024
+MAX_NODES = 200_000
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 18
+
+_Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_text(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str) -> str:
+    """The text of a user's file: regular, at most MAX_BYTES, UTF-8; else ``error`` with one line."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what} {path} not found", fix_missing) from None
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror}", "check the path and its permissions") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path} is not a regular file", "point at a YAML file, not a device, FIFO or directory")
+    if st.st_size > MAX_BYTES:
+        raise error(
+            f"{what} {path} is {st.st_size / 2**20:.1f} MiB, over the {MAX_BYTES // 2**20} MiB limit",
+            "split it (group_vars/, host_vars/) or remove generated bulk",
+        )
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror}", "check the file's permissions") from None
+    if len(data) > MAX_BYTES:
+        raise error(f"{what} {path} is over the {MAX_BYTES // 2**20} MiB limit", "split it into smaller files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: byte {err.start} is not UTF-8", "save the file as UTF-8") from None
+
+
+def load_yaml(path: str | Path, *, error: type[GpurigError], what: str = "file", fix_missing: str = "check the path") -> Any:
+    """Parse one YAML document from a user's file under the bounds above (None for an empty file)."""
+    path = Path(path)
+    return parse_yaml(read_text(path, error=error, what=what, fix_missing=fix_missing), path, error=error)
+
+
+def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> Any:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_graph(node)
+        return loader.construct_document(node)
+    except _Refused as err:
+        raise error(f"{source}:{err.where}: {err.rule}", err.fix) from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        what = err.problem or err.context or "malformed YAML"
+        raise error(f"{source}:{where} malformed YAML: {what}", "fix the YAML syntax at that line") from None
+    except yaml.YAMLError as err:
+        raise error(f"{source}: malformed YAML: {str(err).splitlines()[0] if str(err) else type(err).__name__}", "fix the YAML syntax") from None
+    except (RecursionError, MemoryError, ValueError, OverflowError) as err:
+        raise error(f"{source}: cannot be read safely ({type(err).__name__})", "simplify the file") from None
+    finally:
+        loader.dispose()
+
+
+class _Refused(Exception):
+    def __init__(self, mark, rule: str, fix: str) -> None:
+        super().__init__(rule)
+        self.where = f" line {mark.line + 1}" if mark is not None else ""
+        self.rule = rule
+        self.fix = fix
+
+
+def _check_graph(root: yaml.Node) -> None:
+    """Refuse documents that nest too deep or whose aliases expand past MAX_NODES (linear: sizes memoised)."""
+    size: dict[int, int] = {}
+    # Iterative post-order walk: (node, depth, children_done)
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if id(node) in size:
+            continue
+        if depth > MAX_DEPTH:
+            raise _Refused(node.start_mark, f"nested deeper than {MAX_DEPTH} levels", "flatten the structure")
+        children = _children(node)
+        if done or not children:
+            total = 1 + sum(size[id(c)] for c in children)
+            if total > MAX_NODES:
+                raise _Refused(node.start_mark, f"aliases expand to more than {MAX_NODES} values", "repeat less through anchors/aliases")
+            size[id(node)] = total
+            continue
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in size)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+class _Loader(_Base):
+    """Safe loading, plus: duplicate keys are errors, huge integers are refused."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if first is not None:
+                    raise _Refused(
+                        key_node.start_mark,
+                        f"key {str(key)[:60]!r} given twice (first at line {first.start_mark.line + 1})",
+                        "keep one of them",
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise _Refused(node.start_mark, f"integer with {digits} digits is too large", f"use at most {MAX_INT_DIGITS} digits")
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
