@@ -4,7 +4,8 @@ Every spec, inventory and vars file goes through ``load_yaml``:
 
 - only regular files (a FIFO would hang, /dev/zero never ends), at most
   ``MAX_BYTES`` (the size is in the message);
-- a document whose aliases would expand past ``MAX_NODES`` nodes, or nest
+- a document whose aliases would expand it past ``MAX_NODES`` values and
+  ``EXPANSION`` times its own size, or nest
   deeper than ``MAX_DEPTH``, is refused before anything walks it;
 - a key given twice in one mapping is an error naming both lines (YAML's
   "last one wins" silently dropped a whole `variants:` block);
@@ -24,7 +25,10 @@ import yaml
 from gpurig.errors import GpurigError
 
 MAX_BYTES = 5 * 1024 * 1024
-MAX_NODES = 200_000
+# Aliases may repeat a subtree, but not blow the document up: the expanded
+# document may hold at most MAX_NODES values or EXPANSION times its own nodes.
+MAX_NODES = 100_000
+EXPANSION = 10
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 18
 
@@ -72,7 +76,8 @@ def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> An
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_graph(node)
+        if "*" in text or text.count("\n") < 10_000:
+            _check_graph(node)  # only aliases can expand; a big alias-free file skips the walk
         return loader.construct_document(node)
     except _Refused as err:
         raise error(f"{source}:{err.where}: {err.rule}", err.fix) from None
@@ -83,7 +88,9 @@ def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> An
         raise error(f"{source}:{where} malformed YAML: {what}", "fix the YAML syntax at that line") from None
     except yaml.YAMLError as err:
         raise error(f"{source}: malformed YAML: {str(err).splitlines()[0] if str(err) else type(err).__name__}", "fix the YAML syntax") from None
-    except (RecursionError, MemoryError, ValueError, OverflowError) as err:
+    except RecursionError:
+        raise error(f"{source}: nested too deeply to read", f"use at most {MAX_DEPTH} levels") from None
+    except (MemoryError, ValueError, OverflowError) as err:
         raise error(f"{source}: cannot be read safely ({type(err).__name__})", "simplify the file") from None
     finally:
         loader.dispose()
@@ -111,8 +118,8 @@ def _check_graph(root: yaml.Node) -> None:
         children = _children(node)
         if done or not children:
             total = 1 + sum(size[id(c)] for c in children)
-            if total > MAX_NODES:
-                raise _Refused(node.start_mark, f"aliases expand to more than {MAX_NODES} values", "repeat less through anchors/aliases")
+            if total > MAX_NODES and total > EXPANSION * len(size):
+                raise _Refused(node.start_mark, f"aliases expand to more than {max(MAX_NODES, EXPANSION * len(size))} values", "repeat less through anchors/aliases")
             size[id(node)] = total
             continue
         stack.append((node, depth, True))
