@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from invoke import Task
 from invoke import task as invoke_task
 from invoke.exceptions import Exit
 
@@ -14,7 +15,8 @@ from gpurig.errors import GpurigError
 def task(*args, **kwargs):
     """``invoke.task`` whose GpurigErrors become one line on stderr and a non-zero exit.
 
-    Used as ``@task`` or ``@task(help={...})``, exactly like Invoke's own.
+    Used as ``@task``, ``@task(help={...})`` or ``@task(other_task, ...)``
+    (positional arguments are ``pre`` tasks), exactly like Invoke's own.
     """
 
     def decorate(fn):
@@ -27,10 +29,11 @@ def task(*args, **kwargs):
             except KeyboardInterrupt:
                 raise Exit("gpurig: interrupted", code=130) from None
 
-        return invoke_task(wrapper, **kwargs)
+        return invoke_task(*args, **kwargs)(wrapper) if args else invoke_task(wrapper, **kwargs)
 
-    if len(args) == 1 and callable(args[0]) and not kwargs:
-        return decorate(args[0])
+    if len(args) == 1 and callable(args[0]) and not isinstance(args[0], Task) and not kwargs:
+        fn, args = args[0], ()
+        return decorate(fn)
     return decorate
 
 

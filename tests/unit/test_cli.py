@@ -109,3 +109,25 @@ def test_bad_specs_give_one_line_and_nothing_rendered(project, content, fragment
 
 def test_missing_images_directory(tmp_path):
     assert_one_line_error(gpurig(tmp_path, "matrix"), "no images directory", "project root")
+
+
+def test_task_decorator_passes_positional_pre_tasks_like_invokes_own():
+    from invoke import Collection, Executor, Task
+
+    from gpurig.cli.base import task
+
+    ran = []
+
+    @task
+    def first(c):
+        ran.append("first")
+
+    @task(first, help={"x": "an option"})
+    def second(c, x=None):
+        ran.append("second")
+
+    assert isinstance(first, Task) and isinstance(second, Task)
+    assert second.pre == [first] and second.help == {"x": "an option"}
+    ns = Collection(first, second)
+    Executor(ns).execute("second")
+    assert ran == ["first", "second"]
