@@ -127,7 +127,7 @@ def test_task_decorator_passes_positional_pre_tasks_like_invokes_own():
         ran.append("second")
 
     assert isinstance(first, Task) and isinstance(second, Task)
-    assert second.pre == [first] and second.help == {"x": "an option"}
+    assert list(second.pre) == [first] and second.help == {"x": "an option"}
     ns = Collection(first, second)
     Executor(ns).execute("second")
     assert ran == ["first", "second"]
