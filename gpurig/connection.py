@@ -23,6 +23,10 @@ from gpurig.errors import HostError
 
 SUDO_PASSWORD_ENV = "GPURIG_SUDO_PASSWORD"
 
+# The command runs under a shell that kills its whole process group when sudo relays a TERM to it
+# (a command timeout): the login user may signal sudo, but not the root processes it started.
+_SUDO_SHELL = 'trap "kill -s KILL 0" TERM; sh -c "$1" & wait $!'
+
 Command = str | Sequence[str]
 OutputHandler = Callable[[str, str], None]  # (stream name "stdout"|"stderr", text chunk)
 
@@ -195,13 +199,13 @@ class Connection:
         password = self._sudo_password()
         prompt = None
         if password is None:
-            wrapped = shlex.join(["sudo", "-n", *as_user, "--", "sh", "-c", line])
+            wrapped = shlex.join(["sudo", "-n", *as_user, "--", "sh", "-c", _SUDO_SHELL, "sh", line])
         else:
             prompt = f"[gpurig-sudo-{secrets.token_hex(8)}]"
             # -k: ignore cached credentials, so the prompt (and our answer) is predictable;
             # the command's own stdin is /dev/null so it can never read the password.
-            inner = "exec </dev/null; " + line
-            wrapped = shlex.join(["sudo", "-S", "-k", "-p", prompt, *as_user, "--", "sh", "-c", inner])
+            inner = "exec </dev/null; " + _SUDO_SHELL
+            wrapped = shlex.join(["sudo", "-S", "-k", "-p", prompt, *as_user, "--", "sh", "-c", inner, "sh", line])
         watcher = SudoPrompt(prompt, password) if prompt else None
         result = self._execute(wrapped, f"sudo {line}", timeout=self._timeout(timeout), on_output=on_output, watcher=watcher)
         if watcher:

@@ -38,8 +38,7 @@ class LocalConnection(Connection):
             while sel.get_map():
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    _stop_group(proc)
                     raise self._timed_out(timeout, shown)
                 for key, _ in sel.select(wait):
                     data = os.read(key.fileobj.fileno(), 65536)
@@ -56,8 +55,7 @@ class LocalConnection(Connection):
             exited = proc.wait()
         except BaseException:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _stop_group(proc)
             raise
         finally:
             sel.close()
@@ -83,3 +81,19 @@ class LocalConnection(Connection):
 
     def get(self, remote, local) -> None:
         self.put(remote, str(local))
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """TERM the command's process group (sudo relays it to what it runs as root), then KILL what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already, or only root's processes are left, which sudo's shell has killed
+    proc.wait()

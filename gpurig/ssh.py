@@ -84,10 +84,11 @@ class SSHSettings:
 # command, so a command that overruns its timeout can be killed with everything it started.
 _PID_MARK = b"@@gpurig-pid "
 _PID_LINE = re.compile(rb"@@gpurig-pid (\d+)\n")
+# `kill -s SIG -- -PGID`: the one spelling dash, bash and busybox all accept for a process group.
 _KILL_GROUP = (
-    "kill -TERM -- -{pid} 2>/dev/null || exit 0; i=0; "
-    "while [ $i -lt 20 ] && kill -0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
-    "kill -KILL -- -{pid} 2>/dev/null; true"
+    "kill -s TERM -- -{pid} 2>/dev/null || exit 0; i=0; "
+    "while [ $i -lt 20 ] && kill -s 0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
+    "kill -s KILL -- -{pid} 2>/dev/null; true"
 )
 
 
