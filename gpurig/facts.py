@@ -390,19 +390,13 @@ def parse_facts(output: str) -> Facts:
 
 
 def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
-    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``.
-
-    Output without a single probe section means something else ran in the
-    probe's place (a ForceCommand, a login shell that ignores its command):
-    that is an error, not a host with every fact absent.
-    """
+    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error."""
     result = conn.run(["sh", "-c", FACTS_SCRIPT], warn=True, timeout=timeout)
     facts = parse_facts(result.stdout)
-    if len(facts.missing) == len(PROBES):
-        said = last_line(result.stdout, result.stderr)
+    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place
+        said = excerpt(last_line(result.stdout, result.stderr), 60) if last_line(result.stdout, result.stderr) else "nothing"
         raise HostError(
-            f"{conn.name}: the host ran something else than the probe (ForceCommand? broken login shell?): "
-            + (f"it printed {excerpt(said, 60)} and exited {result.exited}" if said else f"it printed nothing and exited {result.exited}"),
+            f"{conn.name}: the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
             "run 'ssh HOST true' by hand and check the user's login shell and any ForceCommand in the host's sshd_config",
         )
     return facts

@@ -1,4 +1,4 @@
-"""SSH connections (paramiko): the Connector that opens them, transports with retry and jump hosts, commands.
+"""SSH connections (paramiko): the Connector that opens them (sharing jump-host transports), and SSHConnection: commands, files.
 
 ``Connector`` holds what a whole run shares: settings, known_hosts, the
 parsed ~/.ssh/config, the sudo password, one transport per jump host. Its

@@ -48,6 +48,10 @@ _OPTION = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)", re.S)
 class TargetError(HostError):
     """Host vars or ~/.ssh/config that cannot make a safe SSH target (hostile name, unsupported option)."""
 
+    def __init__(self, name: str, problem: str, fix: str) -> None:
+        shown = name if name.isprintable() else excerpt(name)  # an inventory name may hold a newline: one line still
+        super().__init__(f"{shown}: {problem}", fix)
+
 
 @dataclass(frozen=True)
 class SSHTarget:
@@ -117,14 +121,14 @@ def jump_from_ssh_args(name: str, var: str, args: object) -> str | None:
     try:
         words = shlex.split(str(args or ""))
     except ValueError as err:
-        raise TargetError(f"{name}: {var} {excerpt(args)} cannot be split into words: {err}", "balance its quotes") from None
+        raise TargetError(name, f"{var} {excerpt(args)} cannot be split into words: {err}", "balance its quotes") from None
     jump = None
     i = 0
     while i < len(words):
         word = words[i]
         if word in ("-J", "-o"):
             if i + 1 == len(words):
-                raise TargetError(f"{name}: {var} ends with {word} and no value", f"give {word} its value or remove it")
+                raise TargetError(name, f"{var} ends with {word} and no value", f"give {word} its value or remove it")
             value, i = words[i + 1], i + 2
         else:
             value, i = word[2:], i + 1
@@ -132,8 +136,10 @@ def jump_from_ssh_args(name: str, var: str, args: object) -> str | None:
             jump = value
         elif word.startswith("-o"):
             m = _OPTION.fullmatch(value)
-            option = m.group(1) if m else value
-            if option.lower() == "proxyjump" and m:
+            option = m.group(1) if m else value.strip()
+            if option.lower() == "proxyjump":
+                if not m or not m.group(2).strip():
+                    raise TargetError(name, f"{var}: -o ProxyJump has no value", "write -o ProxyJump=[user@]host[:port]")
                 jump = m.group(2).strip()
             elif option.lower() not in _UNNEEDED_OPTIONS:
                 raise _unsupported(name, var, f"option {excerpt(option)}", _OPTION_FIX.get(option.lower()))
@@ -193,7 +199,8 @@ def _lookup(ssh_config: paramiko.SSHConfig | None, hostname: str, name: str) -> 
     conf = ssh_config.lookup(hostname)
     if (conf.get("proxycommand") or "none").lower() != "none":  # paramiko reads "ProxyCommand none" as None
         raise TargetError(
-            f"{name}: the ssh config gives {hostname} a ProxyCommand, which gpurig never runs",
+            name,
+            f"the ssh config gives {hostname} a ProxyCommand, which gpurig never runs",
             "use ProxyJump in the ssh config (gpurig supports it) or exclude this host from that Host/Match block",
         )
     return conf
@@ -214,9 +221,9 @@ def _checked_host(name: str, var: str, value: str) -> str:
 def _check(name: str, what: str, value: object, problem) -> None:
     rule = problem(value)
     if rule:
-        shown = name if name.isprintable() else excerpt(name)  # the message stays one line
         raise TargetError(
-            f"{shown}: {what} {excerpt(value)} {rule}",
+            name,
+            f"{what} {excerpt(value)} {rule}",
             "use a plain host name or address, user name and port; gpurig refuses anything a shell could act on",
         )
 
@@ -227,6 +234,7 @@ def _first_set(host: Host, names: tuple[str, ...], default: str) -> str:
 
 def _unsupported(name: str, var: str, what: str, fix: str | None) -> TargetError:
     return TargetError(
-        f"{name}: {var}: {what} is not supported by gpurig",
+        name,
+        f"{var}: {what} is not supported by gpurig",
         fix or f"remove it from {var}; gpurig understands -J / -o ProxyJump= and accepts Control*, ServerAlive*, Compression",
     )

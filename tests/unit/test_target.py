@@ -142,6 +142,7 @@ def test_bad_port_names_the_var(tmp_path):
         ("-L 8080:localhost:80", "'-L' is not supported"),
         ("-o 'ProxyJump=b", "cannot be split into words: No closing quotation"),
         ("-J", "ends with -J and no value"),
+        ("-o ProxyJump", "-o ProxyJump has no value"),
     ],
 )
 def test_ssh_args_gpurig_cannot_honour_are_refused_by_name(args, expected):
