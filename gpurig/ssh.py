@@ -192,15 +192,17 @@ class SSHConnection(Connection):
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
 
     def _kill(self, pid: int | None) -> None:
-        """Stop a timed-out command's process group on the host (closing its channel does not)."""
+        """Stop a timed-out command's process group on the host (closing its channel does not).
+
+        The kill script is started and left to finish on its own: like the
+        command it stops, it outlives its channel.
+        """
         if pid is None:
             return
         try:
             chan = self._transport.open_session(timeout=self.settings.connect_timeout)
             try:
-                chan.settimeout(5.0)
                 chan.exec_command(_KILL_GROUP.format(pid=int(pid)))
-                chan.recv_exit_status()
             finally:
                 chan.close()
         except (paramiko.SSHException, OSError, EOFError) as err:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -74,16 +76,24 @@ def _pid_of_background_sleep(conn_call, seconds: int) -> tuple[int, bool]:
     def on_output(stream: str, text: str) -> None:
         if stream == "stdout" and "pid" not in seen:
             seen["pid"] = int(text.split()[0])
-            seen["alive"] = Path(f"/proc/{seen['pid']}").exists()
+            seen["alive"] = _running(seen["pid"])
 
     with pytest.raises(CommandTimeout, match="within 1s"):
         conn_call(f"sleep {seconds} & echo $!; wait", timeout=1, on_output=on_output)
     return seen["pid"], seen["alive"]
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _gone_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while Path(f"/proc/{pid}").exists():
+    while _running(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)  # polling for the process to end
@@ -95,7 +105,11 @@ def test_a_command_timeout_also_stops_the_remote_processes(connector, sshd, make
     seconds = 300 + secrets.randbelow(1000)
     with connector.open(make_host(sshd.port)) as conn:
         pid, alive = _pid_of_background_sleep(getattr(conn, how), seconds)
-        assert alive  # the sleep really ran on the host
-        assert _gone_within(pid, 5), f"sleep {seconds} (pid {pid}) still runs on the host after the timeout"
+        try:
+            assert alive  # the sleep really ran on the host
+            assert _gone_within(pid, 5), f"sleep {seconds} (pid {pid}) still runs on the host after the timeout"
+        finally:
+            if _running(pid):  # the host is this machine: never leave the test's sleep behind
+                os.kill(pid, signal.SIGKILL)
         result = getattr(conn, how)("echo still-usable; exit 7", warn=True)
         assert (result.stdout, result.exited) == ("still-usable\n", 7)
