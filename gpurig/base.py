@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from gpurig.connection import last_line
 from gpurig.errors import DockerError
 from gpurig.spec import Bootstrap
 
@@ -114,8 +115,7 @@ def pull(docker: str, ref: str, timeout: float = PULL_TIMEOUT_S) -> str:
         return f"no answer from the registry within {timeout:.0f} s"
     if proc.returncode == 0:
         return ""
-    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-    return lines[-1] if lines else f"docker pull exited {proc.returncode}"
+    return last_line(proc.stderr or proc.stdout, default=f"docker pull exited {proc.returncode}")
 
 
 def ensure_base(
@@ -170,9 +170,8 @@ def bootstrap_base(docker: str, ref: str, bootstrap: Bootstrap, labels: dict[str
             timeout=DEBOOTSTRAP_TIMEOUT_S,
         )
         if proc.returncode != 0:
-            last = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-1:] or ["no output"]
             raise DockerError(
-                f"{described} failed: {last[0].strip()}",
+                f"{described} failed: {last_line(proc.stdout + proc.stderr, default='no output')}",
                 "check that the mirror answers (plain HTTP works without a CA) or set base.bootstrap.mirror",
             )
         _slim_down(rootfs, bootstrap)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from gpurig.connection import last_line
 from gpurig.files import atomic_write, to_json
 from gpurig.errors import DockerError
 from gpurig.render import BuildContext
@@ -137,9 +138,8 @@ def check_daemon(client: DockerClient) -> str:
     except subprocess.TimeoutExpired:
         proc = None
     if proc is None or proc.returncode != 0 or not proc.stdout.strip():
-        lines = [line.strip() for line in (proc.stderr if proc else "no answer in 30 s").splitlines() if line.strip()]
         raise DockerError(
-            f"the Docker daemon at {host} does not answer ({lines[-1] if lines else 'no reason given'})",
+            f"the Docker daemon at {host} does not answer ({last_line(proc.stderr if proc else 'no answer in 30 s', default='no reason given')})",
             "start it (systemctl start docker, or `dockerd &`) or point DOCKER_HOST at a running one",
         )
     return proc.stdout.strip()
@@ -445,9 +445,8 @@ def push(client: DockerClient, refs: Iterable[str]) -> str:
     for ref in refs:
         proc = subprocess.run([client.path, "push", ref], capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
-            lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
             raise DockerError(
-                f"push of {ref} failed ({lines[-1] if lines else 'exit ' + str(proc.returncode)})",
+                f"push of {ref} failed ({last_line(proc.stderr, default=f'exit {proc.returncode}')})",
                 "check the registry address in the spec, that it answers, and `docker login` to it",
             )
         found = _PUSHED.search(proc.stdout)

@@ -15,7 +15,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpurig.connection import Connection
+from gpurig.connection import Connection, last_line
+from gpurig.errors import HostError
+from gpurig.validate import excerpt
 
 # Each probe: (section name, shell line). Lines are fixed text, never built from host data.
 PROBES: tuple[tuple[str, str], ...] = (
@@ -332,7 +334,7 @@ def _docker_problem(info: Section) -> str:
         return "permission denied on the docker socket (user not in the docker group)"
     if "Cannot connect" in text or "Is the docker daemon running" in text:
         return "daemon not running"
-    return (text.splitlines() or ["docker info failed"])[-1][:200]
+    return last_line(text, default="docker info failed")[:200]
 
 
 def _json_or_empty(s: Section) -> dict[str, Any]:
@@ -388,6 +390,13 @@ def parse_facts(output: str) -> Facts:
 
 
 def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
-    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``."""
+    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error."""
     result = conn.run(["sh", "-c", FACTS_SCRIPT], warn=True, timeout=timeout)
-    return parse_facts(result.stdout)
+    facts = parse_facts(result.stdout)
+    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place
+        said = excerpt(last_line(result.stdout, result.stderr), 60) if last_line(result.stdout, result.stderr) else "nothing"
+        raise HostError(
+            f"{conn.name}: the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
+            "run 'ssh HOST true' by hand and check the user's login shell and any ForceCommand in the host's sshd_config",
+        )
+    return facts

@@ -22,10 +22,11 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gpurig.connection import Connection, ConnectError, Connector
+from gpurig.connection import Connection, ConnectError
 from gpurig.files import write_report
 from gpurig.errors import GpurigError
 from gpurig.inventory import Host
+from gpurig.ssh import Connector
 
 log = logging.getLogger(__name__)
 

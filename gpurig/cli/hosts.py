@@ -11,7 +11,8 @@ from rich.table import Table
 
 from gpurig.cli.base import project_root, task
 from gpurig.report import console, err_console
-from gpurig.connection import HOST_KEY_POLICIES, Connector, SSHSettings
+from gpurig.hostkeys import HOST_KEY_POLICIES
+from gpurig.ssh import Connector, SSHSettings
 from gpurig.errors import InventoryError
 from gpurig.facts import Facts, gather
 from gpurig.fleet import FleetReport, print_summary, run_fleet

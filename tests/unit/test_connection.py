@@ -1,30 +1,16 @@
-"""The local connection, known_hosts handling and target resolution, without any sshd."""
+"""The Connection interface through the local connection: output, exit codes, quoting, timeouts, files, sudo."""
 
 from __future__ import annotations
 
-import multiprocessing
 import shutil
-import subprocess
-import threading
 import time
-from pathlib import Path
 
-import paramiko
 import pytest
 
-from gpurig.connection import (
-    CommandError,
-    CommandTimeout,
-    Connector,
-    HostKeyError,
-    KnownHosts,
-    SSHSettings,
-    SSHTarget,
-    fingerprint,
-    to_shell,
-)
+from gpurig.connection import CommandError, CommandTimeout, last_line, to_shell
 from gpurig.errors import HostError
 from gpurig.inventory import Host
+from gpurig.ssh import Connector, SSHSettings
 
 
 def local_host() -> Host:
@@ -85,93 +71,12 @@ def test_local_sudo_runs_as_root(local):
     assert local.sudo(["id", "-u"]).stdout.strip() == "0"
 
 
-def _pub_key(tmp_path: Path, name: str) -> paramiko.PKey:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
-    return paramiko.PKey.from_path(str(tmp_path / name))
+def test_last_line_prefers_stderr_and_skips_blank_lines():
+    assert last_line("warning\nreal reason\n\n  \n", "out") == "real reason"
+    assert last_line("", "  \n", "from stdout\n") == "from stdout"
+    assert last_line(None, "", default="no output") == "no output"
 
 
-def _target(port: int) -> SSHTarget:
-    return SSHTarget(name=f"h{port}", hostname="127.0.0.1", port=port, user="root", key_files=())
-
-
-def test_fingerprint_matches_ssh_keygen(tmp_path):
-    key = _pub_key(tmp_path, "k")
-    expected = subprocess.run(["ssh-keygen", "-lf", str(tmp_path / "k.pub")], capture_output=True, text=True).stdout.split()[1]
-    assert fingerprint(key) == expected
-
-
-def test_accept_new_from_many_threads_and_processes_loses_no_line(tmp_path):
-    keys = [_pub_key(tmp_path, f"k{i}") for i in range(4)]
-    project = tmp_path / "inv" / "known_hosts"
-    stores = [KnownHosts(project, None, "accept-new") for _ in range(2)]  # two "processes" with their own caches
-    threads = [threading.Thread(target=stores[i % 2].check, args=(_target(2200 + i), keys[i % 4])) for i in range(40)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=KnownHosts(project, None, "accept-new").check, args=(_target(3000 + i), keys[0])) for i in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-        assert p.exitcode == 0
-    lines = project.read_text().splitlines()
-    assert len(lines) == 48 and len(set(lines)) == 48
-    assert all(len(line.split()) == 3 for line in lines)
-    assert not list(project.parent.glob(".known_hosts.*"))  # no temp file left behind
-
-
-def test_changed_key_names_both_fingerprints_and_the_file(tmp_path):
-    old, new = _pub_key(tmp_path, "old"), _pub_key(tmp_path, "new")
-    project = tmp_path / "known_hosts"
-    KnownHosts(project, None, "accept-new").check(_target(22), old)
-    with pytest.raises(HostKeyError) as err:
-        KnownHosts(project, None, "accept-new").check(_target(22), new)
-    assert fingerprint(old) in str(err.value) and fingerprint(new) in str(err.value)
-    assert f"ssh-keygen -R 127.0.0.1 -f {project}" in err.value.fix
-
-
-def test_user_known_hosts_is_read_but_never_written(tmp_path):
-    key = _pub_key(tmp_path, "k")
-    user = tmp_path / "user_known_hosts"
-    user.write_text(f"[127.0.0.1]:2222 {key.get_name()} {key.get_base64()}\n")
-    store = KnownHosts(tmp_path / "project", user, "strict")
-    store.check(_target(2222), key)  # known from the user's file: accepted under strict
-    assert not (tmp_path / "project").exists()
-
-
-def test_unknown_policy_is_refused():
-    with pytest.raises(HostError, match="unknown host-key policy 'yes'"):
-        SSHSettings(host_key_policy="yes")
-
-
-def test_ssh_config_fills_what_the_inventory_leaves_out(tmp_path):
-    config = tmp_path / "config"
-    config.write_text(
-        "Host gpu-*\n  HostName 10.1.2.3\n  User alice\n  Port 2200\n  IdentityFile ~/.ssh/gpu_key\n  ProxyJump ops@bastion:2022\n"
-        "Host bastion\n  HostName 192.0.2.10\n  IdentityFile /keys/bastion\n"
-    )
-    c = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=config))
-    t = c.target(Host(name="gpu-1", groups=(), vars={}, address="gpu-1"))
-    assert (t.hostname, t.port, t.user) == ("10.1.2.3", 2200, "alice")
-    assert t.key_files == (str(Path("~/.ssh/gpu_key").expanduser()),)
-    assert [(j.hostname, j.port, j.user, j.key_files) for j in t.jumps] == [("192.0.2.10", 2022, "ops", ("/keys/bastion",))]
-    # Inventory vars win over the config, as ssh's command-line options do.
-    t = c.target(Host(name="gpu-1", groups=(), vars={}, address="gpu-1", port=22, user="bob", key_file="/k"))
-    assert (t.port, t.user, t.key_files[0]) == (22, "bob", "/k")
-
-
-@pytest.mark.parametrize(
-    "args,jump",
-    [("-J ops@b:22", "ops@b:22"), ("-o ProxyJump=b1,b2", "b1,b2"), ("-o 'ProxyJump b'", "b"), ("-oProxyJump=b", "b"), ("-C -o Compression=yes", None)],
-)
-def test_proxy_jump_from_ansible_ssh_args(tmp_path, args, jump):
-    c = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))
-    t = c.target(Host(name="h", groups=(), vars={"ansible_ssh_common_args": args}, address="10.0.0.1"))
-    got = ",".join(f"{j.user}@{j.hostname}:{j.port}" if j.user else j.hostname for j in t.jumps) or None
-    if jump is None:
-        assert got is None
-    else:
-        assert len(t.jumps) == len(jump.split(","))
-        assert t.jumps[0].hostname == jump.split(",")[0].rpartition("@")[2].split(":")[0]
+def test_command_error_quotes_the_last_stderr_line(local):
+    with pytest.raises(CommandError, match="exited 2: .*: the reason; fix"):
+        local.run("echo noise >&2; echo 'the reason' >&2; echo >&2; exit 2")

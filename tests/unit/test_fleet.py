@@ -8,7 +8,7 @@ import threading
 
 from rich.console import Console
 
-from gpurig.connection import Connector, SSHSettings
+from gpurig.ssh import Connector, SSHSettings
 from gpurig.fleet import Outcome, print_summary, run_fleet
 from gpurig.inventory import Host
 
@@ -23,7 +23,7 @@ def connector(tmp_path) -> Connector:
 
 def test_statuses_summary_and_exit_code(tmp_path):
     def work(conn):
-        n = conn.host.name
+        n = conn.name
         if n == "l0":
             conn.run("exit 3")
         if n == "l1":
@@ -79,7 +79,7 @@ def test_summary_names_each_failed_host_once(tmp_path):
 def test_progress_on_a_terminal_prints_each_host_as_it_finishes(tmp_path):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=160)
-    run_fleet(hosts(3), lambda c: c.run("exit 1") if c.host.name == "l1" else None, connector=connector(tmp_path), console=console)
+    run_fleet(hosts(3), lambda c: c.run("exit 1") if c.name == "l1" else None, connector=connector(tmp_path), console=console)
     text = buf.getvalue()
     assert "l0" in text and "l2" in text
     assert "failed" in text and "exited 1" in text

@@ -18,7 +18,9 @@ def gpurig(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     # HOME points at an empty directory so the user's own ~/.ssh does not leak into the test.
     env = {**os.environ, "HOME": str(cwd), "COLUMNS": "250"}
     env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -50,17 +52,39 @@ def test_facts_prints_a_table_and_writes_json(cli_hosts, write_inventory, tmp_pa
     assert len((inv.parent / "known_hosts").read_text().splitlines()) == 2
 
 
-def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path):
+def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path, silent_port):
     inv = write_inventory(
         {
             cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port},
             "gone": {"ansible_host": "127.0.0.1", "ansible_port": free_port()},
+            "hung": {"ansible_host": "127.0.0.1", "ansible_port": silent_port},
         }
     )
-    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--connect-timeout", "2")
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv), "--connect-timeout", "1")
     assert proc.returncode == 1
     assert "unreachable" in proc.stdout and "gone" in proc.stdout
-    assert "unreachable=1" in proc.stderr and "ok=1" in proc.stderr
+    assert "unreachable=2" in proc.stderr and "ok=1" in proc.stderr
+    # One reason line per host, and none of paramiko's own log lines or tracebacks.
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line.split()[:2] for line in lines[:-1]] == [["unreachable", "gone:"], ["unreachable", "hung:"]], proc.stderr
+    assert "connection refused" in lines[0] and "no SSH handshake within 1s" in lines[1]
+
+
+def test_a_hostile_inventory_address_never_runs_on_this_machine(cli_hosts, write_inventory, tmp_path):
+    marker = tmp_path / "pwned"
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text('Match exec "true %h"\n  User someone\n')
+    inv = write_inventory(
+        {
+            cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port},
+            "evil": {"ansible_host": f"x;touch${{IFS}}{marker}"},
+        }
+    )
+    proc = gpurig(tmp_path, "facts", "--inventory", str(inv))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert not marker.exists()
+    assert "evil" in proc.stderr and "shell metacharacter" in proc.stderr, proc.stderr
 
 
 def test_strict_policy_from_the_command_line_refuses_unknown_hosts(cli_hosts, write_inventory, tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpurig.connection import Connector
+from gpurig.ssh import Connector
 from gpurig.facts import Facts, gather
 from gpurig.fleet import FleetInterrupted, Outcome, run_fleet
 from gpurig.inventory import load_inventory
@@ -52,9 +52,9 @@ def test_one_bad_host_never_stops_the_others(many, write_inventory, connector, s
     c = Connector(conn_settings)
 
     def work(conn):
-        if conn.host.name == many[1].name:
+        if conn.name == many[1].name:
             conn.run("exit 4")
-        if conn.host.name == many[2].name:
+        if conn.name == many[2].name:
             return Outcome(changed=True, detail="wrote /etc/thing")
         return conn.run("hostname").ok
 
@@ -75,7 +75,7 @@ def test_host_whose_sshd_dies_mid_run_fails_and_the_rest_finish(farm, write_inve
     inv = _inventory(write_inventory, hosts)
 
     def work(conn):
-        if conn.host.name == victim.name:
+        if conn.name == victim.name:
             def on_output(stream, text):
                 if "started" in text:
                     threading.Thread(target=farm.kill, args=(victim,)).start()
@@ -96,7 +96,7 @@ def test_ctrl_c_stops_cleanly_writes_the_report_and_closes_connections(many, wri
     first = many[0].name
 
     def work(conn):
-        if conn.host.name == first:
+        if conn.name == first:
             conn.run("true")
             _thread.interrupt_main()  # what Ctrl-C does to the main thread
         return conn.run("exec tail -f /dev/null", timeout=60)

@@ -13,13 +13,13 @@ from gpurig.connection import (
     AuthError,
     CommandError,
     CommandTimeout,
-    Connector,
     HostKeyError,
     SudoPasswordError,
     UnreachableError,
 )
 from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
+from gpurig.ssh import Connector
 
 from .conftest import free_port, keygen, ssh_fingerprint
 

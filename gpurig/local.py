@@ -1,0 +1,99 @@
+"""The machine gpurig runs on as a Connection: commands through /bin/sh, files by copy."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from gpurig.connection import Connection, OutputCollector, Result
+from gpurig.errors import HostError
+
+
+class LocalConnection(Connection):
+    """Commands run in their own process group, so a timeout kills everything they started."""
+
+    def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", line],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can kill the whole process group
+        )
+        collect = OutputCollector(on_output, watcher)
+        if watcher is None:
+            proc.stdin.close()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        deadline = started + timeout if timeout else None
+        try:
+            while sel.get_map():
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    _stop_group(proc)
+                    raise self._timed_out(timeout, shown)
+                for key, _ in sel.select(wait):
+                    data = os.read(key.fileobj.fileno(), 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        collect.add(key.data, b"", final=True)
+                        continue
+                    send, close = collect.add(key.data, data)
+                    if send and not proc.stdin.closed:
+                        proc.stdin.write(send)
+                        proc.stdin.flush()
+                    if close and not proc.stdin.closed:
+                        proc.stdin.close()
+            exited = proc.wait()
+        except BaseException:
+            if proc.poll() is None:
+                _stop_group(proc)
+            raise
+        finally:
+            sel.close()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                if f and not f.closed:
+                    f.close()
+        return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
+
+    def put(self, local, remote, mode=None) -> None:
+        dest = Path(remote)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".gpurig-tmp")
+            os.close(fd)
+            shutil.copyfile(local, tmp)
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, dest)
+        except OSError as err:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            raise HostError(f"{self.name}: cannot copy {local} to {remote}: {err.strerror}", "check both paths and permissions") from None
+
+    def get(self, remote, local) -> None:
+        self.put(remote, str(local))
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """TERM the command's process group (sudo relays it to what it runs as root), then KILL what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already, or only root's processes are left, which sudo's shell has killed
+    proc.wait()

@@ -1,0 +1,346 @@
+"""SSH connections (paramiko): the Connector that opens them (sharing jump-host transports), and SSHConnection: commands, files.
+
+``Connector`` holds what a whole run shares: settings, known_hosts, the
+parsed ~/.ssh/config, the sudo password, one transport per jump host. Its
+``open(host)`` turns an inventory host into a local connection or an
+``SSHConnection``, which only ever sees the resolved ``SSHTarget``
+(``gpurig.target``); ``gpurig.sshtransport`` opens the authenticated transports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import selectors
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import paramiko
+
+from gpurig.connection import (
+    SUDO_PASSWORD_ENV,
+    Connection,
+    ConnectionLost,
+    OutputCollector,
+    Result,
+    UnreachableError,
+    short_command,
+)
+from gpurig.errors import HostError
+from gpurig.hostkeys import KnownHosts, check_policy
+from gpurig.inventory import Host
+from gpurig.local import LocalConnection
+from gpurig.sshtransport import open_transport
+from gpurig.target import SSHTarget, load_ssh_config, resolve_target
+
+log = logging.getLogger(__name__)
+
+# paramiko logs every failed handshake with a traceback at ERROR. Its lines reach the console only
+# at -vv (configure_logging); until then a NullHandler keeps logging's last-resort printer away.
+_PARAMIKO_LOG = logging.getLogger("paramiko")
+_PARAMIKO_LOG.addHandler(logging.NullHandler())
+_PARAMIKO_LOG.propagate = False
+
+
+def configure_logging(verbosity: int) -> None:
+    """The one place that decides what gpurig and paramiko log: 0 warnings, 1 (-v) info, 2 (-vv) debug.
+
+    Only -vv lets paramiko's own lines (and its tracebacks) through to the
+    handlers the caller installed; below that they are dropped.
+    """
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.getLogger("gpurig").setLevel(level)
+    _PARAMIKO_LOG.propagate = verbosity >= 2
+    _PARAMIKO_LOG.setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How connections are made; one value for the whole run."""
+
+    connect_timeout: float = 10.0
+    connect_attempts: int = 3
+    retry_backoff_s: float = 0.5
+    keepalive_s: float = 15.0
+    command_timeout: float | None = None
+    host_key_policy: str = "accept-new"
+    project_known_hosts: Path = Path("inventory/known_hosts")
+    user_known_hosts: Path | None = field(default_factory=lambda: Path("~/.ssh/known_hosts").expanduser())
+    ssh_config: Path | None = field(default_factory=lambda: Path("~/.ssh/config").expanduser())
+    allow_agent: bool = True
+    look_for_keys: bool = True
+
+    def __post_init__(self) -> None:
+        check_policy(self.host_key_policy)
+
+
+# The remote shell prints its pid (= its process group: sshd starts it with setsid) before the
+# command, so a command that overruns its timeout can be killed with everything it started.
+_PID_MARK = b"@@gpurig-pid "
+_PID_LINE = re.compile(rb"@@gpurig-pid (\d+)\n")
+# `kill -s SIG -- -PGID`: the one spelling dash, bash and busybox all accept for a process group.
+_KILL_GROUP = (
+    "kill -s TERM -- -{pid} 2>/dev/null || exit 0; i=0; "
+    "while [ $i -lt 20 ] && kill -s 0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
+    "kill -s KILL -- -{pid} 2>/dev/null; true"
+)
+
+
+class SSHConnection(Connection):
+    """A host over SSH: one transport, opened lazily, reused for every command and transfer."""
+
+    def __init__(self, name: str, connector: Connector, resolve: Callable[[], SSHTarget], *, become: bool = False) -> None:
+        super().__init__(name, become=become, command_timeout=connector.settings.command_timeout, sudo_password=connector.sudo_password)
+        self.settings = connector.settings
+        self._connector = connector
+        self._resolve = resolve
+        self._target: SSHTarget | None = None
+        self._transport: paramiko.Transport | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def target(self) -> SSHTarget:
+        """Where this connection goes; resolved (and validated) on first use."""
+        if self._target is None:
+            self._target = self._resolve()
+            self.user = self._target.user
+        return self._target
+
+    def connect(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise UnreachableError(f"{self.name}: connection was closed", "open a new connection")
+            if self._transport is None or not self._transport.is_active():
+                self._transport = self._connector.transport(self.target)
+
+    def close(self) -> None:
+        self._closed = True
+        sftp, transport = self._sftp, self._transport
+        self._sftp = self._transport = None
+        for thing in (sftp, transport):
+            if thing is not None:
+                try:
+                    thing.close()
+                except Exception:  # closing a half-dead transport may raise; there is nothing left to do
+                    pass
+
+    def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
+        self.connect()
+        started = time.monotonic()
+        try:
+            chan = self._transport.open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(f"printf '{_PID_MARK.decode()}%s\\n' \"$$\" >&2\n{line}")
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise ConnectionLost(f"{self.name}: could not start a command: {err or type(err).__name__}", "check that the host is up and retry") from None
+        collect = OutputCollector(on_output, watcher)
+        pid = _RemotePid()
+        if watcher is None:
+            chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
+        deadline = started + timeout if timeout else None
+        sel = selectors.DefaultSelector()
+        sel.register(chan, selectors.EVENT_READ)
+        try:
+            while True:
+                got = False
+                while chan.recv_ready():
+                    got = True
+                    self._answer(chan, collect.add("stdout", chan.recv(65536)))
+                while chan.recv_stderr_ready():
+                    got = True
+                    self._answer(chan, collect.add("stderr", pid.strip(chan.recv_stderr(65536))))
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed or (chan.eof_received and not got and not self._transport.is_active()):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    chan.close()
+                    self._kill(pid.pid)
+                    raise self._timed_out(timeout, shown)
+                if not got:
+                    wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                    sel.select(wait)
+                    if self._closed:
+                        raise ConnectionLost(f"{self.name}: connection closed while a command ran", "")
+            # Drain what arrived together with the exit status.
+            while chan.recv_ready():
+                collect.add("stdout", chan.recv(65536))
+            while chan.recv_stderr_ready():
+                collect.add("stderr", pid.strip(chan.recv_stderr(65536)))
+            collect.add("stderr", pid.strip(b"", final=True))
+            collect.add("stdout", b"", final=True)
+            collect.add("stderr", b"", final=True)
+            exited = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise ConnectionLost(f"{self.name}: connection lost during {short_command(shown)}: {err or type(err).__name__}", "check that the host and its sshd are up") from None
+        finally:
+            sel.close()
+            chan.close()
+        if exited == -1:
+            # The channel closed without an exit status: the session or the host went away.
+            raise ConnectionLost(
+                f"{self.name}: connection lost while running {short_command(shown)} (no exit status)",
+                "check that the host and its sshd are up",
+            )
+        return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
+
+    def _kill(self, pid: int | None) -> None:
+        """Stop a timed-out command's process group on the host (closing its channel does not).
+
+        The kill script is started and left to finish on its own: like the
+        command it stops, it outlives its channel.
+        """
+        if pid is None:
+            return
+        try:
+            chan = self._transport.open_session(timeout=self.settings.connect_timeout)
+            try:
+                chan.exec_command(_KILL_GROUP.format(pid=int(pid)))
+            finally:
+                chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            log.info("%s: could not stop the timed-out command's processes (pid %s): %s", self.name, pid, err)
+
+    @staticmethod
+    def _answer(chan: paramiko.Channel, reply: tuple[bytes | None, bool]) -> None:
+        send, close = reply
+        if send:
+            chan.sendall(send)
+        if close:
+            chan.shutdown_write()
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        self.connect()
+        if self._sftp is None:
+            try:
+                self._sftp = self._transport.open_sftp_client()
+            except (paramiko.SSHException, OSError, EOFError) as err:
+                raise HostError(f"{self.name}: SFTP unavailable: {err}", "enable the sftp Subsystem in the host's sshd_config") from None
+        return self._sftp
+
+    def put(self, local, remote, mode=None) -> None:
+        sftp = self._sftp_client()
+        directory, _, name = remote.rpartition("/")
+        tmp = f"{directory}/.{name}.gpurig-tmp-{secrets.token_hex(4)}" if directory else f".{name}.gpurig-tmp-{secrets.token_hex(4)}"
+        try:
+            with open(local, "rb") as f:
+                sftp.putfo(f, tmp, confirm=True)
+            if mode is not None:
+                sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, remote)
+        except (OSError, paramiko.SSHException) as err:
+            try:
+                sftp.remove(tmp)
+            except (OSError, paramiko.SSHException):
+                pass
+            raise HostError(f"{self.name}: cannot put {local} to {remote}: {err}", "check the remote directory exists and is writable by the login user") from None
+
+    def get(self, remote, local) -> None:
+        sftp = self._sftp_client()
+        dest = Path(local)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".gpurig-tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                sftp.getfo(remote, f)
+            os.replace(tmp, dest)
+        except (OSError, paramiko.SSHException) as err:
+            Path(tmp).unlink(missing_ok=True)
+            raise HostError(f"{self.name}: cannot get {remote}: {err}", "check the remote path exists and is readable by the login user") from None
+
+
+class _RemotePid:
+    """Takes the remote shell's pid line off stderr (login files may print before it: they pass through)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._held = b""
+        self._done = False
+
+    def strip(self, data: bytes, final: bool = False) -> bytes:
+        if self._done:
+            return data
+        self._held += data
+        m = _PID_LINE.search(self._held)
+        if m:
+            self.pid = int(m.group(1))
+            out = self._held[: m.start()] + self._held[m.end():]
+        elif final or len(self._held) > 4096:
+            out = self._held  # no marker (a shell that could not print it): nothing to hold back
+        else:
+            return b""
+        self._done, self._held = True, b""
+        return out
+
+
+# --- connector --------------------------------------------------------------------------------
+
+
+class Connector:
+    """Opens connections with shared settings, known_hosts, ssh config and jump-host transports."""
+
+    def __init__(self, settings: SSHSettings | None = None, sudo_password: str | Callable[[], str | None] | None = None) -> None:
+        self.settings = settings or SSHSettings()
+        self.known_hosts = KnownHosts(self.settings.project_known_hosts, self.settings.user_known_hosts, self.settings.host_key_policy)
+        if self.settings.host_key_policy == "off":
+            log.warning("HOST KEY CHECKING IS OFF: unknown host keys are accepted without being recorded")
+        self._ssh_config = load_ssh_config(self.settings.ssh_config)
+        self._sudo = sudo_password
+        self._sudo_lock = threading.Lock()
+        self._jumps: dict[tuple, paramiko.Transport] = {}
+        self._jump_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def open(self, host: Host) -> Connection:
+        """A connection to ``host`` (local for ``ansible_connection: local``), not yet connected.
+
+        The SSH target is resolved, and the host's vars validated, on first use,
+        so a bad host fails alone instead of stopping a fleet run.
+        """
+        if host.is_local:
+            return LocalConnection(
+                host.name, user=host.user, become=host.become, command_timeout=self.settings.command_timeout, sudo_password=self.sudo_password
+            )
+        return SSHConnection(host.name, self, lambda: resolve_target(host, self._ssh_config), become=host.become)
+
+    def sudo_password(self) -> str | None:
+        """The sudo password: given value, or from a callable asked once (e.g. a prompt), or $GPURIG_SUDO_PASSWORD."""
+        with self._sudo_lock:
+            if callable(self._sudo):
+                self._sudo = self._sudo()
+            if self._sudo is None:
+                return os.environ.get(SUDO_PASSWORD_ENV)
+            return self._sudo
+
+    def stop(self) -> None:
+        """Make pending retries give up at once (Ctrl-C)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        with self._jump_lock:
+            jumps, self._jumps = list(self._jumps.values()), {}
+        for t in jumps:
+            t.close()
+
+    def transport(self, target: SSHTarget) -> paramiko.Transport:
+        """An authenticated transport to ``target``, through its jump hosts if any."""
+        via = None
+        for i, hop in enumerate(target.jumps):
+            via = self._jump(hop, via, target.jumps[:i])
+        return open_transport(target, via, self.settings, self.known_hosts, self._stop)
+
+    def _jump(self, hop: SSHTarget, via: paramiko.Transport | None, before: tuple[SSHTarget, ...]) -> paramiko.Transport:
+        # One transport per jump host, shared by every host behind it: a bastion sees one login, not a hundred.
+        key = (hop.hostname, hop.port, hop.user, tuple((b.hostname, b.port) for b in before))
+        with self._jump_lock:
+            t = self._jumps.get(key)
+            if t is None or not t.is_active():
+                t = open_transport(hop, via, self.settings, self.known_hosts, self._stop)
+                self._jumps[key] = t
+            return t

@@ -1,0 +1,198 @@
+"""An authenticated paramiko transport to one SSHTarget: TCP or a jump host's channel, handshake with retry, host key, key login.
+
+Keys are offered from the target's key files (parsed once per process), then
+the agent, then ~/.ssh/id_* when no key file is set, as ssh does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import paramiko
+
+from gpurig.connection import AuthError, UnreachableError
+from gpurig.hostkeys import KnownHosts, fingerprint
+from gpurig.target import SSHTarget
+
+if TYPE_CHECKING:
+    from gpurig.ssh import SSHSettings
+
+_KEY_CACHE: dict[tuple[str, float], paramiko.PKey] = {}
+_KEY_LOCK = threading.Lock()
+
+
+def load_key(path: str) -> paramiko.PKey:
+    """A private key from a file, parsed once per process (a fleet uses the same key a hundred times)."""
+    try:
+        stamp = (path, os.stat(path).st_mtime)
+    except OSError as err:
+        raise AuthError(f"cannot read key file {path}: {err.strerror}", "check ansible_ssh_private_key_file / IdentityFile") from None
+    with _KEY_LOCK:
+        if stamp in _KEY_CACHE:
+            return _KEY_CACHE[stamp]
+    try:
+        key = paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise AuthError(f"key file {path} is encrypted", "load it into ssh-agent ('ssh-add KEY') so gpurig can use it") from None
+    except (paramiko.SSHException, ValueError, OSError) as err:
+        raise AuthError(f"cannot load key file {path}: {err}", "point ansible_ssh_private_key_file at an OpenSSH private key") from None
+    with _KEY_LOCK:
+        _KEY_CACHE[stamp] = key
+    return key
+
+
+def authenticate(transport: paramiko.Transport, target: SSHTarget, *, allow_agent: bool, look_for_keys: bool) -> None:
+    """Offer the target's keys, then the agent's, then ~/.ssh/id_* (only when no key file is set), until one is taken."""
+    tried: list[str] = []
+    for label, key in _keys(target, allow_agent, look_for_keys):
+        tried.append(label)
+        try:
+            transport.auth_publickey(target.user, key)
+        except paramiko.BadAuthenticationType as err:
+            raise AuthError(
+                f"{target.name}: {target.hostname}:{target.port} does not accept public keys (allows {', '.join(err.allowed_types)})",
+                "enable PubkeyAuthentication on the host",
+            ) from None
+        except paramiko.AuthenticationException:
+            continue
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise UnreachableError(f"{target.name}: connection dropped during login: {err}", "check the host's sshd logs") from None
+        if transport.is_authenticated():
+            return
+    raise AuthError(
+        f"{target.name}: authentication failed for {target.user}@{target.hostname}:{target.port}: "
+        + (f"server refused {', '.join(tried)}" if tried else "no key to offer"),
+        f"add the public key to ~{target.user}/.ssh/authorized_keys on the host, "
+        "or set ansible_ssh_private_key_file / IdentityFile to the right key",
+    )
+
+
+def _keys(target: SSHTarget, allow_agent: bool, look_for_keys: bool) -> Iterator[tuple[str, paramiko.PKey]]:
+    for path in target.key_files:
+        yield path, load_key(path)
+    if allow_agent and os.environ.get("SSH_AUTH_SOCK"):
+        try:
+            agent_keys = paramiko.Agent().get_keys()
+        except paramiko.SSHException:
+            agent_keys = ()
+        for key in agent_keys:
+            yield f"agent key {fingerprint(key)}", key
+    if look_for_keys and not target.key_files:
+        for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
+            path = Path("~/.ssh").expanduser() / name
+            if path.exists():
+                try:
+                    yield str(path), load_key(str(path))
+                except AuthError:
+                    continue  # an encrypted default key is skipped, as ssh does without a prompt
+
+
+def open_transport(
+    target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, known_hosts: KnownHosts, stop: threading.Event
+) -> paramiko.Transport:
+    """An authenticated transport to ``target`` (through ``via``, a jump host's transport, if given).
+
+    Connecting is retried ``settings.connect_attempts`` times with exponential
+    backoff (``stop`` cuts the wait short); the error names the first reason.
+    """
+    s = settings
+    first = ""
+    for attempt in range(max(1, s.connect_attempts)):
+        if attempt:
+            # Connect failures are retried with exponential backoff; commands never are.
+            if stop.wait(s.retry_backoff_s * 2 ** (attempt - 1)):
+                break
+        sock = None
+        transport = None
+        try:
+            sock = _socket(target, via, s)
+            transport = paramiko.Transport(sock)
+            transport.banner_timeout = s.connect_timeout
+            transport.handshake_timeout = s.connect_timeout
+            transport.auth_timeout = s.connect_timeout
+            known = known_hosts.known_types(target.known_hosts_name)
+            if known:
+                # Ask for the key type we have on record, as OpenSSH does, so a host
+                # with several key types is not mistaken for one whose key changed.
+                opts = transport.get_security_options()
+                opts.key_types = [t for t in known if t in opts.key_types] + [t for t in opts.key_types if t not in known]
+            transport.start_client(timeout=s.connect_timeout)
+            if not transport.initial_kex_done:
+                # start_client returns quietly at its timeout while the banner wait goes on.
+                raise _ConnectFailure(f"no SSH handshake within {s.connect_timeout:g}s (is an SSH server listening there?)")
+            break
+        except _ConnectFailure as err:
+            reason = err.reason
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            reason = describe_connect_error(err, s.connect_timeout)
+        # The first failure says what is wrong; later ones are often its echo (a reset after a timeout).
+        first = first or reason
+        if transport is not None:
+            transport.close()
+        elif sock is not None:
+            sock.close()
+    else:
+        raise UnreachableError(
+            f"{target.name}: cannot connect to {target.user}@{target.hostname}:{target.port}: {first}"
+            + (f" (after {s.connect_attempts} attempts)" if s.connect_attempts > 1 else ""),
+            "check the host is up, the address/port in the inventory, and any firewall or jump host",
+        )
+    if stop.is_set() and (transport is None or not transport.is_active()):
+        raise UnreachableError(f"{target.name}: interrupted while connecting", "")
+    try:
+        known_hosts.check(target, transport.get_remote_server_key())
+        authenticate(transport, target, allow_agent=s.allow_agent, look_for_keys=s.look_for_keys)
+    except BaseException:
+        transport.close()
+        raise
+    if s.keepalive_s:
+        transport.set_keepalive(int(max(1, s.keepalive_s)))
+    return transport
+
+
+def _socket(target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings) -> socket.socket | paramiko.Channel:
+    if via is not None:
+        try:
+            return via.open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=settings.connect_timeout)
+        except paramiko.ChannelException as err:
+            raise _ConnectFailure(f"jump host could not reach it: {err.text or err}") from None
+    sock = socket.create_connection((target.hostname, target.port), timeout=settings.connect_timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if settings.keepalive_s:
+        # TCP keepalive notices a host that vanished without closing the connection.
+        idle = int(max(1, settings.keepalive_s))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    return sock
+
+
+class _ConnectFailure(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def describe_connect_error(err: BaseException, timeout: float) -> str:
+    """One line saying why a connection attempt failed, in the user's terms."""
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused (nothing listening on that port)"
+    if isinstance(err, socket.gaierror):
+        return f"cannot resolve the host name ({err.strerror})"
+    if isinstance(err, (socket.timeout, TimeoutError)):
+        return f"no answer within {timeout:g}s (host down, or a firewall dropping packets?)"
+    text = str(err) or type(err).__name__
+    if "banner" in text.lower():
+        # paramiko wraps what stopped the banner read; the cause tells a silent server from one that hung up.
+        cause = err.__cause__ or err.__context__
+        if isinstance(cause, (socket.timeout, TimeoutError)):
+            return f"no SSH handshake within {timeout:g}s (is an SSH server listening there?)"
+        return "the server closed the connection before saying it speaks SSH (not an SSH server, or sshd refused it: MaxStartups?)"
+    if isinstance(err, EOFError) or "reset" in text.lower():
+        return "the server closed the connection during the handshake"
+    return text

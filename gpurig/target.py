@@ -1,0 +1,240 @@
+"""Where and as whom to connect: an ``SSHTarget`` from inventory host vars, ~/.ssh/config and ProxyJump.
+
+Inventory values are checked before anything reads them: the host address,
+user, port and every jump hop must be plain names (``gpurig.validate``).
+paramiko's ``SSHConfig.lookup`` runs ``Match exec`` lines of the user's
+~/.ssh/config through a shell with ``%h`` expanded, so a host name such as
+``x;touch /tmp/pwn`` must never reach it (CVE-2023-51385 is the same hole in
+OpenSSH). gpurig never runs a ``ProxyCommand``: one in the inventory's ssh
+arguments or in ~/.ssh/config for the host is refused by name, as is any ssh
+option gpurig cannot honour.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from gpurig.errors import HostError
+from gpurig.inventory import Host
+from gpurig.validate import excerpt, hostname_problem, port_problem, user_problem
+
+SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+# ssh options accepted and not needed: gpurig keeps one connection per host open and sends keepalives itself.
+_UNNEEDED_OPTIONS = {
+    "controlmaster",
+    "controlpersist",
+    "controlpath",
+    "serveraliveinterval",
+    "serveralivecountmax",
+    "tcpkeepalive",
+    "compression",
+}
+_UNNEEDED_FLAGS = set("CqT")  # compression, quiet, no pty: nothing gpurig does differently
+_OPTION_FIX = {
+    "proxycommand": "use -J or -o ProxyJump=HOST instead (gpurig never runs a ProxyCommand)",
+    "stricthostkeychecking": "gpurig checks host keys itself: use --host-key-policy strict|accept-new|off",
+    "userknownhostsfile": "gpurig keeps host keys in known_hosts beside the inventory and reads ~/.ssh/known_hosts",
+    "connecttimeout": "use --connect-timeout",
+}
+_OPTION = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)", re.S)
+
+
+class TargetError(HostError):
+    """Host vars or ~/.ssh/config that cannot make a safe SSH target (hostile name, unsupported option)."""
+
+    def __init__(self, name: str, problem: str, fix: str) -> None:
+        shown = name if name.isprintable() else excerpt(name)  # an inventory name may hold a newline: one line still
+        super().__init__(f"{shown}: {problem}", fix)
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and as whom to connect, after inventory vars and ~/.ssh/config are combined."""
+
+    name: str
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+    jumps: tuple[SSHTarget, ...] = ()
+
+    @property
+    def known_hosts_name(self) -> str:
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def load_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
+    """The user's ssh config (None when there is none); a line paramiko cannot parse is a one-line error."""
+    if not path or not Path(path).exists():
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.ssh_exception.ConfigParseError) as err:
+        raise HostError(f"cannot parse ssh config {path}: {err}", "fix that line or pass an empty --ssh-config") from None
+
+
+def resolve_target(host: Host, ssh_config: paramiko.SSHConfig | None) -> SSHTarget:
+    """Inventory vars over ~/.ssh/config, as ssh does with options given on its command line.
+
+    Every inventory value is validated before the config is consulted.
+    """
+    address_var = _first_set(host, ("ansible_host", "ansible_ssh_host"), "inventory host name")
+    address = _checked_host(host.name, address_var, host.address)
+    if host.user is not None:
+        _check(host.name, _first_set(host, ("ansible_user", "ansible_ssh_user"), "ansible_user"), host.user, user_problem)
+    if host.port is not None:
+        _check(host.name, _first_set(host, ("ansible_port", "ansible_ssh_port"), "ansible_port"), host.port, port_problem)
+    jump, jump_var = None, ""
+    for var in SSH_ARGS_VARS:
+        found = jump_from_ssh_args(host.name, var, host.var(var))
+        if found and jump is None:
+            jump, jump_var = found, var
+    hops = parse_jumps(host.name, jump_var, jump) if jump else None  # validated before any lookup
+
+    conf = _lookup(ssh_config, address, host.name)
+    keys = [host.key_file] if host.key_file else []
+    keys += [str(Path(k).expanduser()) for k in conf.get("identityfile", []) if k not in keys]
+    if hops is None:
+        hops = parse_jumps(host.name, "ProxyJump in the ssh config", conf.get("proxyjump"))
+    return SSHTarget(
+        name=host.name,
+        hostname=conf.get("hostname", address),
+        port=host.port or _config_port(host.name, conf),
+        user=host.user or conf.get("user") or getpass.getuser(),
+        key_files=tuple(keys),
+        jumps=_jump_targets(hops, ssh_config, tuple(keys)),
+    )
+
+
+def jump_from_ssh_args(name: str, var: str, args: object) -> str | None:
+    """The ProxyJump in ansible_ssh_common_args / _extra_args ('-J host' or '-o ProxyJump=host').
+
+    Options gpurig does not need (Control*, ServerAlive*, Compression, -C -q
+    -T) are accepted; any other is refused by name rather than silently ignored.
+    """
+    try:
+        words = shlex.split(str(args or ""))
+    except ValueError as err:
+        raise TargetError(name, f"{var} {excerpt(args)} cannot be split into words: {err}", "balance its quotes") from None
+    jump = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("-J", "-o"):
+            if i + 1 == len(words):
+                raise TargetError(name, f"{var} ends with {word} and no value", f"give {word} its value or remove it")
+            value, i = words[i + 1], i + 2
+        else:
+            value, i = word[2:], i + 1
+        if word.startswith("-J"):
+            jump = value
+        elif word.startswith("-o"):
+            m = _OPTION.fullmatch(value)
+            option = m.group(1) if m else value.strip()
+            if option.lower() == "proxyjump":
+                if not m or not m.group(2).strip():
+                    raise TargetError(name, f"{var}: -o ProxyJump has no value", "write -o ProxyJump=[user@]host[:port]")
+                jump = m.group(2).strip()
+            elif option.lower() not in _UNNEEDED_OPTIONS:
+                raise _unsupported(name, var, f"option {excerpt(option)}", _OPTION_FIX.get(option.lower()))
+        elif not (len(word) > 1 and word[0] == "-" and set(word[1:]) <= _UNNEEDED_FLAGS):
+            raise _unsupported(name, var, excerpt(word), None)
+    return jump
+
+
+def parse_jumps(name: str, var: str, spec: str | None) -> list[tuple[str, str, int | None, str]]:
+    """(user or '', host, port or None, as written) per hop of a ProxyJump spec, each part validated."""
+    if not spec or spec == "none":
+        return []
+    hops = []
+    for hop in spec.split(","):
+        written = hop
+        hop = hop.removeprefix("ssh://")
+        user, _, rest = hop.rpartition("@")
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = rest.partition(":")
+        what = f"jump host {excerpt(written)} in {var}"
+        _check(name, what, host, hostname_problem)
+        if user:
+            _check(name, f"user of {what}", user, user_problem)
+        number = None
+        if port:
+            number = int(port) if port.isdigit() else port
+            _check(name, f"port of {what}", number, port_problem)
+        hops.append((user, host, number, written))
+    return hops
+
+
+def _jump_targets(hops, ssh_config, inherited_keys: tuple[str, ...]) -> tuple[SSHTarget, ...]:
+    """Targets of validated hops; a hop with no IdentityFile of its own offers the target's keys."""
+    targets = []
+    for user, host, port, written in hops:
+        name = f"jump {written}"
+        conf = _lookup(ssh_config, host, name)
+        targets.append(
+            SSHTarget(
+                name=name,
+                hostname=conf.get("hostname", host),
+                port=port or _config_port(name, conf),
+                user=user or conf.get("user") or getpass.getuser(),
+                key_files=tuple(str(Path(k).expanduser()) for k in conf.get("identityfile", [])) or inherited_keys,
+            )
+        )
+    return tuple(targets)
+
+
+def _lookup(ssh_config: paramiko.SSHConfig | None, hostname: str, name: str) -> dict:
+    """ssh config for an already validated host name; a ProxyCommand there is refused, not ignored."""
+    if ssh_config is None:
+        return {}
+    conf = ssh_config.lookup(hostname)
+    if (conf.get("proxycommand") or "none").lower() != "none":  # paramiko reads "ProxyCommand none" as None
+        raise TargetError(
+            name,
+            f"the ssh config gives {hostname} a ProxyCommand, which gpurig never runs",
+            "use ProxyJump in the ssh config (gpurig supports it) or exclude this host from that Host/Match block",
+        )
+    return conf
+
+
+def _config_port(name: str, conf: dict) -> int:
+    value = str(conf.get("port", 22))
+    port = int(value) if value.isdigit() else value
+    _check(name, "Port in the ssh config", port, port_problem)
+    return port
+
+
+def _checked_host(name: str, var: str, value: str) -> str:
+    _check(name, var, value, hostname_problem)
+    return value[1:-1] if value.startswith("[") else value  # [v6] -> v6
+
+
+def _check(name: str, what: str, value: object, problem) -> None:
+    rule = problem(value)
+    if rule:
+        raise TargetError(
+            name,
+            f"{what} {excerpt(value)} {rule}",
+            "use a plain host name or address, user name and port; gpurig refuses anything a shell could act on",
+        )
+
+
+def _first_set(host: Host, names: tuple[str, ...], default: str) -> str:
+    return next((n for n in names if n in host.vars), default)
+
+
+def _unsupported(name: str, var: str, what: str, fix: str | None) -> TargetError:
+    return TargetError(
+        name,
+        f"{var}: {what} is not supported by gpurig",
+        fix or f"remove it from {var}; gpurig understands -J / -o ProxyJump= and accepts Control*, ServerAlive*, Compression",
+    )

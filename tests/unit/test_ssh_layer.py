@@ -1,0 +1,43 @@
+"""The SSH layer's pieces that need no server: what reaches the log, and the remote pid line taken off stderr."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gpurig.ssh import _RemotePid, configure_logging
+
+
+@pytest.fixture
+def verbosity():
+    yield configure_logging
+    configure_logging(0)
+
+
+def test_paramiko_lines_reach_the_handlers_only_at_vv(verbosity, caplog):
+    caplog.set_level(logging.DEBUG)
+    noisy = logging.getLogger("paramiko.transport")
+    noisy.error("Exception (client): Error reading SSH protocol banner")
+    verbosity(1)
+    noisy.error("still hidden at -v")
+    logging.getLogger("gpurig.hostkeys").info("recorded host key")
+    verbosity(2)
+    noisy.debug("shown at -vv")
+    assert [r.getMessage() for r in caplog.records] == ["recorded host key", "shown at -vv"]
+
+
+def test_paramiko_never_falls_back_to_printing_on_stderr(capfd):
+    configure_logging(0)
+    logging.getLogger("paramiko.transport").error("Exception (client): Error reading SSH protocol banner")
+    assert capfd.readouterr().err == ""
+
+
+def test_the_remote_pid_line_is_taken_off_stderr_wherever_it_arrives():
+    pid = _RemotePid()
+    chunks = [b"motd from .profile\n@@gpu", b"rig-pid 4242\nreal ", b"stderr\n"]
+    assert b"".join(pid.strip(c) for c in chunks) == b"motd from .profile\nreal stderr\n"
+    assert pid.pid == 4242
+    silent = _RemotePid()  # a shell that never printed it: everything comes through at the end
+    assert silent.strip(b"no marker ") + silent.strip(b"", final=True) == b"no marker "
+    assert silent.pid is None
