@@ -1,0 +1,184 @@
+"""One layered configuration: each setting has one default here, and files, env and flags override it.
+
+Invoke's ``Config`` with the prefix ``gpurig`` does the layering, lowest first:
+the defaults below < ``/etc/gpurig.yaml`` < ``~/.gpurig.yaml`` < the project's
+``gpurig.yaml`` < ``GPURIG_*`` environment variables (``GPURIG_FORKS=8``) <
+command-line flags. ``settings()`` reads the merged result into a typed,
+validated ``Settings``; a bad value is one line naming where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from invoke import Config
+from invoke.exceptions import Exit, UncastableEnvVar
+
+from gpurig.connection import HOST_KEY_POLICIES
+from gpurig.errors import ConfigError, did_you_mean
+
+# What marks a directory as a gpurig project, looked for from the working directory upwards.
+PROJECT_MARKERS = ("gpurig.yaml", "images", "tasks.py")
+
+# The one default of every setting. Top-level keys, so the environment variable is GPURIG_<KEY>.
+DEFAULTS: dict[str, Any] = {
+    # the project directory; "" = found from the working directory upwards (PROJECT_MARKERS)
+    "root": "",
+    # relative paths are taken from the project root
+    "inventory": "inventory/hosts.yaml",
+    # Work is I/O-bound (waiting on remote commands); 64 keeps a 2-core controller busy
+    # without opening more sessions at once than a typical sshd MaxStartups (10:30:100) allows.
+    "forks": 64,
+    "connect_timeout": 10.0,
+    "host_key_policy": "accept-new",
+    # the project's known_hosts; "" = known_hosts beside the inventory file
+    "known_hosts": "",
+}
+
+
+class GpurigConfig(Config):
+    """Invoke's Config read from gpurig.yaml files and GPURIG_* variables, with gpurig's defaults."""
+
+    prefix = "gpurig"
+
+    @staticmethod
+    def global_defaults() -> dict[str, Any]:
+        return {**Config.global_defaults(), **DEFAULTS}
+
+    def load_shell_env(self) -> None:
+        # Invoke casts GPURIG_FORKS=abc with int() and would show a traceback; say which variable instead.
+        try:
+            super().load_shell_env()
+        except (ValueError, UncastableEnvVar):
+            for key, default in DEFAULTS.items():
+                value = os.environ.get(f"GPURIG_{key.upper()}")
+                if value is not None and isinstance(default, (int, float)):
+                    try:
+                        type(default)(value)
+                    except ValueError:
+                        raise Exit(f"gpurig: ${'GPURIG_' + key.upper()}={value!r} is not a number; fix: set it to a number or unset it", code=2) from None
+            raise
+
+
+def find_project_root(start: str | Path | None = None) -> Path | None:
+    """The nearest directory at or above ``start`` holding gpurig.yaml, images/ or tasks.py; None outside a project."""
+    here = Path(start or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        if any((folder / marker).exists() for marker in PROJECT_MARKERS):
+            return folder
+    return None
+
+
+def project_config(root: Path | None) -> GpurigConfig:
+    """The layered config for a project: defaults, /etc, ~, the project's gpurig.yaml and GPURIG_* env."""
+    config = GpurigConfig(project_location=str(root) if root else None)
+    config.load_project()
+    config.load_shell_env()
+    return config
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The merged, validated settings a run uses."""
+
+    root: Path | None  # None outside a project
+    inventory: Path
+    forks: int
+    connect_timeout: float
+    host_key_policy: str
+    known_hosts: Path
+
+    @property
+    def project(self) -> Path:
+        """The project root, or the working directory outside a project."""
+        return self.root or Path.cwd()
+
+
+def root_of(config: Mapping[str, Any]) -> Path | None:
+    """The project root a config names (``root``: GPURIG_ROOT, tasks.py), else the one found from the working directory."""
+    named = config.get("root")
+    return Path(named).resolve() if named else find_project_root()
+
+
+def settings(config: Mapping[str, Any], **flags: Any) -> Settings:
+    """Settings from a layered config with the command line's flags on top (a flag of None is not given).
+
+    ``config`` is a ``GpurigConfig`` (the ``gpurig`` program); any other Invoke
+    config (``invoke`` with tasks.py) is layered afresh from the project's files
+    and env, so both entry points see the same values.
+    """
+    if not isinstance(config, GpurigConfig):
+        root = root_of(config)
+        config = project_config(root)
+        if root:
+            config.load_overrides({"root": str(root)})
+    unknown = [k for k in flags if k not in DEFAULTS]
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}")
+    values = {key: config.get(key, default) for key, default in DEFAULTS.items()}
+    source = {key: _source(config, key) for key in DEFAULTS}
+    for key, value in flags.items():
+        if value is not None:
+            values[key] = value
+            source[key] = f"--{key.replace('_', '-')}"
+    root = root_of(values)
+    base = root or Path.cwd()
+    # A path typed on the command line or in the shell is relative to where it was typed;
+    # one in a config file is relative to the project.
+    typed = lambda key: source[key].startswith(("--", "$"))  # noqa: E731
+    inventory = _path(Path.cwd() if typed("inventory") else base, values["inventory"])
+    known = values["known_hosts"]
+    return Settings(
+        root=root,
+        inventory=inventory,
+        forks=positive_int(values["forks"], source["forks"]),
+        connect_timeout=positive_number(values["connect_timeout"], source["connect_timeout"]),
+        host_key_policy=choice(values["host_key_policy"], HOST_KEY_POLICIES, source["host_key_policy"]),
+        known_hosts=_path(Path.cwd() if typed("known_hosts") else base, known) if known else inventory.parent / "known_hosts",
+    )
+
+
+def positive_int(value: Any, where: str) -> int:
+    """``value`` as an integer >= 1, else a ConfigError naming ``where`` it was set."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{where} {value!r} is not a whole number", f"give a number of at least 1 to {where}") from None
+    if number < 1:
+        raise ConfigError(f"{where} {number} is below 1", f"give a number of at least 1 to {where}")
+    return number
+
+
+def positive_number(value: Any, where: str) -> float:
+    """``value`` as a number > 0 (seconds), else a ConfigError naming ``where`` it was set."""
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{where} {value!r} is not a number", f"give {where} a number of seconds above 0") from None
+    if not number > 0 or number == float("inf"):
+        raise ConfigError(f"{where} {value} is out of range", f"give {where} a number of seconds above 0")
+    return number
+
+
+def choice(value: Any, choices: tuple[str, ...], where: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where} {value!r} is not valid{did_you_mean(value, choices)}", f"use one of: {', '.join(choices)}")
+    return value
+
+
+def _source(config: Config, key: str) -> str:
+    """Where a setting's value came from, for error messages: the env var, a file, or the default."""
+    if key in getattr(config, "_env", {}):
+        return f"${'GPURIG_' + key.upper()}"
+    for layer in ("runtime", "project", "user", "system"):
+        if key in (getattr(config, f"_{layer}", None) or {}):
+            return f"{key} in {getattr(config, f'_{layer}_path')}"
+    return key
+
+
+def _path(base: Path, value: str | Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
