@@ -6,6 +6,7 @@ Everything else about the package is in pyproject.toml.
 """
 
 import runpy
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -21,8 +22,8 @@ class BuildWithSkeleton(build_py):
         if getattr(self, "editable_mode", False):
             return  # an editable install reads the checkout's own folders
         target = Path(self.build_lib) / "gpurig" / "skeleton"
-        if not target.exists():
-            _skeleton["copy_tree"](HERE, target)
+        shutil.rmtree(target, ignore_errors=True)  # a build/ left from an earlier build must not go stale
+        _skeleton["copy_tree"](HERE, target)
 
 
 setup(cmdclass={"build_py": BuildWithSkeleton})

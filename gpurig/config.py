@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from invoke import Config
-from invoke.exceptions import Exit, UncastableEnvVar
+from invoke.env import Environment
 
 from gpurig.connection import HOST_KEY_POLICIES
 from gpurig.errors import ConfigError, did_you_mean
@@ -49,18 +49,18 @@ class GpurigConfig(Config):
         return {**Config.global_defaults(), **DEFAULTS}
 
     def load_shell_env(self) -> None:
-        # Invoke casts GPURIG_FORKS=abc with int() and would show a traceback; say which variable instead.
-        try:
-            super().load_shell_env()
-        except (ValueError, UncastableEnvVar):
-            for key, default in DEFAULTS.items():
-                value = os.environ.get(f"GPURIG_{key.upper()}")
-                if value is not None and isinstance(default, (int, float)):
-                    try:
-                        type(default)(value)
-                    except ValueError:
-                        raise Exit(f"gpurig: ${'GPURIG_' + key.upper()}={value!r} is not a number; fix: set it to a number or unset it", code=2) from None
-            raise
+        # As Invoke's, but numbers stay the strings they were typed as: settings() validates them
+        # and names the variable (Invoke would cast GPURIG_FORKS=abc with int() and show a traceback).
+        self.merge()
+        self._set(_env=_Environment(config=self._config, prefix=self._env_prefix).load())
+        self.merge()
+
+
+class _Environment(Environment):
+    def _cast(self, old: Any, new: Any) -> Any:
+        if isinstance(old, (int, float)) and not isinstance(old, bool):
+            return new
+        return super()._cast(old, new)
 
 
 def find_project_root(start: str | Path | None = None) -> Path | None:

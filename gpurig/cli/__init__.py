@@ -32,6 +32,14 @@ def build_collection() -> Collection:
 class GpurigProgram(Program):
     """Invoke's Program reading gpurig.yaml files and GPURIG_* variables, from any directory of a project."""
 
+    def core_args(self):
+        args = super().core_args()
+        for arg in args:
+            if arg.name == "dry":
+                # gpurig runs no local commands through Invoke; --dry means what --check means
+                arg.help = "Same as --check: changing tasks only say what they would change."
+        return args
+
     def create_config(self) -> None:
         super().create_config()
         # The project's gpurig.yaml: from $GPURIG_ROOT, else the nearest project directory upwards.

@@ -45,12 +45,15 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[Row], width: int) -> l
     """Indexes of the columns to show so that every column fits ``width`` with whole (or long, folded) words."""
     shown = list(range(len(columns)))
     while True:
-        needed = sum(_min_width(columns[i], [r[i] for r in rows]) + _PADDING for i in shown) + len(shown) - 1
         droppable = [i for i in shown if columns[i].drop > 0]
-        if needed <= width or not droppable:
+        if _needed(columns, rows, shown) <= width or not droppable:
             return shown
         # highest drop first; among equals the rightmost
         shown.remove(max(droppable, key=lambda i: (columns[i].drop, i)))
+
+
+def _needed(columns: Sequence[Column], rows: Sequence[Row], shown: Sequence[int]) -> int:
+    return sum(_min_width(columns[i], [r[i] for r in rows]) + _PADDING for i in shown) + len(shown) - 1
 
 
 def _min_width(column: Column, cells: Sequence[str]) -> int:
@@ -65,8 +68,11 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Row], width: int, title
     dropped = [columns[i].name for i in range(len(columns)) if i not in shown]
     caption = f"not shown at {width} columns: {', '.join(dropped)} (see --format tsv)" if dropped else None
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left", caption_justify="left")
+    # When they fit, each column's longest word is its minimum, so that rich wraps between words, not inside them.
+    fits = _needed(columns, rows, shown) <= width
     for i in shown:
-        table.add_column(columns[i].name, overflow="fold")
+        minimum = _min_width(columns[i], [r[i] for r in rows]) if fits else None
+        table.add_column(columns[i].name, overflow="fold", min_width=minimum)
     for row in rows:
         table.add_row(*(Text(str(row[i]), style=columns[i].styles.get(str(row[i]), "")) for i in shown))
     return table
@@ -108,4 +114,4 @@ def show(
         console.file.write(tsv(columns, rows))
         console.file.flush()
     else:
-        console.print(rich_table(columns, rows, console.width, title))
+        console.print(rich_table(columns, rows, console.width, title), soft_wrap=False)
