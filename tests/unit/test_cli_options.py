@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = "import sys; from gpurig.cli import main; main(sys.argv)"
@@ -20,16 +21,6 @@ def run(cwd: Path, *args: str, env: dict | None = None, **kw) -> subprocess.Comp
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPURIG_")}
     base.update({"HOME": str(cwd), "COLUMNS": "200"}, **(env or {}))
     return subprocess.run([sys.executable, "-c", CODE, *args], cwd=cwd, env=base, capture_output=True, text=True, timeout=120, **kw)
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("gpurig: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def local_inventory(path: Path, names=("l1", "l2")) -> Path:
@@ -66,7 +57,7 @@ def test_limit_narrows_and_host_group_pattern_narrow_with_it(example):
     assert [line.split("\t")[0] for line in proc.stdout.splitlines()[1:]] == ["h100-01"]
     proc = run(example, "hosts", "-l", "all:!a100-01", "-l", "a100*", "--format", "tsv")
     assert [line.split("\t")[0] for line in proc.stdout.splitlines()[1:]] == ["a100-02"]
-    one_line_error(run(example, "hosts", "-l", "a100", "--group", "h100"), "matches no host")
+    assert_one_line_error(run(example, "hosts", "-l", "a100", "--group", "h100"), "matches no host")
 
 
 def test_gpurig_works_from_a_subdirectory_and_reads_the_projects_config(example):
@@ -101,7 +92,7 @@ def test_gpurig_works_from_a_subdirectory_and_reads_the_projects_config(example)
     ],
 )
 def test_bad_values_give_one_line_before_any_host_is_contacted(example, args, env, fragments):
-    one_line_error(run(example, *args, env=env), *fragments)
+    assert_one_line_error(run(example, *args, env=env), *fragments)
 
 
 def test_facts_json_to_stdout_is_the_only_stdout(example):
