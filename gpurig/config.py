@@ -14,8 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
 from invoke import Config
 from invoke.env import Environment
+from invoke.exceptions import Exit
+
+try:  # Invoke reads config files with its own copy of PyYAML
+    from invoke.util import yaml as _invoke_yaml
+
+    _YAML_ERRORS: tuple[type[Exception], ...] = (yaml.YAMLError, _invoke_yaml.YAMLError)
+except ImportError:
+    _YAML_ERRORS = (yaml.YAMLError,)
 
 from gpurig.connection import HOST_KEY_POLICIES
 from gpurig.errors import ConfigError, did_you_mean
@@ -44,9 +53,41 @@ class GpurigConfig(Config):
 
     prefix = "gpurig"
 
+    # YAML only: Invoke would also run a gpurig.py lying in a project directory as configuration.
+    _SUFFIXES = ("yaml", "yml")
+
     @staticmethod
     def global_defaults() -> dict[str, Any]:
         return {**Config.global_defaults(), **DEFAULTS}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._set(_file_suffixes=self._SUFFIXES)
+
+    def load_base_conf_files(self) -> None:
+        self._set(_file_suffixes=self._SUFFIXES)  # before Invoke's __init__ reads /etc and ~
+        super().load_base_conf_files()
+
+    def _load_yaml(self, path) -> Any:
+        # Invoke would show a traceback for a malformed file; gpurig says where, in one line.
+        try:
+            data = super()._load_yaml(path)
+        except _YAML_ERRORS as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise Exit(f"gpurig: {path}:{where}: malformed YAML; fix: correct the file or remove it", code=2) from None
+        if data is not None and not isinstance(data, dict):
+            raise Exit(f"gpurig: {path}: must be a mapping of settings; fix: write 'name: value' lines, e.g. 'forks: 16'", code=2)
+        unknown = [k for k in data or {} if k not in DEFAULTS and k not in Config.global_defaults()]
+        if unknown:
+            raise Exit(
+                f"gpurig: {path}: unknown setting {unknown[0]!r}{did_you_mean(unknown[0], DEFAULTS)}; "
+                f"fix: use one of {', '.join(DEFAULTS)}",
+                code=2,
+            )
+        return data
+
+    _load_yml = _load_yaml
 
     def load_shell_env(self) -> None:
         # As Invoke's, but numbers stay the strings they were typed as: settings() validates them

@@ -120,3 +120,25 @@ def test_gpurig_config_reads_gpurig_files_not_invoke_ones(project):
     config = GpurigConfig(project_location=str(project))
     config.load_project()
     assert config.forks == 7
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("forks: [1\n", "gpurig.yaml: line 2: malformed YAML"),
+        ("- forks\n", "must be a mapping of settings"),
+        ("frks: 8\n", "unknown setting 'frks' (did you mean 'forks'?)"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_naming_it(project, text, fragment):
+    from invoke.exceptions import Exit
+
+    (project / "gpurig.yaml").write_text(text)
+    with pytest.raises(Exit) as err:
+        project_config(project)
+    assert fragment in err.value.message and err.value.message.startswith("gpurig: ")
+
+
+def test_a_python_file_named_like_the_config_is_never_run(project):
+    (project / "gpurig.py").write_text("raise SystemExit('ran')\n")
+    assert settings(project_config(project)).forks == 64
