@@ -212,7 +212,7 @@ def images(c, format=None):
     client = find_client()
     found = list_images(client)
     reports = load_reports(project_root(c) / REPORTS_DIR)
-    if not found:
+    if not found and format in (None, "table"):
         console.print("no gpurig images in the local store; build one with `invoke build`")
         return
     columns = ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base")
