@@ -6,4 +6,4 @@ from gpurig.cli import build_collection
 
 ns = build_collection()
 # `invoke` finds this file from any subdirectory; the project is where it lies.
-ns.configure({"gpurig": {"root": str(Path(__file__).resolve().parent)}})
+ns.configure({"root": str(Path(__file__).resolve().parent)})

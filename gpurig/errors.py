@@ -46,6 +46,10 @@ class InventoryError(GpurigError):
     """An inventory file that cannot be loaded, or a host selection that matches nothing."""
 
 
+class ConfigError(GpurigError):
+    """A setting (flag, GPURIG_* variable or gpurig.yaml value) that is out of range or of the wrong type."""
+
+
 class HostError(GpurigError):
     """A host that cannot be reached, authenticated, trusted or commanded."""
 

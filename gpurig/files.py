@@ -46,7 +46,8 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
     """A JSON report to ``target``: ``-`` is stdout; a regular file is replaced atomically (0644).
 
     A special file that exists (a terminal, /dev/stdout, a FIFO) is opened and
-    written, so ``--json /dev/stdout`` as root never replaces the symlink.
+    written, so ``--json /dev/stdout`` as root never replaces the symlink; a
+    symlink to a regular file keeps pointing there, and its target is replaced.
     """
     text = to_json(data, default)
     if str(target) == "-":
@@ -54,6 +55,9 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
         sys.stdout.flush()
         return
     path = Path(target)
+    if path.is_symlink():
+        # replace what the link points to, not the link (a report path the user linked somewhere)
+        path = Path(os.path.realpath(path))
     try:
         st = path.stat()
     except FileNotFoundError:

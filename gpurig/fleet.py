@@ -19,9 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+from gpurig.config import DEFAULTS
 from gpurig.connection import Connection, ConnectError
 from gpurig.files import write_report
 from gpurig.errors import GpurigError
@@ -30,20 +28,47 @@ from gpurig.ssh import Connector
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "changed", "failed", "unreachable")
-# Work is I/O-bound (waiting on remote commands); 64 keeps a 2-core controller busy
-# without opening more sessions at once than a typical sshd MaxStartups (10:30:100) allows.
-DEFAULT_FORKS = 64
-_STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta"}
+STATUSES = ("ok", "changed", "failed", "unreachable", "skipped")
+_SUCCEEDED = ("ok", "changed", "skipped")
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a host function may return to say it changed something; a plain value means ``ok``."""
+    """What a host function may return to say more than ``ok``: changed, or an explicit status with its data.
+
+    ``status`` (ok | changed | failed | skipped) wins over ``changed``; a
+    ``failed`` outcome keeps its data (e.g. a command's output) where raising
+    would lose it.
+    """
 
     changed: bool = False
     data: Any = None
     detail: str = ""
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status and self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def resolved(self) -> str:
+        return self.status or ("changed" if self.changed else "ok")
+
+
+class FleetEvents:
+    """What a fleet run reports as it goes; the CLI passes a display, library callers nothing. Methods may be called from worker threads."""
+
+    def start(self, total: int, label: str) -> None:
+        """Before the first host starts."""
+
+    def state(self, host: str, state: str) -> None:
+        """A host moved to ``connecting`` or ``running``."""
+
+    def finished(self, result: HostResult) -> None:
+        """A host's final result."""
+
+    def stop(self) -> None:
+        """After the last host (or Ctrl-C)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +83,7 @@ class HostResult:
 
     @property
     def succeeded(self) -> bool:
-        return self.status in ("ok", "changed")
+        return self.status in _SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,7 @@ class FleetReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every host is ok or changed, 130 after Ctrl-C, 1 otherwise."""
+        """0 when every host is ok, changed or skipped, 130 after Ctrl-C, 1 otherwise."""
         if self.interrupted:
             return 130
         return 1 if self.failed else 0
@@ -96,7 +121,7 @@ class FleetReport:
 
     def write_json(self, path: str | Path) -> None:
         """Write the report atomically: readers see the old file or the whole new one."""
-        write_report(path, self.to_dict(), default=_jsonable)
+        write_report(path, self.to_dict(), default=jsonable)
 
 
 def run_fleet(
@@ -105,30 +130,26 @@ def run_fleet(
     *,
     connector: Connector,
     forks: int | None = None,
-    console: Console | None = None,
-    progress: bool | None = None,
+    events: FleetEvents | None = None,
     report_path: str | Path | None = None,
     label: str = "running",
 ) -> FleetReport:
-    """Run ``work(connection)`` on every host, at most ``forks`` at a time.
+    """Run ``work(connection)`` on every host, at most ``forks`` at a time (default: the configured forks).
 
     ``work`` returns a value (status ``ok``, value kept as data) or an
     ``Outcome``. Exceptions become ``failed``; connection problems before
-    ``work`` starts become ``unreachable``. On Ctrl-C the report is written
-    and KeyboardInterrupt re-raised.
+    ``work`` starts become ``unreachable``. ``events`` hears each host's
+    progress. On Ctrl-C the report is written and FleetInterrupted raised.
     """
     hosts = list(hosts)
-    forks = max(1, forks or min(DEFAULT_FORKS, len(hosts) or 1))
-    console = console or Console(stderr=True)
-    show = console.is_terminal if progress is None else progress
+    forks = max(1, min(forks or DEFAULTS["forks"], len(hosts) or 1))
+    display = events or FleetEvents()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     results: dict[str, HostResult] = {}
     open_conns: dict[str, Connection] = {}
     lock = threading.Lock()
     stopping = threading.Event()
-
-    display = _Display(console, len(hosts), label) if show else None
 
     def one(host: Host) -> HostResult:
         if stopping.is_set():
@@ -138,18 +159,15 @@ def run_fleet(
         with lock:
             open_conns[host.name] = conn
         try:
-            if display:
-                display.state(host.name, "connecting")
+            display.state(host.name, "connecting")
             try:
                 conn.connect()
             except ConnectError as err:
                 return HostResult(host.name, "unreachable", _reason(host, err), None, time.monotonic() - start)
-            if display:
-                display.state(host.name, "running")
+            display.state(host.name, "running")
             value = work(conn)
             if isinstance(value, Outcome):
-                status = "changed" if value.changed else "ok"
-                return HostResult(host.name, status, value.detail, value.data, time.monotonic() - start)
+                return HostResult(host.name, value.resolved, value.detail, value.data, time.monotonic() - start)
             return HostResult(host.name, "ok", "", value, time.monotonic() - start)
         except GpurigError as err:
             reason = "interrupted" if stopping.is_set() else _reason(host, err)
@@ -166,8 +184,7 @@ def run_fleet(
     pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="gpurig-host")
     interrupted = False
     try:
-        if display:
-            display.start()
+        display.start(len(hosts), label)
         pending: dict[Future, Host] = {pool.submit(one, h): h for h in hosts}
         while pending:
             # A short wait keeps the main thread responsive to Ctrl-C.
@@ -175,8 +192,7 @@ def run_fleet(
             for fut in done:
                 host = pending.pop(fut)
                 results[host.name] = fut.result()
-                if display:
-                    display.finished(results[host.name])
+                display.finished(results[host.name])
     except KeyboardInterrupt:
         interrupted = True
         stopping.set()
@@ -192,8 +208,7 @@ def run_fleet(
                 results[pending[fut].name] = fut.result()
     finally:
         pool.shutdown(wait=not interrupted)
-        if display:
-            display.stop()
+        display.stop()
 
     ordered = tuple(results.get(h.name) or HostResult(h.name, "failed", "interrupted") for h in hosts)
     summary = {s: sum(1 for r in ordered if r.status == s) for s in STATUSES}
@@ -213,72 +228,13 @@ class FleetInterrupted(KeyboardInterrupt):
         self.report = report
 
 
-def print_summary(report: FleetReport, console: Console) -> None:
-    """One line per host that did not succeed, then the counts."""
-    for r in report.results:
-        if not r.succeeded:
-            style = _STATUS_STYLE[r.status]
-            console.print(f"[{style}]{r.status:<11}[/] {r.host}: {r.reason}", highlight=False, markup=True, soft_wrap=True)
-    counts = "  ".join(f"[{_STATUS_STYLE[s]}]{s}={n}[/]" for s, n in report.summary.items())
-    console.print(f"{len(report.results)} hosts in {report.duration_s:.1f}s  {counts}", highlight=False)
-
-
-class _Display:
-    """A progress bar with live counts of hosts connecting and running, and each host's line as it finishes."""
-
-    def __init__(self, console: Console, total: int, label: str) -> None:
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[counts]}"),
-            TimeElapsedColumn(),
-            TextColumn("[dim]{task.fields[busy]}"),
-            console=console,
-            transient=True,
-        )
-        self.counts = {s: 0 for s in STATUSES}
-        self.busy: dict[str, str] = {}  # host -> connecting | running
-        self._lock = threading.Lock()
-        self.task = self.progress.add_task(label, total=total, counts="", busy="")
-
-    def start(self) -> None:
-        self.progress.start()
-
-    def stop(self) -> None:
-        self.progress.stop()
-
-    def state(self, host: str, state: str) -> None:
-        with self._lock:
-            self.busy[host] = state
-            self._show_busy()
-
-    def _show_busy(self) -> None:
-        connecting = sum(1 for s in self.busy.values() if s == "connecting")
-        running = [h for h, s in self.busy.items() if s == "running"]
-        shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
-        text = (f"{connecting} connecting  " if connecting else "") + (f"running: {shown}" if running else "")
-        self.progress.update(self.task, busy=text)
-
-    def finished(self, r: HostResult) -> None:
-        with self._lock:
-            self.busy.pop(r.host, None)
-            self._show_busy()
-        self.counts[r.status] += 1
-        style = _STATUS_STYLE[r.status]
-        reason = f"  {r.reason}" if r.reason else ""
-        self.progress.console.print(f"[{style}]{r.status:<11}[/] {r.host} ({r.duration_s:.1f}s){reason}", highlight=False)
-        counts = " ".join(f"[{_STATUS_STYLE[s]}]{s}={n}[/]" for s, n in self.counts.items() if n)
-        self.progress.update(self.task, advance=1, counts=counts)
-
-
 def _reason(host: Host, err: Exception) -> str:
     """The error text without the host name it starts with: reports already say which host."""
     text = str(err)
     return text.removeprefix(f"{host.name}: ")
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (set, frozenset, tuple)):

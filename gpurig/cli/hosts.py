@@ -1,138 +1,119 @@
-"""Invoke tasks that act on hosts from the inventory (facts, hosts): parse flags, call gpurig."""
+"""Invoke tasks that act on hosts from the inventory (hosts, facts, exec): parse flags, call gpurig, present."""
 
 from __future__ import annotations
 
-import getpass
-import os
-from pathlib import Path
+from typing import Any
 
 from invoke.exceptions import Exit
-from rich.table import Table
 
-from gpurig.cli.base import project_root, task
-from gpurig.report import console, err_console
-from gpurig.hostkeys import HOST_KEY_POLICIES
-from gpurig.ssh import Connector, SSHSettings
-from gpurig.errors import InventoryError
+from gpurig.cli.images import load_project_spec
+from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.config import positive_number
+from gpurig.connection import Connection
+from gpurig.errors import GpurigError
 from gpurig.facts import Facts, gather
-from gpurig.fleet import FleetReport, print_summary, run_fleet
-from gpurig.inventory import Host, load_inventory
+from gpurig.files import write_report
+from gpurig.fleet import FleetReport, Outcome
+from gpurig.readiness import lacks
+from gpurig.report.fleet import STATUS_STYLE
+from gpurig.report.tables import Column, rows_document
+from gpurig.spec import MatrixEntry
 
-__all__ = ["facts", "hosts"]
+__all__ = ["hosts", "facts", "exec_"]
 
-INVENTORY_ENV = "GPURIG_INVENTORY"
+FACTS_SCHEMA = "gpurig.facts/1"
+EXEC_SCHEMA = "gpurig.exec/1"
+HOSTS_SCHEMA = "gpurig.hosts/1"
 
-_SELECT_HELP = {
-    "host": "hosts to act on: names or patterns, comma-separated (a100-*)",
-    "group": "inventory groups to act on, comma-separated",
-    "pattern": "an Ansible host pattern such as 'gpu:!a100-01'",
-    "inventory": f"inventory file (default: ${INVENTORY_ENV} or inventory/hosts.yaml)",
-}
-_CONNECT_HELP = {
-    "forks": "how many hosts at once (default 64)",
-    "host_key_policy": "strict | accept-new (default) | off: what to do with unknown host keys",
-    "connect_timeout": "seconds to wait for a host to answer (default 10)",
-    "ask_sudo_password": "prompt once for the sudo password (else $GPURIG_SUDO_PASSWORD)",
-}
+_STATUS = Column("status", styles=STATUS_STYLE)
 
 
-def inventory_path(c, inventory: str | None) -> Path:
-    """The inventory named by --inventory, else $GPURIG_INVENTORY, else inventory/hosts.yaml."""
-    return Path(inventory or os.environ.get(INVENTORY_ENV) or project_root(c) / "inventory" / "hosts.yaml")
-
-
-def select_hosts(c, host: str | None, group: str | None, pattern: str | None, inventory: str | None) -> list[Host]:
-    """The inventory's hosts narrowed to the selection; an empty selection is an error."""
-    path = inventory_path(c, inventory)
-    chosen = load_inventory(path).select(hosts=host, groups=group, pattern=pattern)
-    if not chosen:
-        raise InventoryError(f"the selection matches no host in {path}", "check --host/--group/--pattern with 'invoke hosts'")
-    return chosen
-
-
-def make_connector(policy: str, connect_timeout: float, ask_sudo_password: bool, inventory: Path) -> Connector:
-    """Connection settings from the flags; the project's known_hosts sits beside the inventory."""
-    if policy not in HOST_KEY_POLICIES:
-        raise InventoryError(f"unknown --host-key-policy {policy!r}", f"use one of: {', '.join(HOST_KEY_POLICIES)}")
-    if policy == "off":
-        err_console.print(
-            "[bold red]WARNING: host key checking is OFF. Any machine that answers for these hosts "
-            "will be trusted; use this only on a network you control.[/]"
-        )
-    settings = SSHSettings(
-        connect_timeout=connect_timeout,
-        host_key_policy=policy,
-        project_known_hosts=inventory.parent / "known_hosts",
-    )
-    password = (lambda: getpass.getpass("sudo password: ")) if ask_sudo_password else None
-    return Connector(settings, sudo_password=password)
-
-
-# Long flags only: Invoke would give --host the short flag -h, which users read as help.
-@task(
-    help={**_SELECT_HELP, **_CONNECT_HELP, "json": "also write the facts as a JSON report to this file"},
-    auto_shortflags=False,
-)
-def facts(
-    c,
-    host=None,
-    group=None,
-    pattern=None,
-    inventory=None,
-    json=None,
-    forks=0,
-    host_key_policy="accept-new",
-    connect_timeout=10,
-    ask_sudo_password=False,
-):
-    """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts and print a table."""
-    chosen = select_hosts(c, host, group, pattern, inventory)
-    connector = make_connector(host_key_policy, float(connect_timeout), ask_sudo_password, inventory_path(c, inventory))
-    try:
-        report = run_fleet(chosen, gather, connector=connector, forks=int(forks) or None, report_path=json, label="facts")
-    finally:
-        connector.close()
-    console.print(facts_table(report))
-    print_summary(report, err_console)
-    if report.exit_code:
-        raise Exit(code=report.exit_code)
-
-
-@task(help=_SELECT_HELP, auto_shortflags=False)
-def hosts(c, host=None, group=None, pattern=None, inventory=None):
+@host_task(connect=False)
+def hosts(c, opts: HostOptions):
     """List the hosts a selection picks, with their address, user and groups."""
-    table = Table("host", "address", "user", "groups", "connection")
-    for h in select_hosts(c, host, group, pattern, inventory):
+    columns = [Column("host"), Column("address"), Column("user", drop=2), Column("groups", drop=1), Column("connection", drop=3)]
+    rows = []
+    for h in select_hosts(opts):
         port = f":{h.port}" if h.port else ""
-        table.add_row(h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection)
-    console.print(table)
+        rows.append([h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection])
+    doc = rows_document(HOSTS_SCHEMA, columns, rows, inventory=str(opts.settings.inventory))
+    if opts.json:
+        write_report(opts.json, doc)
+    opts.show(columns, rows, doc=doc)
 
 
-def facts_table(report: FleetReport) -> Table:
-    """One row per host: what it is, or why it could not be asked."""
-    table = Table("host", "status", "os", "kernel", "cpus", "mem", "gpus", "driver", "docker", "runtime", "toolkit", "cgroup")
+@host_task()
+def facts(c, opts: HostOptions):
+    """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
+    chosen = select_hosts(opts)
+    entry = _default_entry(c)
+
+    def annotate(report: FleetReport) -> dict[str, Any]:
+        if entry is None:
+            return {}
+        return {
+            "image": {"torch": entry.torch, "cuda": entry.cuda, "min_driver": entry.min_driver},
+            "lacks": {r.host: list(lacks(r.data, entry.cuda)) for r in report.results if isinstance(r.data, Facts)},
+        }
+
+    report = run_hosts(opts, chosen, gather, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
+    columns, rows = facts_rows(report, entry)
+    opts.show(columns, rows, doc=fleet_document(opts, report, FACTS_SCHEMA, **annotate(report)))
+    exit_for(report)
+
+
+def _default_entry(c) -> MatrixEntry | None:
+    """The image spec's default (torch, CUDA), to judge hosts by; None where there is no spec."""
+    try:
+        return load_project_spec(c, None).default
+    except GpurigError:
+        return None
+
+
+# Which columns go first when the terminal is narrow (higher drops earlier); host, status, verdict stay.
+FACTS_COLUMNS = (
+    Column("host"),
+    _STATUS,
+    Column("verdict", styles={"ready": "green"}),
+    Column("gpus", drop=2),
+    Column("driver", drop=1),
+    Column("docker", drop=3),
+    Column("os", drop=4),
+    Column("runtime", drop=5),
+    Column("toolkit", drop=6),
+    Column("kernel", drop=8),
+    Column("cpus", drop=9),
+    Column("mem", drop=7),
+    Column("cgroup", drop=10),
+)
+
+
+def facts_rows(report: FleetReport, entry: MatrixEntry | None) -> tuple[list[Column], list[list[str]]]:
+    """One row per host: what it is and what it lacks for ``entry``, or why it could not be asked."""
+    columns = list(FACTS_COLUMNS)
+    rows = []
     for r in report.results:
         f: Facts | None = r.data if isinstance(r.data, Facts) else None
         if f is None:
-            table.add_row(r.host, f"[red]{r.status}[/]", r.reason[:60], *[""] * 9)
-            continue
-        gpus = _gpu_summary(f)
-        docker = f.docker.server_version or ("stopped" if f.docker.installed else "-")
-        table.add_row(
-            r.host,
-            f"[green]{r.status}[/]",
-            f"{f.os.id or '?'} {f.os.version_id or ''}".strip(),
-            f.kernel or "?",
-            str(f.cpus or "?"),
-            f"{f.mem_total_bytes / 2**30:.0f}G" if f.mem_total_bytes else "?",
-            gpus,
-            f.driver_version or "-",
-            docker,
-            f.docker.default_runtime or "-",
-            f.toolkit_version or "-",
-            f"v{f.cgroup_version}" if f.cgroup_version else "?",
-        )
-    return table
+            cells = {"host": r.host, "status": r.status, "verdict": r.reason}
+        else:
+            cells = {
+                "host": r.host,
+                "status": r.status,
+                "verdict": ("; ".join(lacks(f, entry.cuda)) or "ready") if entry else "-",
+                "gpus": _gpu_summary(f),
+                "driver": f.driver_version or "-",
+                "docker": f.docker.server_version or ("stopped" if f.docker.installed else "-"),
+                "os": f"{f.os.id or '?'} {f.os.version_id or ''}".strip(),
+                "runtime": f.docker.default_runtime or "-",
+                "toolkit": f.toolkit_version or "-",
+                "kernel": f.kernel or "?",
+                "cpus": str(f.cpus or "?"),
+                "mem": f"{f.mem_total_bytes / 2**30:.0f}G" if f.mem_total_bytes else "?",
+                "cgroup": f"v{f.cgroup_version}" if f.cgroup_version else "?",
+            }
+        rows.append([cells.get(c.name, "") for c in columns])
+    return columns, rows
 
 
 def _gpu_summary(f: Facts) -> str:
@@ -142,3 +123,42 @@ def _gpu_summary(f: Facts) -> str:
     if f.pci_gpus:
         return f"{len(f.pci_gpus)} on PCI, no driver"
     return "-"
+
+
+@host_task(
+    help={
+        "command": "the command to run (or give it after --: gpurig exec -l gpu -- nvidia-smi -L)",
+        "become": "run it through sudo (as ansible_become does)",
+        "timeout": "seconds the command may run on each host (default: no limit)",
+    },
+    changes=True,
+    name="exec",
+)
+def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
+    """Run one shell command on every selected host: a table of each host's exit code and output (like ansible -a)."""
+    line = (c.remainder or "").strip() or (command or "").strip()
+    if not line:
+        raise Exit("gpurig: no command given; fix: gpurig exec -l PATTERN -- COMMAND", code=2)
+    limit = positive_number(timeout, "--timeout") if timeout is not None else None
+
+    def work(conn: Connection) -> Outcome:
+        if opts.check:
+            return Outcome(status="skipped", detail=f"check mode: would run {line!r}")
+        run = conn.sudo if become else conn.run
+        result = run(line, warn=True, timeout=limit)
+        data = {"rc": result.exited, "stdout": result.stdout, "stderr": result.stderr}
+        if result.failed:
+            return Outcome(status="failed", data=data, detail=f"exited {result.exited}")
+        return Outcome(data=data)
+
+    report = run_hosts(opts, select_hosts(opts), work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line})
+    columns = [Column("host"), _STATUS, Column("rc"), Column("stdout"), Column("stderr", drop=1)]
+    rows = []
+    for r in report.results:
+        out = r.data if isinstance(r.data, dict) else {}
+        rc = out.get("rc")
+        text = out.get("stdout", "").rstrip("\n") if out else r.reason
+        rows.append([r.host, r.status, "" if rc is None else str(rc), text, out.get("stderr", "").rstrip("\n")])
+    opts.show(columns, rows, doc=fleet_document(opts, report, EXEC_SCHEMA, command=line))
+    exit_for(report)
+

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rich.table import Table
-
 from gpurig import compat
 from gpurig.cli.base import project_root, task
 from gpurig.errors import LintError, SpecError
 from gpurig.lint import failing, lint as run_hadolint
 from gpurig.render import BuildContext, check_renderable, render_matrix
+from gpurig.config import choice
 from gpurig.report import console
+from gpurig.report.tables import FORMATS, Column, show
 from gpurig.spec import ImageSpec, find_specs, load_spec
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
@@ -98,27 +98,32 @@ def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
         raise LintError(f"hadolint found {bad} problem(s) in {len(dockerfiles)} Dockerfile(s)", "fix the templates")
 
 
-@task(help={"spec": SELECT_HELP["spec"]})
-def matrix(c, spec=None):
+FORMAT_HELP = "table (default) | tsv | json: how to print the result"
+
+
+@task(help={"spec": SELECT_HELP["spec"], "format": FORMAT_HELP})
+def matrix(c, spec=None, format="table"):
     """Show the versions matrix with the minimum host driver each image needs."""
+    fmt = choice(format, FORMATS, "--format")
     image = load_project_spec(c, spec)
-    table = Table(title=f"{image.name} ({image.path}), Python {image.python}")
-    for column in ("torch", "CUDA", "min driver", "compat floor", "tag", "variants"):
-        table.add_column(column, no_wrap=column != "variants")
+    columns = [Column("torch"), Column("CUDA", key="cuda"), Column("min driver"), Column("compat floor", drop=2), Column("tag", drop=1), Column("variants", drop=3)]
+    rows = []
     for entry in image.matrix:
-        table.add_row(
+        rows.append([
             entry.torch + (" *" if entry == image.default else ""),
             entry.cuda,
             entry.min_driver or "-",
             "-" if entry.is_cpu else compat.cuda_release(entry.cuda).compat_driver,
             entry.tag,
             " ".join(v for v in image.variants if not (entry.is_cpu and image.variants[v].kind.cuda_toolkit)),
+        ])
+    show(console, columns, rows, fmt, title=f"{image.name} ({image.path}), Python {image.python}", schema="gpurig.matrix/1")
+    if fmt == "table":
+        console.print(
+            "* default. min driver: what NVIDIA_REQUIRE_CUDA enforces at `docker run`; compat floor: the oldest driver that "
+            "still runs the image through CUDA minor-version compatibility (features needing a newer driver fail).",
+            soft_wrap=False,
         )
-    console.print(table)
-    console.print(
-        "* default. min driver: what NVIDIA_REQUIRE_CUDA enforces at `docker run`; compat floor: the oldest driver that "
-        "still runs the image through CUDA minor-version compatibility (features needing a newer driver fail)."
-    )
 
 
 BUILD_HELP = {
@@ -199,15 +204,15 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-@task
-def images(c):
+@task(help={"format": FORMAT_HELP + " (piped: tsv)"})
+def images(c, format=None):
     """List the images gpurig built here: tags, versions, sizes (the resolved torch from their reports)."""
     from gpurig.build import find_client, human_size, list_images, load_reports
 
     client = find_client()
     found = list_images(client)
     reports = load_reports(project_root(c) / REPORTS_DIR)
-    if not found:
+    if not found and format in (None, "table"):
         console.print("no gpurig images in the local store; build one with `invoke build`")
         return
     columns = ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base")
@@ -226,19 +231,10 @@ def images(c):
             image["Id"].split(":")[-1][:12],
             labels.get("io.gpurig.base.source", "?"),
         ))
-    print_rows("gpurig images", columns, rows)
+    print_rows("gpurig images", columns, rows, format)
 
 
-def print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A rich table on a terminal; tab-separated lines when piped (nothing truncated for scripts and logs)."""
-    if not console.is_terminal:
-        print("\t".join(columns))
-        for row in rows:
-            print("\t".join(row))
-        return
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+def print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str | None = None) -> None:
+    """Rows in ``fmt``; by default a table on a terminal and tab-separated lines when piped (for scripts and logs)."""
+    fmt = choice(fmt, FORMATS, "--format") if fmt else ("table" if console.is_terminal else "tsv")
+    show(console, [Column(name) for name in columns], rows, fmt, title=title, schema="gpurig.images/1")

@@ -9,8 +9,9 @@ import threading
 from rich.console import Console
 
 from gpurig.ssh import Connector, SSHSettings
-from gpurig.fleet import Outcome, print_summary, run_fleet
+from gpurig.fleet import Outcome, run_fleet
 from gpurig.inventory import Host
+from gpurig.report.fleet import FleetProgress, print_recap
 
 
 def hosts(n: int) -> list[Host]:
@@ -38,7 +39,7 @@ def test_statuses_summary_and_exit_code(tmp_path):
     assert by["l1"].status == "failed" and "internal error: ZeroDivisionError: bug" in by["l1"].reason
     assert by["l2"].status == "changed" and by["l2"].data == {"x": 1}
     assert by["l3"].status == "ok" and by["l3"].data == "hi\n"
-    assert report.summary == {"ok": 2, "changed": 1, "failed": 2, "unreachable": 0}
+    assert report.summary == {"ok": 2, "changed": 1, "failed": 2, "unreachable": 0, "skipped": 0}
     assert report.exit_code == 1
     assert [r.host for r in report.results] == ["l0", "l1", "l2", "l3", "l4"]  # inventory order, not finish order
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -68,18 +69,34 @@ def test_forks_bounds_concurrency(tmp_path):
     assert peak <= 3
 
 
-def test_summary_names_each_failed_host_once(tmp_path):
+def test_recap_gives_each_failed_host_one_reason_line_and_one_count_line(tmp_path):
     report = run_fleet(hosts(2), lambda c: c.run("exit 1"), connector=connector(tmp_path))
     buf = io.StringIO()
-    print_summary(report, Console(file=buf, width=200))
-    text = buf.getvalue()
-    assert text.count("l0") == 1 and "failed=2" in text
+    print_recap(report, Console(file=buf, width=200))
+    lines = buf.getvalue().splitlines()
+    mine = [line for line in lines if "l0" in line]
+    assert len(mine) == 2
+    assert mine[0].startswith("failed      l0: command") and "exited 1" in mine[0]
+    assert mine[1] == "l0 : ok=0 changed=0 unreachable=0 failed=1 skipped=0"
+    assert "failed=2" in lines[-1]
+
+
+def test_skipped_hosts_succeed_and_are_counted(tmp_path):
+    report = run_fleet(hosts(2), lambda c: Outcome(status="skipped", detail="check mode"), connector=connector(tmp_path))
+    assert report.summary["skipped"] == 2 and report.exit_code == 0
+    assert report.results[0].reason == "check mode"
+
+
+def test_a_failed_outcome_keeps_its_data(tmp_path):
+    report = run_fleet(hosts(1), lambda c: Outcome(status="failed", data={"rc": 3}, detail="exited 3"), connector=connector(tmp_path))
+    assert report.results[0].status == "failed" and report.results[0].data == {"rc": 3}
+    assert report.exit_code == 1
 
 
 def test_progress_on_a_terminal_prints_each_host_as_it_finishes(tmp_path):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=160)
-    run_fleet(hosts(3), lambda c: c.run("exit 1") if c.name == "l1" else None, connector=connector(tmp_path), console=console)
+    run_fleet(hosts(3), lambda c: c.run("exit 1") if c.name == "l1" else None, connector=connector(tmp_path), events=FleetProgress(console))
     text = buf.getvalue()
     assert "l0" in text and "l2" in text
     assert "failed" in text and "exited 1" in text

@@ -67,7 +67,9 @@ def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_invent
     # One reason line per host, and none of paramiko's own log lines or tracebacks.
     assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert [line.split()[:2] for line in lines[:-1]] == [["unreachable", "gone:"], ["unreachable", "hung:"]], proc.stderr
+    reasons = [line for line in lines if " : ok=" not in line and " hosts in " not in line]  # the recap follows
+    assert [line.split()[:2] for line in reasons] == [["unreachable", "gone:"], ["unreachable", "hung:"]], proc.stderr
+    lines = reasons
     assert "connection refused" in lines[0] and "no SSH handshake within 1s" in lines[1]
 
 
@@ -119,3 +121,67 @@ def test_hosts_lists_the_selection(tmp_path):
     proc = gpurig(tmp_path, "hosts", "--inventory", str(repo_inventory), "--pattern", "gpu:!a100-01")
     assert proc.returncode == 0, proc.stderr
     assert "a100-02" in proc.stdout and "h100-01" in proc.stdout and "a100-01" not in proc.stdout
+
+
+@pytest.fixture
+def garbage_port():
+    """A port that answers every connection with a line that is not an SSH banner, then hangs up."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    srv.close()
+
+
+def test_exec_runs_over_ssh_with_per_host_rc_and_output(cli_hosts, write_inventory, tmp_path):
+    hosts = {h.name: {"ansible_host": "127.0.0.1", "ansible_port": h.port} for h in cli_hosts}
+    hosts["gone"] = {"ansible_host": "127.0.0.1", "ansible_port": free_port()}
+    inv = write_inventory(hosts)
+    names = [h.name for h in cli_hosts]
+    proc = gpurig(tmp_path, "exec", "-i", str(inv), "-l", "cli*", "--json", "exec.json", "--format", "tsv", "--", "echo", "$(id -un)", "on", "$0")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("\t") for line in proc.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows] == names  # -l narrowed away the unreachable host
+    assert all(r[1:4] == ["ok", "0", rows[0][3]] and r[3].startswith("gpt") and r[3].endswith(" on sh") for r in rows)
+    report = json.loads((tmp_path / "exec.json").read_text())
+    assert report["schema"] == "gpurig.exec/1" and report["command"] == "echo $(id -un) on $0"
+    assert [h["data"]["rc"] for h in report["hosts"]] == [0, 0, 0]
+
+    # a failing command and an unreachable host: exit 1, each host's own status, rc and stderr
+    proc = gpurig(tmp_path, "exec", "-i", str(inv), "-l", f"{names[0]},gone", "--connect-timeout", "2", "--", "echo out; echo err >&2; exit 4")
+    assert proc.returncode == 1
+    line = next(line for line in proc.stdout.splitlines() if line.startswith(names[0]))
+    assert line.split()[:5] == [names[0], "failed", "4", "out", "err"]
+    assert "gone" in proc.stdout and "unreachable" in proc.stdout
+    assert "failed=1" in proc.stderr and "unreachable=1" in proc.stderr
+
+
+def test_an_unreachable_host_is_one_line_unless_asked_for_more(garbage_port, write_inventory, tmp_path):
+    inv = write_inventory({"babbler": {"ansible_host": "127.0.0.1", "ansible_port": garbage_port}})
+    quiet = gpurig(tmp_path, "facts", "-i", str(inv), "--connect-timeout", "2")
+    assert quiet.returncode == 1
+    assert "Traceback" not in quiet.stderr and "paramiko" not in quiet.stderr
+    reason_lines = [line for line in quiet.stderr.splitlines() if "babbler:" in line]
+    assert len(reason_lines) == 1 and reason_lines[0].startswith("unreachable babbler: cannot connect")
+    assert len(quiet.stderr.splitlines()) <= 3  # the reason, the host's recap, the totals
+    loud = gpurig(tmp_path, "facts", "-i", str(inv), "--connect-timeout", "2", "-vv")
+    assert "paramiko" in loud.stderr and "Traceback" in loud.stderr  # what a developer debugging it wants

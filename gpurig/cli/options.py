@@ -1,0 +1,213 @@
+"""The flags every host task shares (Ansible's -i -l -f -v --check --diff --json), and running a task over the fleet.
+
+A task module writes::
+
+    @host_task(help={"variant": "..."}, changes=True)
+    def deploy(c, opts: HostOptions, variant=None):
+        report = run_hosts(opts, select_hosts(opts), work, label="deploy", schema="gpurig.deploy/1")
+        opts.show(columns, rows, doc=fleet_document(opts, report, "gpurig.deploy/1"))
+        exit_for(report)
+
+and gets ``-i/--inventory``, ``-l/--limit`` (with ``--host``/``--group``/
+``--pattern`` as narrowing aliases), ``-f/--forks``, ``--connect-timeout``,
+``--host-key-policy``, ``--ask-sudo-password``, ``-v/-vv``, ``--json F``,
+``--format``, and with ``changes=True`` ``--check``/``--diff`` (Invoke's
+``--dry`` means ``--check``). Values are layered over gpurig's config
+(gpurig/config.py) and validated before the task body runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from invoke.exceptions import Exit
+
+from gpurig.cli.base import task
+from gpurig.config import Settings, choice, settings
+from gpurig.connection import Connection
+from gpurig.ssh import Connector, SSHSettings
+from gpurig.errors import InventoryError
+from gpurig.files import write_report
+from gpurig.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
+from gpurig.inventory import Host, load_inventory
+from gpurig.report import console, err_console
+from gpurig.report.fleet import FleetProgress, print_recap
+from gpurig.report.tables import FORMATS, Column, Row, document, show
+
+SELECT_HELP = {
+    "inventory": "inventory file (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
+    "limit": "narrow the run to an Ansible host pattern, e.g. 'gpu:!a100-01' or 'a100-*' (repeatable: each narrows)",
+    "host": "narrow to these hosts: names or patterns, comma-separated (same as --limit)",
+    "group": "narrow to these inventory groups, comma-separated",
+    "pattern": "same as --limit",
+}
+CONNECT_HELP = {
+    "forks": "how many hosts at once (default: forks in gpurig.yaml / $GPURIG_FORKS, else 64)",
+    "connect_timeout": "seconds to wait for a host to answer (default 10)",
+    "host_key_policy": "strict | accept-new (default) | off: what to do with unknown host keys",
+    "ask_sudo_password": "prompt once for the sudo password (else $GPURIG_SUDO_PASSWORD)",
+}
+OUTPUT_HELP = {
+    "verbose": "say more (-v gpurig's steps, -vv debug with paramiko's log and tracebacks)",
+    "json": "also write a JSON report to this file (- = stdout)",
+    "format": "table (default) | tsv | json: how to print the result",
+}
+CHANGE_HELP = {
+    "check": "only say what would change; change nothing (--dry means the same)",
+    "diff": "show the difference each change makes (files as unified diffs)",
+}
+
+_SELECT = ("inventory", "limit", "host", "group", "pattern")
+_CONNECT = ("forks", "connect_timeout", "host_key_policy", "ask_sudo_password")
+_OUTPUT = ("verbose", "json", "format")
+_CHANGE = ("check", "diff")
+_DEFAULTS = {"ask_sudo_password": False, "verbose": 0, "check": False, "diff": False}
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """The shared flags of one run, validated and layered over the config."""
+
+    settings: Settings
+    limit: tuple[str, ...]  # patterns, intersected
+    verbose: int = 0
+    check: bool = False
+    diff: bool = False
+    json: str | None = None
+    format: str = "table"
+    ask_sudo_password: bool = False
+
+    def show(self, columns: Sequence[Column], rows: Sequence[Row], *, title: str | None = None, doc: dict | None = None, schema: str = "") -> None:
+        """The result on stdout in --format; nothing when --json - already put the report there."""
+        if self.json == "-":
+            return
+        show(console, columns, rows, self.format, title=title, doc=doc, schema=schema)
+
+
+def host_options(c, **flags: Any) -> HostOptions:
+    """HostOptions from the flags a host task received (a flag left at None falls back to the config)."""
+    layered = settings(
+        c.config,
+        inventory=flags.get("inventory"),
+        forks=flags.get("forks"),
+        connect_timeout=flags.get("connect_timeout"),
+        host_key_policy=flags.get("host_key_policy"),
+    )
+    limit = tuple(p for p in (*(flags.get("limit") or ()), flags.get("pattern"), flags.get("host"), flags.get("group")) if p)
+    dry = bool(c.config.get("run", {}).get("dry"))
+    return HostOptions(
+        settings=layered,
+        limit=limit,
+        verbose=int(flags.get("verbose") or 0),
+        check=bool(flags.get("check")) or dry,
+        diff=bool(flags.get("diff")),
+        json=flags.get("json") or None,
+        format=choice(flags.get("format") or "table", FORMATS, "--format"),
+        ask_sudo_password=bool(flags.get("ask_sudo_password")),
+    )
+
+
+def host_task(help: dict[str, str] | None = None, *, connect: bool = True, changes: bool = False, **task_kwargs: Any):
+    """``@task`` for a host task: adds the shared flags and calls ``fn(c, opts, **own_flags)``."""
+    shared = _SELECT + (_CONNECT if connect else ()) + _OUTPUT + (_CHANGE if changes else ())
+    helps = {**SELECT_HELP, **CONNECT_HELP, **OUTPUT_HELP, **CHANGE_HELP}
+
+    def decorate(fn: Callable) -> Any:
+        own = list(inspect.signature(fn).parameters.values())
+        context, own = own[0], own[2:]  # (c, opts, *own flags)
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_DEFAULTS.get(n)) for n in shared]
+        signature = inspect.Signature([context, *[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own], *extra])
+
+        @functools.wraps(fn)
+        def wrapper(c, **kw):
+            common = {n: kw.pop(n) for n in shared if n in kw}
+            return fn(c, host_options(c, **common), **kw)
+
+        wrapper.__signature__ = signature
+        merged_help = {**{n: helps[n] for n in shared}, **(help or {})}
+        incrementable = [*task_kwargs.pop("incrementable", ()), "verbose"]
+        iterable = [*task_kwargs.pop("iterable", ()), "limit"]
+        return task(help=merged_help, auto_shortflags=False, incrementable=incrementable, iterable=iterable, **task_kwargs)(wrapper)
+
+    return decorate
+
+
+def select_hosts(opts: HostOptions) -> list[Host]:
+    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
+
+    Uses today's ``Inventory.select(pattern=...)`` once per pattern and intersects.
+    """
+    inventory = load_inventory(opts.settings.inventory)
+    chosen = inventory.select()
+    for pattern in opts.limit:
+        matched = {h.name for h in inventory.select(pattern=pattern)}
+        chosen = [h for h in chosen if h.name in matched]
+    if not chosen:
+        raise InventoryError(
+            f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",
+            "check the patterns with 'gpurig hosts -l PATTERN'",
+        )
+    return chosen
+
+
+def make_connector(opts: HostOptions) -> Connector:
+    """Connections made as the settings say; the project's known_hosts where the config puts it."""
+    s = opts.settings
+    if s.host_key_policy == "off":
+        err_console.print(
+            "[bold red]WARNING: host key checking is OFF. Any machine that answers for these hosts "
+            "will be trusted; use this only on a network you control.[/]"
+        )
+    ssh = SSHSettings(connect_timeout=s.connect_timeout, host_key_policy=s.host_key_policy, project_known_hosts=s.known_hosts)
+    password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
+    return Connector(ssh, sudo_password=password)
+
+
+def run_hosts(
+    opts: HostOptions,
+    hosts: Sequence[Host],
+    work: Callable[[Connection], Any],
+    *,
+    label: str,
+    schema: str,
+    annotate: Callable[[FleetReport], dict[str, Any]] | None = None,
+) -> FleetReport:
+    """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
+
+    ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict).
+    """
+    connector = make_connector(opts)
+    events = FleetProgress(err_console) if err_console.is_terminal else None
+    try:
+        report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label)
+    except FleetInterrupted as stop:
+        _write(opts, stop.report, schema, annotate)
+        print_recap(stop.report, err_console)
+        raise
+    finally:
+        connector.close()
+    _write(opts, report, schema, annotate)
+    print_recap(report, err_console)
+    return report
+
+
+def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra: Any) -> dict[str, Any]:
+    """A fleet report as JSON: schema, gpurig's version, the inventory, check mode, then every host."""
+    return document(schema, {**extra, **report.to_dict()}, inventory=str(opts.settings.inventory), check=opts.check)
+
+
+def _write(opts: HostOptions, report: FleetReport, schema: str, annotate) -> None:
+    if opts.json:
+        extra = annotate(report) if annotate else {}
+        write_report(opts.json, fleet_document(opts, report, schema, **extra), default=jsonable)
+
+
+def exit_for(report: FleetReport) -> None:
+    """Exit non-zero when any host did not succeed (1), or after Ctrl-C (130)."""
+    if report.exit_code:
+        raise Exit(code=report.exit_code)
+

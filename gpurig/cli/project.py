@@ -1,0 +1,32 @@
+"""`gpurig init DIR`: a new project from the files this gpurig carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpurig.cli.base import task
+from gpurig.config import DEFAULTS
+from gpurig.report import console
+from gpurig.skeleton import scaffold
+
+__all__ = ["init"]
+
+
+def config_template() -> str:
+    """gpurig.yaml with every setting at its default, commented out."""
+    lines = [
+        "# gpurig settings for this project. Each overrides /etc/gpurig.yaml and ~/.gpurig.yaml,",
+        "# and is overridden by GPURIG_<NAME> variables and command-line flags.",
+    ]
+    for key, value in DEFAULTS.items():
+        lines.append(f"# {key}: {value!r}" if isinstance(value, str) else f"# {key}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+@task(help={"directory": "where to create the project (created if missing; must not hold its files yet)"})
+def init(c, directory):
+    """Start a project: images/, templates/, checks/, inventory/, .hadolint.yaml and gpurig.yaml, from gpurig's own copies."""
+    written = scaffold(directory, config_template())
+    target = Path(directory)
+    console.print(f"created {', '.join(written)} in {target}")
+    console.print(f"next: cd {target} && gpurig matrix && gpurig render")

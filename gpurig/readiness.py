@@ -1,0 +1,52 @@
+"""What a host lacks to run an image, read from its facts: the rules behind the facts table's verdict.
+
+Pure: facts and the image's CUDA in, a tuple of short reasons out (empty
+when the host is ready). The driver minimum comes from gpurig/compat.py.
+"""
+
+from __future__ import annotations
+
+from gpurig import compat
+from gpurig.facts import Facts
+
+NVIDIA_RUNTIME = "nvidia"
+
+
+def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
+    """Why a host with ``facts`` cannot run containers of an image built on ``cuda`` ('X.Y' or 'cpu'); () if it can."""
+    found: list[str] = []
+    if facts.missing:
+        # the host went away mid-script: say so rather than judge what never arrived
+        found.append(f"facts cut short ({', '.join(facts.missing)} missing)")
+    if cuda != compat.CPU:
+        found += _gpu_lacks(facts, cuda)
+    if "docker_info" in facts.missing:
+        return tuple(found)
+    docker = facts.docker
+    if not docker.installed:
+        found.append("no Docker")
+    elif not docker.running:
+        access = docker.problem and "permission denied" in docker.problem
+        found.append("no access to the Docker socket" if access else "Docker stopped")
+    if cuda != compat.CPU and (facts.gpus or facts.pci_gpus) and docker.installed and NVIDIA_RUNTIME not in docker.runtimes:
+        found.append("no nvidia runtime")
+    return tuple(found)
+
+
+def _gpu_lacks(facts: Facts, cuda: str) -> list[str]:
+    if not facts.gpus and not facts.pci_gpus:
+        return ["no NVIDIA GPU"]
+    found = []
+    if facts.nouveau_loaded:
+        found.append("nouveau loaded")
+    minimum = compat.min_driver(cuda)
+    if not facts.driver_version:
+        found.append(f"no NVIDIA driver (CUDA {cuda} needs >= {minimum})")
+    elif not compat.driver_supports(facts.driver_version, cuda):
+        found.append(f"driver {facts.driver_version} < {minimum} (CUDA {cuda})")
+    return found
+
+
+def verdict(facts: Facts, cuda: str) -> str:
+    """'ready', or what the host lacks, joined by '; '."""
+    return "; ".join(lacks(facts, cuda)) or "ready"

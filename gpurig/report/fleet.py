@@ -1,0 +1,100 @@
+"""A fleet run as a person sees it: live progress, each host's line as it finishes, then the recap."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from gpurig.fleet import STATUSES, FleetEvents, FleetReport, HostResult
+
+STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "skipped": "cyan"}
+
+
+class FleetProgress(FleetEvents):
+    """A progress bar with live counts of hosts connecting and running, and each host's line as it finishes."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
+            TextColumn("[dim]{task.fields[busy]}"),
+            console=console,
+            transient=True,
+        )
+        self.counts = {s: 0 for s in STATUSES}
+        self.busy: dict[str, str] = {}  # host -> connecting | running
+        self._lock = threading.Lock()
+        self.task = None
+
+    def start(self, total: int, label: str) -> None:
+        self.task = self.progress.add_task(label, total=total, counts="", busy="")
+        self.progress.start()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def state(self, host: str, state: str) -> None:
+        with self._lock:
+            self.busy[host] = state
+            self._show_busy()
+
+    def _show_busy(self) -> None:
+        connecting = sum(1 for s in self.busy.values() if s == "connecting")
+        running = [h for h, s in self.busy.items() if s == "running"]
+        shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
+        text = (f"{connecting} connecting  " if connecting else "") + (f"running: {shown}" if running else "")
+        self.progress.update(self.task, busy=text)
+
+    def finished(self, r: HostResult) -> None:
+        with self._lock:
+            self.busy.pop(r.host, None)
+            self._show_busy()
+            self.counts[r.status] += 1
+        line = status_text(r.status).append(f" {r.host} ({r.duration_s:.1f}s)")
+        if r.reason:
+            line.append(f"  {r.reason}")
+        self.progress.console.print(line)
+        counts = " ".join(f"[{STATUS_STYLE[s]}]{s}={n}[/]" for s, n in self.counts.items() if n)
+        self.progress.update(self.task, advance=1, counts=counts)
+
+
+def status_text(status: str) -> Text:
+    return Text(f"{status:<11}", style=STATUS_STYLE.get(status, ""))
+
+
+def host_counts(r: HostResult) -> dict[str, int]:
+    """Ansible's recap counts for one host: per step when the host's data is a list of step results, else its status."""
+    counts = {s: 0 for s in ("ok", "changed", "unreachable", "failed", "skipped")}
+    statuses = _step_statuses(r.data) if r.status != "unreachable" else None
+    for status in statuses or [r.status]:
+        counts[status] += 1
+    return counts
+
+
+def _step_statuses(data: Any) -> list[str] | None:
+    if isinstance(data, (list, tuple)) and data and all(getattr(x, "status", None) in STATUSES for x in data):
+        return [x.status for x in data]
+    return None
+
+
+def print_recap(report: FleetReport, console: Console) -> None:
+    """Why each host that did not succeed failed (one line each), an Ansible-style line per host, then the totals."""
+    for r in report.results:
+        if not r.succeeded:
+            console.print(status_text(r.status).append(f" {r.host}: {r.reason}"))
+    width = max((len(r.host) for r in report.results), default=0)
+    for r in report.results:
+        line = Text(f"{r.host:<{width}} :")
+        for status, n in host_counts(r).items():
+            line.append(f" {status}={n}", style=STATUS_STYLE[status] if n else "dim")
+        console.print(line)
+    counts = "  ".join(f"[{STATUS_STYLE[s]}]{s}={n}[/]" for s, n in report.summary.items())
+    console.print(f"{len(report.results)} hosts in {report.duration_s:.1f}s  {counts}", highlight=False)

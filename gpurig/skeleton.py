@@ -1,0 +1,60 @@
+"""The files a new gpurig project starts from (images/, templates/, checks/, inventory/), and copying them out.
+
+An installed wheel carries them as ``gpurig/skeleton/`` (setup.py copies the
+checkout's top-level folders there at build time, so git holds them once); an
+editable install or a checkout uses the top-level folders themselves.
+
+Only the standard library is imported at module level: setup.py reads
+``SKELETON`` and ``copy_tree`` from this file before gpurig is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+SKELETON = ("images", "templates", "checks", "inventory", ".hadolint.yaml")
+# Never copied: caches, and what a run writes next to the inventory.
+IGNORED = ("__pycache__", "*.pyc", "known_hosts", "*.gpurig-tmp")
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy the skeleton entries found under ``source`` into ``target`` (which must not hold them yet)."""
+    for name in SKELETON:
+        src = source / name
+        if src.is_dir():
+            shutil.copytree(src, target / name, ignore=shutil.ignore_patterns(*IGNORED))
+        elif src.is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target / name)
+
+
+def skeleton_source() -> Path:
+    """Where this copy of gpurig keeps its project files: the wheel's gpurig/skeleton/, else the checkout."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "skeleton"
+    if (packaged / "images").is_dir():
+        return packaged
+    if (here.parent / "images").is_dir() and (here.parent / "templates").is_dir():
+        return here.parent
+    from gpurig.errors import GpurigError
+
+    raise GpurigError(f"this gpurig ({here}) was installed without its project files", "reinstall it from a wheel or sdist built by setup.py")
+
+
+def scaffold(target: str | Path, config_text: str = "") -> list[str]:
+    """Copy the skeleton into ``target`` (created if needed) and write ``gpurig.yaml``; nothing is written when any of it exists."""
+    from gpurig.errors import GpurigError
+
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise GpurigError(f"{target} exists and is not a directory", "give a new or an existing directory")
+    names = [*SKELETON, "gpurig.yaml"]
+    present = [n for n in names if (target / n).exists()]
+    if present:
+        raise GpurigError(f"{target} already has {', '.join(present)}", "init into a new directory, or move those away first")
+    source = skeleton_source()
+    target.mkdir(parents=True, exist_ok=True)
+    copy_tree(source, target)
+    (target / "gpurig.yaml").write_text(config_text)
+    return names

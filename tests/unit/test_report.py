@@ -1,0 +1,172 @@
+"""What people and scripts read: tables that fit 80 columns without ellipses, TSV, JSON reports, the recap."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpurig.cli.hosts import facts_rows
+from gpurig.facts import parse_facts
+from gpurig.files import write_report
+from gpurig.fleet import FleetReport, HostResult
+from gpurig.report.fleet import host_counts, print_recap
+from gpurig.report.tables import Column, fit_columns, rows_document, show
+from gpurig.spec import MatrixEntry
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+LONG_REASON = (
+    "cannot connect to ubuntu@a100-07.dc2.example.invalid:22: cannot resolve the host name "
+    "(Name or service not known) (after 3 attempts); fix: check the host is up"
+)
+
+
+def fleet_of_fixtures() -> FleetReport:
+    results = [HostResult(f"host-{p.stem}"[:24], "ok", "", parse_facts(p.read_text())) for p in sorted(FIXTURES.glob("*.txt"))]
+    results.append(HostResult("a100-07", "unreachable", LONG_REASON))
+    return FleetReport(tuple(results), "2026-01-01T00:00:00+00:00", 1.0, summary={})
+
+
+def render(columns, rows, fmt="table", width=80) -> str:
+    # soft_wrap as gpurig's own consoles have it (tables must still fit)
+    console = Console(width=width, record=True, file=io.StringIO(), soft_wrap=True)
+    show(console, columns, rows, fmt, title="a title")
+    return console.export_text() if fmt == "table" else console.file.getvalue()
+
+
+def assert_fits(text: str, width: int = 80) -> None:
+    lines = text.splitlines()
+    assert lines, "nothing printed"
+    too_long = [line for line in lines if len(line.rstrip()) > width]
+    assert not too_long, too_long
+    assert "…" not in text and "..." not in text
+
+
+def test_facts_table_fits_80_columns_with_host_status_and_verdict_whole():
+    columns, rows = facts_rows(fleet_of_fixtures(), MatrixEntry("2.14.1", "13.0"))
+    text = render(columns, rows)
+    assert_fits(text)
+    header = next(line for line in text.splitlines() if line.startswith("host"))
+    assert "status" in header and "verdict" in header
+    for row in rows:
+        assert row[0] in text  # every host name, unbroken
+    assert "nouveau" in text and "Docker" in text and "stopped" in text
+    # the columns left out are named, not silently lost
+    assert "not shown at 80 columns:" in text and "cgroup" in text.split("not shown at 80 columns:")[1]
+
+
+def test_a_wide_terminal_shows_every_facts_column():
+    columns, rows = facts_rows(fleet_of_fixtures(), MatrixEntry("2.14.1", "13.0"))
+    text = render(columns, rows, width=250)
+    assert_fits(text, 250)
+    assert "not shown" not in text
+    assert all(c.name in text.splitlines()[1] for c in columns)
+
+
+def test_long_unbreakable_values_fold_instead_of_ending_in_an_ellipsis():
+    path = "/srv/gpurig/reports/builds/pytorch/2.14.1-cu130-jupyter-with-a-very-long-suffix.json"
+    columns = [Column("image"), Column("report"), Column("size", drop=1)]
+    text = render(columns, [["pytorch:2.14.1-cu130-jupyter", path, "6.1 GB"]], width=40)
+    assert_fits(text, 40)
+    assert "".join(text.split()).count("2.14.1-cu130-jupyter-with-a-very-long-suffix") == 1
+
+
+def test_drop_order_is_by_priority_then_rightmost():
+    columns = [Column("a"), Column("b", drop=1), Column("c", drop=2), Column("d", drop=1)]
+    rows = [["x" * 20] * 4]
+    assert fit_columns(columns, rows, 200) == [0, 1, 2, 3]
+    assert fit_columns(columns, rows, 70) == [0, 1, 3]  # c first (highest)
+    assert fit_columns(columns, rows, 50) == [0, 1]  # then d (rightmost of the equals)
+    assert fit_columns(columns, rows, 10) == [0]  # a is never dropped
+
+
+def test_tsv_has_every_column_and_one_line_per_row():
+    columns = [Column("host"), Column("stdout")]
+    text = render(columns, [["h1", "line one\nline\ttwo"], ["h2", ""]], fmt="tsv")
+    assert text.splitlines() == ["host\tstdout", "h1\tline one line two", "h2\t"]
+
+
+def test_json_rows_carry_schema_and_version():
+    columns = [Column("host"), Column("min driver")]
+    data = json.loads(render(columns, [["h1", "580"]], fmt="json").replace("a title", ""))
+    assert data["rows"] == [{"host": "h1", "min_driver": "580"}]
+    doc = rows_document("gpurig.test/1", columns, [["h1", "580"]], inventory="inv.yaml")
+    assert doc["schema"] == "gpurig.test/1" and doc["gpurig_version"] and doc["inventory"] == "inv.yaml"
+
+
+@dataclass(frozen=True)
+class _Step:
+    status: str
+
+
+def test_recap_counts_steps_when_a_host_returns_step_results():
+    r = HostResult("h", "changed", data=[_Step("ok"), _Step("changed"), _Step("skipped"), _Step("changed")])
+    assert host_counts(r) == {"ok": 1, "changed": 2, "unreachable": 0, "failed": 0, "skipped": 1}
+    assert host_counts(HostResult("u", "unreachable", "gone")) == {"ok": 0, "changed": 0, "unreachable": 1, "failed": 0, "skipped": 0}
+
+
+def test_recap_lines_fit_and_say_why_a_host_failed():
+    report = FleetReport(
+        (HostResult("a100-07", "unreachable", LONG_REASON), HostResult("h1", "ok")),
+        "2026-01-01T00:00:00+00:00",
+        2.0,
+        summary={"ok": 1, "unreachable": 1},
+    )
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_recap(report, console)
+    text = console.export_text()
+    assert "unreachable a100-07: cannot connect" in text
+    assert "a100-07 : ok=0 changed=0 unreachable=1 failed=0 skipped=0" in text
+    assert "h1      : ok=1 changed=0 unreachable=0 failed=0 skipped=0" in text
+
+
+# --- write_report: where a --json report may go ------------------------------------------------
+
+
+def test_report_dash_goes_to_stdout(capsys):
+    write_report("-", {"schema": "x/1"})
+    assert json.loads(capsys.readouterr().out) == {"schema": "x/1"}
+
+
+def test_report_file_is_0644_even_under_a_tight_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        write_report(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644
+
+
+def test_a_symlinked_report_path_stays_a_symlink(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_report(link, {"a": 1})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}
+
+
+def test_a_fifo_is_written_to_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_report(fifo, {"a": 1})
+    reader.join(timeout=10)
+    assert json.loads(got[0]) == {"a": 1}
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_a_directory_is_refused_in_one_line(tmp_path):
+    from gpurig.errors import GpurigError
+
+    with pytest.raises(GpurigError, match="is a directory"):
+        write_report(tmp_path, {"a": 1})
