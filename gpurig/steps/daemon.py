@@ -85,8 +85,8 @@ class DaemonStep(Step):
             )
         if found.state == "unreadable":
             return Plan.fail(
-                f"{DAEMON_JSON} cannot be read by the login user ({found.problem}); fix: chmod 0644 {DAEMON_JSON} "
-                "(it holds no secret) so it can be merged"
+                f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem}); "
+                f"fix: chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password"
             )
         if found.state not in ("present", "absent"):
             return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem}); fix: run again")
