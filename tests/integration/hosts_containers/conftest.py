@@ -101,16 +101,7 @@ def docker_engine():
         client = find_client()
     except DockerError as err:
         pytest.skip(f"no usable Docker engine: {err}")
-    docker = Docker(client.path)
-    yield docker
-    ids = docker("ps", "-aq", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
-    if ids:
-        docker("rm", "-f", "-v", *ids, check=False)
-    for _ in range(3):  # the base goes only once the image built on it is gone
-        ids = docker("image", "ls", "-q", "--filter", f"label={TEST_LABEL}={SESSION}").stdout.split()
-        if not ids:
-            break
-        docker("image", "rm", "-f", *sorted(set(ids)), check=False)
+    return Docker(client.path)
 
 
 @pytest.fixture(scope="session")
@@ -119,11 +110,17 @@ def host_image(docker_engine) -> str:
     from gpurig.base import ensure_base
     from gpurig.spec import Bootstrap
 
-    ensure_base(docker_engine.path, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
+    base = ensure_base(docker_engine.path, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
     tag = f"gpurig-test-host:{SESSION}"
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    docker_engine("build", "-q", "-t", tag, "--label", f"{TEST_LABEL}={SESSION}", "-", input=DOCKERFILE, env=env, timeout=600)
-    return tag
+    try:
+        docker_engine("build", "-q", "-t", tag, "--label", f"{TEST_LABEL}={SESSION}", "-", input=DOCKERFILE, env=env, timeout=600)
+        yield tag
+    finally:
+        # Only what this session made: its image, and the base if it bootstrapped it (another session's stays).
+        docker_engine("image", "rm", "-f", tag, check=False)
+        if base.source == "bootstrapped":
+            docker_engine("image", "rm", "-f", base.image_id, check=False)
 
 
 @pytest.fixture(scope="session")
