@@ -39,16 +39,23 @@ def converge(
     """
     admin = Admin(conn, wanted.become)
     facts = gather(conn)
+    unknown = _incomplete(facts, "")
     results: list[StepResult] = []
     stopped_by: StepResult | None = None
     for step in steps:
         started = time.monotonic()
         if stopped_by is not None:
             result = StepResult(step.name, "skipped", f"not run: step {stopped_by.step} failed")
+        elif unknown:
+            result = StepResult(step.name, "failed", unknown)
         else:
             result, changed = _run_step(step, facts, wanted, admin, check)
             if changed:
-                facts = gather(conn)
+                try:
+                    facts = gather(conn)
+                    unknown = _incomplete(facts, f" after step {step.name}")
+                except GpurigError as err:
+                    unknown = f"facts could not be gathered again after step {step.name}: {err}"
         result = dataclasses.replace(result, duration_s=time.monotonic() - started)
         if not diff:
             result = dataclasses.replace(result, changes=tuple(dataclasses.replace(c, diff="", content=None) for c in result.changes))
@@ -76,3 +83,11 @@ def _run_step(step: Step, facts: Facts, wanted: HostProfile, admin: Admin, check
         # No later step runs on this host, so there is nothing to gather facts again for.
         return StepResult(step.name, "failed", str(err), plan.changes), False
     return StepResult(step.name, "changed", plan.reason, plan.changes), True
+
+
+def _incomplete(facts: Facts, when: str) -> str:
+    """Why no step may plan from these facts ('' when complete): a host that stopped answering mid-script."""
+    if not facts.missing:
+        return ""
+    return (f"facts incomplete{when} (no output for {', '.join(facts.missing)}: the host stopped answering?); "
+            "fix: check the host and run again")

@@ -142,3 +142,25 @@ def test_write_file_that_fails_leaves_the_old_file_and_no_temp(tmp_path):
     assert proc.returncode != 0 and "mv" in proc.stderr
     assert target.read_text() == "old\n"
     assert sorted(p.name for p in target.parent.iterdir() if ".gpurig-tmp" in p.name) == []
+
+
+def test_facts_cut_short_fail_the_host_instead_of_planning_from_half(conn, tmp_path):
+    cut = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "h100-cut-short.txt"
+    results = converge(conn, [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")], HostProfile("local"),
+                       gather=lambda c: parse_facts(cut.read_text()))
+    assert [r.status for r in results] == ["failed", "skipped"]
+    assert "facts incomplete" in results[0].reason and "docker_info" in results[0].reason
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_host_lost_after_a_change_fails_the_next_step(conn, tmp_path, gathered):
+    from gpurig.connection import ConnectionLost
+
+    def gather(c):
+        if gathered.calls:
+            raise ConnectionLost("local: connection lost", "check the host")
+        return gathered(c)
+
+    results = converge(conn, [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")], HostProfile("local"), gather=gather)
+    assert [r.status for r in results] == ["changed", "failed"]
+    assert "facts could not be gathered again after step a: local: connection lost" in results[1].reason
