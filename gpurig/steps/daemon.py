@@ -112,10 +112,11 @@ class DaemonStep(Step):
             changes.append(Change("restart Docker if it is running, so that it loads the new daemon.json", (RESTART_DOCKER_IF_RUNNING,)))
             note = ""
         elif docker.installed:
-            note = "; Docker is stopped and reads it when it starts"
+            note = "; Docker is stopped and reads the file when it starts"
         else:
-            note = "; Docker is not installed yet and reads it when it starts"
-        return Plan.change(f"{DAEMON_JSON}: {what}{note}", *changes)
+            note = "; Docker is not installed yet and reads the file when it starts"
+        count = len(added) + len(altered)
+        return Plan.change(f"{count} key{'s' if count != 1 else ''} to set{note}", *changes)
 
 
 def _listed(verb: str, keys: list[str]) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpurig.connection import Command, Connection, Result
+from gpurig.connection import Command, CommandError, Connection, Result
+from gpurig.errors import HostError
 from gpurig.facts import Facts
 from gpurig.profile import HostProfile
 
@@ -119,4 +120,13 @@ class Step:
     def apply(self, admin: Admin, plan: Plan) -> None:
         for change in plan.changes:
             for command in change.commands:
-                admin.run(command)
+                try:
+                    admin.run(command)
+                except CommandError as err:
+                    # The command line itself (a script, file content) means nothing to a reader: its last words do.
+                    said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
+                    why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
+                    fix = err.fix
+                    if "permission denied" in why.lower() and not admin.become:
+                        fix = "set ansible_become: true for this host (the login user is not root)"
+                    raise HostError(f"could not {change.summary}: {why}", fix) from None

@@ -118,9 +118,10 @@ def test_invalid_json_fails_and_is_left_untouched(container_host, host_inventory
     assert container_host.read(DAEMON_JSON) == broken
 
 
-def test_unknown_profile_key_is_one_line_before_any_connection(container_host, host_inventory, tmp_path):
-    proc = provision(tmp_path, host_inventory({"gpurig_deamon": WANTED}))
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().count("\n") == 0
-    assert "gpurig_deamon" in proc.stderr and "did you mean 'gpurig_daemon'?" in proc.stderr
-    assert not (tmp_path / "inventory" / "known_hosts").exists()  # no host was contacted
+def test_a_login_user_without_become_gets_the_fix(container_host, host_inventory, tmp_path):
+    proc = provision(tmp_path, host_inventory({"gpurig_daemon": WANTED, "ansible_become": False}), "--json", "out.json")
+    assert proc.returncode == 1
+    step = json.loads((tmp_path / "out.json").read_text())["hosts"][0]["steps"][0]
+    assert step["status"] == "failed" and "Permission denied" in step["reason"]
+    assert "fix: set ansible_become: true" in step["reason"]
+    assert container_host.read(DAEMON_JSON) is None
