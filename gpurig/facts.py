@@ -180,7 +180,9 @@ class Facts:
     missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["daemon_json"].pop("text")  # the parsed content says it all; the raw text is for diffs
+        return data
 
 
 # --- parsers (pure) ---------------------------------------------------------------------------

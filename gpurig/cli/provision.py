@@ -59,7 +59,8 @@ def provision(
 
     def work(conn: Connection) -> Outcome:
         results = converge(conn, steps, profiles[conn.host.name], check=check, diff=diff)
-        return Outcome(changed=any(r.status == "changed" for r in results), data=tuple(results))
+        failed = [f"step {r.step} failed" for r in results if r.status == "failed"]
+        return Outcome(changed=any(r.status == "changed" for r in results), data=tuple(results), detail="; ".join(failed))
 
     connector = make_connector(host_key_policy, float(connect_timeout), ask_sudo_password, path)
     try:

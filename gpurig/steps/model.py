@@ -69,7 +69,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class StepResult:
-    """How one step ended on one host. ``changes`` are what it made (or, in check mode, would make)."""
+    """How one step ended on one host. ``changes``: what it made, tried to make (failed) or would make (check mode)."""
 
     step: str
     status: str  # one of STEP_STATUSES

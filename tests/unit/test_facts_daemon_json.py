@@ -46,3 +46,13 @@ def test_odd_files(section, state, problem):
 
 def test_a_script_cut_short_is_unknown_not_absent():
     assert facts("h100-cut-short").daemon_json.state == "unknown"
+
+
+def test_facts_report_holds_the_parsed_content_not_the_raw_text():
+    data = facts("debian12-daemon-user-keys").to_dict()
+    assert data["daemon_json"] == {
+        "state": "present",
+        "content": {"data-root": "/srv/docker", "log-driver": "json-file", "log-opts": {"max-size": "10m"},
+                    "runtimes": {"custom": {"path": "/usr/local/bin/custom-runc"}}},
+        "problem": None,
+    }
