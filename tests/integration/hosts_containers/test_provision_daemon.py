@@ -10,22 +10,33 @@ through gpurig.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from gpurig.connection import Connector, SSHSettings
 from gpurig.inventory import load_inventory
 from gpurig.profile import host_profile
 from gpurig.steps import DaemonStep, converge
 
-from .conftest import gpurig
-
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[3]
 WANTED = {"default-shm-size": "1g", "log-driver": "local", "log-opts": {"max-file": "3"}}
 USER_FILE = '{\n  "data-root": "/srv/docker",\n  "log-opts": {"max-size": "10m"},\n  "runtimes": {"custom": {"path": "/usr/local/bin/custom-runc"}}\n}\n'
 DAEMON_JSON = "/etc/docker/daemon.json"
 ETC_SUM = "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
 
 
-def provision(cwd, inventory, *flags):
-    return gpurig(cwd, "provision", "--inventory", str(inventory), *flags)
+def provision(cwd: Path, inventory: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`gpurig provision` as a user runs it (HOME empty so the user's ~/.ssh stays out)."""
+    code = "import sys; from gpurig.cli import main; main(sys.argv)"
+    env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    argv = [sys.executable, "-c", code, "provision", "--inventory", str(inventory), *flags]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_fresh_host_changes_with_a_diff_then_is_ok(container_host, host_inventory, tmp_path):

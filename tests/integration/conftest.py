@@ -1,4 +1,4 @@
-"""Containers acting as fresh hosts: a Debian 12 image with sshd and sudo, one new container per test.
+"""Fixtures every integration test may use. Containers acting as fresh hosts: a Debian 12 image with sshd and sudo, one new container per test.
 
 The image is built once per test session from the locally bootstrapped
 Debian base (gpurig.base: local, else pulled, else debootstrapped) with
@@ -9,7 +9,8 @@ free port of 127.0.0.1 and authorizes the session's test key for user
 time so no key lies in an image layer. Host keys are made at container
 start, so each container is a different host. Everything made here carries
 the label io.gpurig.test=<session> and is removed at teardown. Provision
-and deploy tests reuse ``container_host`` and ``host_inventory``.
+and deploy tests use ``container_host`` and ``host_inventory``; tests that
+use them skip, with the reason, where no Docker engine or no root is.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,7 +31,6 @@ SESSION = uuid.uuid4().hex[:12]
 BASE_REF = "debian:bookworm-slim"  # the name the image tests' spec uses, so a session bootstraps it once
 MIRROR = "http://deb.debian.org/debian"
 LOGIN = "gpurig"
-REPO = Path(__file__).resolve().parents[3]
 
 DOCKERFILE = f"""\
 FROM {BASE_REF}
@@ -47,15 +46,6 @@ RUN apt-get update \\
 EXPOSE 22
 CMD ["/bin/sh", "-c", "ssh-keygen -A -q && exec /usr/sbin/sshd -D -e"]
 """
-
-
-def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(here):
-            item.add_marker(pytest.mark.integration)
-            if os.geteuid() != 0:
-                item.add_marker(pytest.mark.skip(reason="container hosts need root (docker, debootstrap)"))
 
 
 @dataclass(frozen=True)
@@ -97,6 +87,8 @@ def docker_engine():
     from gpurig.build import find_client
     from gpurig.errors import DockerError
 
+    if os.geteuid() != 0:
+        pytest.skip("container hosts need root (docker, debootstrap)")
     try:
         client = find_client()
     except DockerError as err:
@@ -185,10 +177,3 @@ def host_inventory(tmp_path, container_host):
 
     return write
 
-
-def gpurig(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`gpurig ARGS` as a user runs it (HOME empty so the user's ~/.ssh stays out)."""
-    code = "import sys; from gpurig.cli import main; main(sys.argv)"
-    env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    env.pop("SSH_AUTH_SOCK", None)
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
