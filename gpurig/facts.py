@@ -34,7 +34,8 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules"),
     ("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c; else echo legacy-bios; fi"),
     ("docker_info", "timeout -k 5 15 docker info --format '{{json .}}'"),
-    ("daemon_json", "cat /etc/docker/daemon.json"),
+    # Root-only daemon.json (0600/0640): read through passwordless sudo when it is there, else cat's own error.
+    ("daemon_json", "f=/etc/docker/daemon.json; if [ -e $f ] && [ ! -r $f ]; then sudo -n cat $f 2>/dev/null || cat $f; else cat $f; fi"),
     ("nvidia_ctk", "nvidia-ctk --version"),
     ("cgroup", "stat -fc %T /sys/fs/cgroup"),
 )
@@ -141,6 +142,22 @@ class DockerInfo:
 
 
 @dataclass(frozen=True)
+class DaemonConfig:
+    """/etc/docker/daemon.json as the host has it: parsed, absent, invalid (with the parser's message) or unreadable.
+
+    ``text`` is the file as ``cat`` printed it (its final newline not kept),
+    so steps can diff against it; ``content`` is the parsed object when
+    ``state`` is ``present``.
+    """
+
+    state: str  # present | absent | invalid | unreadable | unknown
+    content: dict[str, Any] | None = None
+    text: str = ""
+    problem: str | None = None
+
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything gpurig needs to know about a host before changing it."""
 
@@ -159,12 +176,15 @@ class Facts:
     nvidia_loaded: bool
     secure_boot: str  # enabled | disabled | not-efi | unknown
     docker: DockerInfo
+    daemon_json: DaemonConfig
     toolkit_version: str | None
     cgroup_version: int | None
     missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["daemon_json"].pop("text")  # the parsed content says it all; the raw text is for diffs
+        return data
 
 
 # --- parsers (pure) ---------------------------------------------------------------------------
@@ -299,7 +319,7 @@ def parse_docker(info: Section, daemon_json: Section) -> DockerInfo:
     default = data.get("DefaultRuntime") or None
     if installed and not server:
         # Daemon down: what daemon.json asks for is what it will use once started.
-        conf = _json_or_empty(daemon_json)
+        conf = parse_daemon_json(daemon_json).content or {}
         runtimes = tuple(sorted({"runc", *(conf.get("runtimes") or {}).keys()}))
         default = conf.get("default-runtime", "runc")
     return DockerInfo(
@@ -337,14 +357,26 @@ def _docker_problem(info: Section) -> str:
     return last_line(text, default="docker info failed")[:200]
 
 
-def _json_or_empty(s: Section) -> dict[str, Any]:
-    if not s.ok:
-        return {}
-    try:
-        data = json.loads(s.text)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+def parse_daemon_json(s: Section) -> DaemonConfig:
+    """The ``cat /etc/docker/daemon.json`` section: a JSON object, or why there is none."""
+    if s.ok:
+        if not s.text.strip():
+            return DaemonConfig("present", {}, s.text)  # an empty file: dockerd starts with its defaults
+        try:
+            data = json.loads(s.text)
+        except ValueError as err:
+            where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+            msg = err.msg if isinstance(err, json.JSONDecodeError) else str(err)
+            return DaemonConfig("invalid", None, s.text, f"{msg}{where}")
+        if not isinstance(data, dict):
+            return DaemonConfig("invalid", None, s.text, f"the top level is a JSON {type(data).__name__}, not an object")
+        return DaemonConfig("present", data, s.text)
+    if "No such file or directory" in s.text:
+        return DaemonConfig("absent")
+    if "Permission denied" in s.text:
+        return DaemonConfig("unreadable", problem="permission denied")
+    last = (s.text.strip().splitlines() or ["no output (the facts script was cut short)"])[-1]
+    return DaemonConfig("unknown", problem=last[:200])
 
 
 def parse_nvidia_ctk(s: Section) -> str | None:
@@ -383,6 +415,7 @@ def parse_facts(output: str) -> Facts:
         nvidia_loaded=nvidia,
         secure_boot=parse_secure_boot(get("secure_boot")),
         docker=parse_docker(get("docker_info"), get("daemon_json")),
+        daemon_json=parse_daemon_json(get("daemon_json")),
         toolkit_version=parse_nvidia_ctk(get("nvidia_ctk")),
         cgroup_version=parse_cgroup(get("cgroup")),
         missing=tuple(name for name, _ in PROBES if name not in sec),

@@ -197,7 +197,7 @@ def run_hosts(
 
 def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra: Any) -> dict[str, Any]:
     """A fleet report as JSON: schema, gpurig's version, the inventory, check mode, then every host."""
-    return document(schema, {**extra, **report.to_dict()}, inventory=str(opts.settings.inventory), check=opts.check)
+    return document(schema, {**report.to_dict(), **extra}, inventory=str(opts.settings.inventory), check=opts.check)
 
 
 def _write(opts: HostOptions, report: FleetReport, schema: str, annotate) -> None:

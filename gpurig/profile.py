@@ -1,0 +1,225 @@
+"""A host's ``gpurig_*`` inventory variables as one typed, validated ``HostProfile``.
+
+The inventory stays Ansible's format; this module reads the variables gpurig
+owns (every var named ``gpurig_*``) into frozen dataclasses that steps plan
+from. A misspelt key, a wrong type (``true`` where a count belongs, ``"8"``
+where a number belongs) or an unknown choice is one ``InventoryError`` naming
+the inventory file, the host and the key path, with a did-you-mean and what
+would be valid: never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from gpurig.errors import InventoryError, did_you_mean
+from gpurig.inventory import Host
+from gpurig.validate import excerpt, image_ref_problem, user_problem
+
+DRIVER_SOURCES = ("distro", "nvidia")  # the OS's own packages, or NVIDIA's CUDA repository
+DOCKER_SOURCES = ("distro", "docker")  # docker.io from the OS, or Docker's own repository
+
+_SHM = re.compile(r"[0-9]+(?:\.[0-9]+)?[bkmgBKMG]?")
+_RUNTIME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_BRANCH = re.compile(r"[0-9]{3}")
+_TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.~]+)?")
+
+
+@dataclass(frozen=True)
+class GpuExpectation:
+    """What GPUs the inventory says the host has (None: not stated)."""
+
+    count: int | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    install: bool = False
+    branch: str | None = None  # e.g. "550"; None: the newest the source offers
+    source: str = "distro"
+
+
+@dataclass(frozen=True)
+class DockerSettings:
+    source: str = "distro"
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolkitSettings:
+    version: str | None = None  # pin nvidia-container-toolkit; None: the newest
+    packages_dir: str | None = None  # air-gapped: .deb files on this machine, pushed over SSH
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """Everything the inventory asks of one host, typed. Steps plan from this and the host's facts."""
+
+    host: str
+    become: bool = False
+    gpus: GpuExpectation = GpuExpectation()
+    shm_size: str | None = None
+    container_runtime: str | None = None
+    images: tuple[str, ...] = ()
+    driver: DriverSettings = DriverSettings()
+    docker: DockerSettings = DockerSettings()
+    toolkit: ToolkitSettings = ToolkitSettings()
+    daemon: Mapping[str, Any] = field(default_factory=dict)  # keys merged into /etc/docker/daemon.json
+    containers: tuple[Mapping[str, Any], ...] = ()  # validated by deploy
+
+
+class _Reader:
+    """Reads one host's vars; every failure names the file, host and key path."""
+
+    def __init__(self, source: str, host: str) -> None:
+        self.source, self.host = source, host
+
+    def fail(self, path: str, problem: str, fix: str) -> InventoryError:
+        return InventoryError(f"{self.source}: host {self.host}: {path} {problem}", fix)
+
+    def mapping(self, path: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, not {_kind(value)}", f"write it as keys {', '.join(allowed)}")
+        for key in value:
+            if key not in allowed:
+                raise self.fail(
+                    f"{path}.{key}", f"is not a known key{did_you_mean(key, allowed)}", f"valid keys in {path}: {', '.join(allowed)}"
+                )
+        return value
+
+    def boolean(self, path: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, f"must be true or false, not {excerpt(value)}", f"write {path.rsplit('.', 1)[-1]}: true")
+        return value
+
+    def count(self, path: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(path, f"must be a whole number >= 0, not {excerpt(value)}", "write e.g. 8 (unquoted)")
+        return value
+
+    def text(self, path: str, value: Any, pattern: re.Pattern | None = None, example: str = "") -> str:
+        if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)):
+            raise self.fail(path, f"must be a string like {example!r}, not {excerpt(value)}", f"write e.g. {example!r}")
+        return value
+
+    def choice(self, path: str, value: Any, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(path, f"is {excerpt(value)}{did_you_mean(value, choices)}", f"use one of: {', '.join(choices)}")
+        return value
+
+    def strings(self, path: str, value: Any, check, example: str) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise self.fail(path, f"must be a list, not {_kind(value)}", f"write e.g. [{example}]")
+        for i, item in enumerate(value):
+            problem = check(item)
+            if problem:
+                raise self.fail(f"{path}[{i}]", f"{excerpt(item)} {problem}", f"write e.g. [{example}]")
+        return tuple(value)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+def _gpus(r: _Reader, vars: Mapping[str, Any]) -> GpuExpectation:
+    count = r.count("gpurig_gpu_count", vars["gpurig_gpu_count"]) if "gpurig_gpu_count" in vars else None
+    model = r.text("gpurig_gpu_model", vars["gpurig_gpu_model"], None, "NVIDIA H100 80GB HBM3") if "gpurig_gpu_model" in vars else None
+    if "gpurig_gpus" in vars:
+        m = r.mapping("gpurig_gpus", vars["gpurig_gpus"], ("count", "model"))
+        for key, flat, mine in (("count", "gpurig_gpu_count", count), ("model", "gpurig_gpu_model", model)):
+            if key in m and mine is not None:
+                raise r.fail(f"gpurig_gpus.{key}", f"and {flat} are both set", f"keep one of gpurig_gpus.{key} and {flat}")
+        count = r.count("gpurig_gpus.count", m["count"]) if "count" in m else count
+        model = r.text("gpurig_gpus.model", m["model"], None, "NVIDIA H100 80GB HBM3") if "model" in m else model
+    return GpuExpectation(count, model)
+
+
+def _driver(r: _Reader, value: Any) -> DriverSettings:
+    m = r.mapping("gpurig_driver", value, ("install", "branch", "source"))
+    branch = m.get("branch")
+    if branch is not None:
+        branch = str(r.count("gpurig_driver.branch", branch)) if isinstance(branch, int) else r.text("gpurig_driver.branch", branch, _BRANCH, "550")
+    return DriverSettings(
+        install=r.boolean("gpurig_driver.install", m["install"]) if "install" in m else False,
+        branch=branch,
+        source=r.choice("gpurig_driver.source", m["source"], DRIVER_SOURCES) if "source" in m else "distro",
+    )
+
+
+def _docker(r: _Reader, value: Any) -> DockerSettings:
+    m = r.mapping("gpurig_docker", value, ("source", "users"))
+    return DockerSettings(
+        source=r.choice("gpurig_docker.source", m["source"], DOCKER_SOURCES) if "source" in m else "distro",
+        users=r.strings("gpurig_docker.users", m["users"], user_problem, "alice, bob") if "users" in m else (),
+    )
+
+
+def _toolkit(r: _Reader, value: Any) -> ToolkitSettings:
+    m = r.mapping("gpurig_toolkit", value, ("version", "packages_dir"))
+    return ToolkitSettings(
+        version=r.text("gpurig_toolkit.version", m["version"], _TOOLKIT_VERSION, "1.17.8") if "version" in m else None,
+        packages_dir=r.text("gpurig_toolkit.packages_dir", m["packages_dir"], None, "offline/toolkit") if "packages_dir" in m else None,
+    )
+
+
+def _json_value(r: _Reader, path: str, value: Any) -> Any:
+    """A value daemon.json can hold: YAML dates, sets and the like are refused, not stringified."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise r.fail(f"{path}.{key}", "has a key that is not a string", "quote the key")
+            _json_value(r, f"{path}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _json_value(r, f"{path}[{i}]", item)
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        raise r.fail(path, f"is a {type(value).__name__}, which JSON cannot hold", "quote the value")
+    return value
+
+
+def _daemon(r: _Reader, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not value:
+        raise r.fail("gpurig_daemon", f"must be a non-empty mapping of daemon.json keys, not {_kind(value)}",
+                     'write e.g. gpurig_daemon: {"log-driver": "local"}')
+    return _json_value(r, "gpurig_daemon", value)
+
+
+def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
+    if not isinstance(value, list):
+        raise r.fail("gpurig_containers", f"must be a list of containers, not {_kind(value)}", "write each container as '- name: ...'")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise r.fail(f"gpurig_containers[{i}]", f"must be a mapping, not {_kind(item)}", "write each container as '- name: ...'")
+    return tuple(value)
+
+
+# key -> reader of its value; the order is the one users read in errors.
+_READERS = {
+    "gpurig_gpu_count": None,  # with gpurig_gpu_model and gpurig_gpus: read together by _gpus
+    "gpurig_gpu_model": None,
+    "gpurig_gpus": None,
+    "gpurig_shm_size": lambda r, v: r.text("gpurig_shm_size", v, _SHM, "16g"),
+    "gpurig_container_runtime": lambda r, v: r.text("gpurig_container_runtime", v, _RUNTIME, "nvidia"),
+    "gpurig_images": lambda r, v: r.strings("gpurig_images", v, image_ref_problem, "2.14.1-cu130-slim"),
+    "gpurig_driver": _driver,
+    "gpurig_docker": _docker,
+    "gpurig_toolkit": _toolkit,
+    "gpurig_daemon": _daemon,
+    "gpurig_containers": _containers,
+}
+PROFILE_KEYS = tuple(_READERS)
+
+
+def host_profile(host: Host, source: str | Path = "inventory") -> HostProfile:
+    """The host's ``gpurig_*`` vars, validated; ``source`` (the inventory file) is named in errors."""
+    r = _Reader(str(source), host.name)
+    vars = host.vars
+    for key in vars:
+        if isinstance(key, str) and key.startswith("gpurig_") and key not in _READERS:
+            raise r.fail(key, f"is not a gpurig setting{did_you_mean(key, PROFILE_KEYS)}", f"valid gpurig_* keys: {', '.join(PROFILE_KEYS)}")
+    read = {k[len("gpurig_"):]: fn(r, vars[k]) for k, fn in _READERS.items() if fn and k in vars}
+    return HostProfile(host=host.name, become=host.become, gpus=_gpus(r, vars), **read)

@@ -1,0 +1,93 @@
+"""Bring one host to the wanted state: gather facts once, plan each step, apply in order.
+
+Facts are gathered again only after a step changed something, so a host
+already in shape costs one facts round trip and no changing command. A
+failed step stops that host: the steps after it are reported ``skipped``
+with the reason. Check mode plans every step and runs nothing that changes
+the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from gpurig.connection import Connection
+from gpurig.errors import GpurigError
+from gpurig.facts import Facts, gather as gather_facts
+from gpurig.profile import HostProfile
+from gpurig.steps.model import Admin, Plan, Step, StepResult
+
+ResultHandler = Callable[[StepResult], None]
+
+
+def converge(
+    conn: Connection,
+    steps: Sequence[Step],
+    wanted: HostProfile,
+    *,
+    check: bool = False,
+    diff: bool = False,
+    on_result: ResultHandler | None = None,
+    gather: Callable[[Connection], Facts] = gather_facts,
+) -> list[StepResult]:
+    """One ``StepResult`` per step, in order; ``on_result`` hears each as it ends.
+
+    ``diff`` keeps each file change's unified diff in the results (otherwise
+    dropped, so a report never carries file content unasked).
+    """
+    admin = Admin(conn, wanted.become)
+    facts = gather(conn)
+    unknown = _incomplete(facts, "")
+    results: list[StepResult] = []
+    stopped_by: StepResult | None = None
+    for step in steps:
+        started = time.monotonic()
+        if stopped_by is not None:
+            result = StepResult(step.name, "skipped", f"not run: step {stopped_by.step} failed")
+        elif unknown:
+            result = StepResult(step.name, "failed", unknown)
+        else:
+            result, changed = _run_step(step, facts, wanted, admin, check)
+            if changed:
+                try:
+                    facts = gather(conn)
+                    unknown = _incomplete(facts, f" after step {step.name}")
+                except GpurigError as err:
+                    unknown = f"facts could not be gathered again after step {step.name}: {err}"
+        result = dataclasses.replace(result, duration_s=time.monotonic() - started)
+        if not diff:
+            result = dataclasses.replace(result, changes=tuple(dataclasses.replace(c, diff="", content=None) for c in result.changes))
+        if result.status == "failed" and stopped_by is None:
+            stopped_by = result
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results
+
+
+def _run_step(step: Step, facts: Facts, wanted: HostProfile, admin: Admin, check: bool) -> tuple[StepResult, bool]:
+    """(result, whether the host changed)."""
+    try:
+        plan = step.plan(facts, wanted)
+    except GpurigError as err:
+        plan = Plan.fail(str(err))
+    if plan.status != "changed":
+        return StepResult(step.name, plan.status, plan.reason), False
+    if check:
+        return StepResult(step.name, "changed", f"would change (check mode): {plan.reason}", plan.changes), False
+    try:
+        step.apply(admin, plan)
+    except GpurigError as err:
+        # No later step runs on this host, so there is nothing to gather facts again for.
+        return StepResult(step.name, "failed", str(err), plan.changes), False
+    return StepResult(step.name, "changed", plan.reason, plan.changes), True
+
+
+def _incomplete(facts: Facts, when: str) -> str:
+    """Why no step may plan from these facts ('' when complete): a host that stopped answering mid-script."""
+    if not facts.missing:
+        return ""
+    return (f"facts incomplete{when} (no output for {', '.join(facts.missing)}: the host stopped answering?); "
+            "fix: check the host and run again")

@@ -1,0 +1,132 @@
+"""The Step model: a step plans from facts (pure), then applies only what its plan says.
+
+A ``Step`` compares a host's ``Facts`` with the wanted ``HostProfile`` and
+returns a ``Plan``: the ``Change``s it would make (a line a human reads, the
+shell commands that make it, a unified diff for files), or why nothing is
+needed (``ok``), or why the step does not apply (``skipped``), or why it
+cannot proceed (``failed``). ``apply`` runs a plan's commands, each written
+to be idempotent, as the host's administrator (``Admin``). Planning never
+touches the host, so every plan is tested from recorded facts alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpurig.connection import Command, CommandError, Connection, Result
+from gpurig.errors import HostError
+from gpurig.facts import Facts
+from gpurig.profile import HostProfile
+
+STEP_STATUSES = ("ok", "changed", "skipped", "failed")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing a step changes: what a human reads, the commands that do it, and for a file its diff and new content."""
+
+    summary: str
+    commands: tuple[str, ...] = ()
+    diff: str = ""
+    path: str | None = None
+    content: str | None = field(default=None, repr=False)
+
+    def to_dict(self, diff: bool = False) -> dict[str, Any]:
+        """The change for a report; the diff only when asked (a file may hold what a report should not)."""
+        data: dict[str, Any] = {"summary": self.summary}
+        if self.path:
+            data["path"] = self.path
+        if diff and self.diff:
+            data["diff"] = self.diff
+        return data
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a step would do on one host: status is ok | changed | skipped | failed, as in ``StepResult``."""
+
+    status: str
+    reason: str = ""
+    changes: tuple[Change, ...] = ()
+
+    @classmethod
+    def ok(cls, reason: str) -> Plan:
+        return cls("ok", reason)
+
+    @classmethod
+    def skip(cls, reason: str) -> Plan:
+        return cls("skipped", reason)
+
+    @classmethod
+    def fail(cls, reason: str) -> Plan:
+        return cls("failed", reason)
+
+    @classmethod
+    def change(cls, reason: str, *changes: Change) -> Plan:
+        return cls("changed", reason, tuple(changes))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How one step ended on one host. ``changes``: what it made, tried to make (failed) or would make (check mode)."""
+
+    step: str
+    status: str  # one of STEP_STATUSES
+    reason: str = ""
+    changes: tuple[Change, ...] = ()
+    duration_s: float = 0.0
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status != "failed"
+
+    def to_dict(self, diff: bool = False) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "reason": self.reason,
+            "changes": [c.to_dict(diff) for c in self.changes],
+            "duration_s": round(self.duration_s, 3),
+        }
+
+
+class Admin:
+    """Runs commands with the rights steps need: through sudo when the inventory sets ``ansible_become``, else as the login user."""
+
+    def __init__(self, conn: Connection, become: bool) -> None:
+        self.conn = conn
+        self.become = become
+
+    def run(self, command: Command, *, warn: bool = False, timeout: float | None = None) -> Result:
+        if self.become:
+            return self.conn.sudo(command, warn=warn, timeout=timeout)
+        return self.conn.run(command, warn=warn, timeout=timeout)
+
+
+class Step:
+    """A concern on a host (docker, daemon, driver...). Subclasses set ``name`` and write ``plan``.
+
+    ``apply`` runs each change's commands in order; a step whose changes need
+    more than commands (a wait, a reboot) overrides it. Any GpurigError it
+    raises (a failed command) makes the step ``failed`` with that message.
+    """
+
+    name: str = ""
+
+    def plan(self, facts: Facts, wanted: HostProfile) -> Plan:
+        raise NotImplementedError
+
+    def apply(self, admin: Admin, plan: Plan) -> None:
+        for change in plan.changes:
+            for command in change.commands:
+                try:
+                    admin.run(command)
+                except CommandError as err:
+                    # The command line itself (a script, file content) means nothing to a reader: its last words do.
+                    said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
+                    why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
+                    fix = err.fix
+                    if "permission denied" in why.lower() and not admin.become:
+                        fix = "set ansible_become: true for this host (the login user is not root)"
+                    raise HostError(f"could not {change.summary}: {why}", fix) from None

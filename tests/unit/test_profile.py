@@ -1,0 +1,107 @@
+"""The inventory's gpurig_* vars as a typed HostProfile: what is read, and one clear error for what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpurig.errors import InventoryError
+from gpurig.inventory import Host, load_inventory
+from gpurig.profile import PROFILE_KEYS, DriverSettings, GpuExpectation, host_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def profile(**vars):
+    return host_profile(Host("gpu-01", ("gpu",), vars), "inventory/hosts.yaml")
+
+
+def error(**vars) -> str:
+    with pytest.raises(InventoryError) as err:
+        profile(**vars)
+    return str(err.value)
+
+
+def test_example_inventory_hosts_all_have_valid_profiles():
+    inv = load_inventory(ROOT / "inventory" / "hosts.yaml")
+    profiles = {name: host_profile(h, inv.path) for name, h in inv.hosts.items()}
+    assert profiles["localhost"].gpus == GpuExpectation(count=0)
+    some_gpu_host = next(p for p in profiles.values() if p.gpus.count)
+    assert some_gpu_host.gpus.model and some_gpu_host.shm_size == "16g" and some_gpu_host.become
+    assert some_gpu_host.container_runtime == "nvidia"
+
+
+def test_every_setting_is_read_into_its_type():
+    p = profile(
+        ansible_become=True,
+        gpurig_gpus={"count": 8, "model": "NVIDIA H100 80GB HBM3"},
+        gpurig_shm_size="16g",
+        gpurig_container_runtime="nvidia",
+        gpurig_images=["2.14.1-cu130-slim", "registry.example.invalid/pytorch:2.14.1-cu130-jupyter"],
+        gpurig_driver={"install": True, "branch": 580, "source": "nvidia"},
+        gpurig_docker={"source": "docker", "users": ["alice", "bob"]},
+        gpurig_toolkit={"version": "1.17.8", "packages_dir": "offline/toolkit"},
+        gpurig_daemon={"log-driver": "local", "log-opts": {"max-size": "10m"}},
+        gpurig_containers=[{"name": "alice", "variant": "jupyter"}],
+    )
+    assert p.gpus == GpuExpectation(8, "NVIDIA H100 80GB HBM3")
+    assert p.driver == DriverSettings(install=True, branch="580", source="nvidia")
+    assert p.docker.users == ("alice", "bob") and p.toolkit.version == "1.17.8"
+    assert p.daemon["log-opts"] == {"max-size": "10m"}
+    assert p.images[1].endswith("jupyter") and p.containers[0]["name"] == "alice"
+
+
+def test_a_host_without_gpurig_vars_gets_the_defaults():
+    p = profile(ansible_user="ubuntu")
+    assert p.daemon == {} and p.driver.install is False and p.docker.source == "distro" and not p.become
+
+
+def test_unknown_key_names_file_host_key_and_suggests():
+    message = error(gpurig_gpu_cuont=8)
+    assert message.startswith("inventory/hosts.yaml: host gpu-01: gpurig_gpu_cuont")
+    assert "did you mean 'gpurig_gpu_count'?" in message
+    assert all(key in message for key in PROFILE_KEYS)
+
+
+def test_unknown_nested_key_is_named_with_its_path():
+    message = error(gpurig_driver={"instal": True})
+    assert "gpurig_driver.instal" in message and "did you mean 'install'?" in message
+
+
+@pytest.mark.parametrize(
+    "vars, fragment",
+    [
+        ({"gpurig_gpu_count": True}, "gpurig_gpu_count must be a whole number"),  # a bool is not a count
+        ({"gpurig_gpu_count": "8"}, "gpurig_gpu_count must be a whole number"),
+        ({"gpurig_gpu_count": -1}, "gpurig_gpu_count must be a whole number >= 0"),
+        ({"gpurig_driver": {"install": "yes"}}, "gpurig_driver.install must be true or false"),
+        ({"gpurig_driver": {"source": "nvidai"}}, "did you mean 'nvidia'?"),
+        ({"gpurig_driver": {"branch": "latest"}}, "gpurig_driver.branch must be a string like '550'"),
+        ({"gpurig_driver": "550"}, "gpurig_driver must be a mapping, not a string"),
+        ({"gpurig_shm_size": 16}, "gpurig_shm_size must be a string like '16g'"),
+        ({"gpurig_shm_size": "16 gigs"}, "gpurig_shm_size must be a string like '16g'"),
+        ({"gpurig_docker": {"users": "alice"}}, "gpurig_docker.users must be a list"),
+        ({"gpurig_docker": {"users": ["alice; rm -rf /"]}}, "gpurig_docker.users[0]"),
+        ({"gpurig_images": ["slim; rm -rf /"]}, "gpurig_images[0]"),
+        ({"gpurig_daemon": ["log-driver"]}, "gpurig_daemon must be a non-empty mapping"),
+        ({"gpurig_daemon": {"log-opts": {1: "x"}}}, "gpurig_daemon.log-opts.1 has a key that is not a string"),
+        ({"gpurig_containers": {"name": "a"}}, "gpurig_containers must be a list"),
+        ({"gpurig_containers": ["a"]}, "gpurig_containers[0] must be a mapping"),
+        ({"gpurig_gpu_count": 8, "gpurig_gpus": {"count": 4}}, "gpurig_gpus.count and gpurig_gpu_count are both set"),
+    ],
+)
+def test_wrong_values_are_one_clear_error(vars, fragment):
+    message = error(**vars)
+    assert fragment in message
+    assert message.startswith("inventory/hosts.yaml: host gpu-01: ") and "; fix: " in message
+
+
+def test_yaml_dates_cannot_reach_daemon_json():
+    import datetime
+
+    assert "JSON cannot hold" in error(gpurig_daemon={"since": datetime.date(2024, 1, 1)})
+
+
+def test_other_vars_are_not_gpurig_settings():
+    assert profile(ansible_port=22, my_gpurig_note="x").host == "gpu-01"

@@ -1,0 +1,166 @@
+"""converge() and the file command every step writes with, run for real on this machine (local connection, temp dirs).
+
+The steps here are small test steps that touch files under a temp dir; the
+daemon step's plans are tested from recorded facts in test_operations.py and
+against a real host in tests/integration/hosts_containers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpurig.ssh import Connector, SSHSettings
+from gpurig.facts import parse_facts
+from gpurig.inventory import Host
+from gpurig.profile import HostProfile
+from gpurig.steps import Change, Plan, Step, converge
+from gpurig.steps.files import write_file_command
+
+FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "debian12-root.txt"
+
+
+class Touch(Step):
+    """Wants a file to exist; creating it is its one change."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name, self.path = name, path
+
+    def plan(self, facts, wanted):
+        if self.path.exists():
+            return Plan.ok(f"{self.path.name} exists")
+        return Plan.change(f"create {self.path.name}", Change(f"touch {self.path.name}", (f"touch {self.path}",), diff="+x\n"))
+
+
+class Broken(Step):
+    name = "broken"
+
+    def plan(self, facts, wanted):
+        return Plan.change("run a failing command", Change("false", ("echo 'the reason' >&2; exit 3",)))
+
+
+@pytest.fixture
+def conn(tmp_path):
+    connector = Connector(SSHSettings(project_known_hosts=tmp_path / "known_hosts", user_known_hosts=None, ssh_config=None))
+    with connector.open(Host("local", (), {}, connection="local")) as c:
+        yield c
+
+
+@pytest.fixture
+def gathered():
+    calls = []
+
+    def gather(conn):
+        calls.append(conn)
+        return parse_facts(FACTS.read_text())
+
+    gather.calls = calls
+    return gather
+
+
+def test_converge_applies_then_is_ok_and_gathers_again_only_after_a_change(conn, tmp_path, gathered):
+    steps = [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")]
+    heard = []
+    first = converge(conn, steps, HostProfile("local"), on_result=heard.append, gather=gathered)
+    assert [(r.step, r.status) for r in first] == [("a", "changed"), ("b", "changed")]
+    assert heard == first and (tmp_path / "a").exists() and (tmp_path / "b").exists()
+    assert len(gathered.calls) == 3  # once, then after each change
+    second = converge(conn, steps, HostProfile("local"), gather=gathered)
+    assert [(r.status, r.reason) for r in second] == [("ok", "a exists"), ("ok", "b exists")]
+    assert len(gathered.calls) == 4  # one round trip when nothing changes
+
+
+def test_check_mode_plans_and_changes_nothing(conn, tmp_path, gathered):
+    results = converge(conn, [Touch("a", tmp_path / "a")], HostProfile("local"), check=True, diff=True, gather=gathered)
+    assert results[0].status == "changed" and "would change (check mode)" in results[0].reason
+    assert results[0].changes[0].diff == "+x\n"
+    assert not (tmp_path / "a").exists() and len(gathered.calls) == 1
+
+
+def test_a_failed_step_stops_the_later_ones_with_the_reason(conn, tmp_path, gathered):
+    steps = [Touch("a", tmp_path / "a"), Broken(), Touch("c", tmp_path / "c")]
+    results = converge(conn, steps, HostProfile("local"), gather=gathered)
+    assert [r.status for r in results] == ["changed", "failed", "skipped"]
+    assert "exited 3" in results[1].reason and "the reason" in results[1].reason
+    assert results[2].reason == "not run: step broken failed"
+    assert not (tmp_path / "c").exists()
+
+
+def test_diffs_stay_out_of_results_unless_asked(conn, tmp_path, gathered):
+    results = converge(conn, [Touch("a", tmp_path / "a")], HostProfile("local"), gather=gathered)
+    assert results[0].changes[0].diff == "" and results[0].to_dict()["changes"] == [{"summary": "touch a"}]
+
+
+def write(path: Path, content: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", "-c", write_file_command(str(path), content, **kw)], capture_output=True, text=True)
+
+
+HOSTILE = 'line "one"\n$(touch /tmp/gpurig-pwned) `id` \\n \'quoted\'\n\x01 ünïcode\n'
+
+
+def test_write_file_creates_directory_and_file_with_the_exact_bytes(tmp_path):
+    target = tmp_path / "etc" / "docker" / "daemon.json"
+    assert write(target, HOSTILE, mode=0o640).returncode == 0
+    assert target.read_text() == HOSTILE
+    assert oct(target.stat().st_mode & 0o777) == "0o640"
+    assert not Path("/tmp/gpurig-pwned").exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["daemon.json"]  # no temp file left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_write_file_keeps_mode_and_owner_and_backs_up_the_old_file(tmp_path):
+    target = tmp_path / "daemon.json"
+    target.write_text('{"old": true}\n')
+    target.chmod(0o600)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(target, nobody.pw_uid, nobody.pw_gid)
+    assert write(target, json.dumps({"new": True})).returncode == 0
+    st = target.stat()
+    assert json.loads(target.read_text()) == {"new": True}
+    assert (st.st_mode & 0o777, st.st_uid) == (0o600, nobody.pw_uid)
+    backups = list(tmp_path.glob("daemon.json.gpurig-bak.*"))
+    assert len(backups) == 1 and backups[0].read_text() == '{"old": true}\n'
+
+
+def test_write_file_that_fails_leaves_the_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "work" / "daemon.json"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    # Every tool but mv: the temp file is written, then the rename cannot happen.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "dirname", "mktemp", "base64", "chmod", "chown", "cp", "date", "sync", "rm"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    line = f"PATH={bin_dir}; " + write_file_command(str(target), "new\n")
+    proc = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True)
+    assert proc.returncode != 0 and "mv" in proc.stderr
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in target.parent.iterdir() if ".gpurig-tmp" in p.name) == []
+
+
+def test_facts_cut_short_fail_the_host_instead_of_planning_from_half(conn, tmp_path):
+    cut = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "h100-cut-short.txt"
+    results = converge(conn, [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")], HostProfile("local"),
+                       gather=lambda c: parse_facts(cut.read_text()))
+    assert [r.status for r in results] == ["failed", "skipped"]
+    assert "facts incomplete" in results[0].reason and "docker_info" in results[0].reason
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_host_lost_after_a_change_fails_the_next_step(conn, tmp_path, gathered):
+    from gpurig.connection import ConnectionLost
+
+    def gather(c):
+        if gathered.calls:
+            raise ConnectionLost("local: connection lost", "check the host")
+        return gathered(c)
+
+    results = converge(conn, [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")], HostProfile("local"), gather=gather)
+    assert [r.status for r in results] == ["changed", "failed"]
+    assert "facts could not be gathered again after step a: local: connection lost" in results[1].reason
