@@ -202,7 +202,9 @@ def render(
         "entry": entry,
         "variant": variant,
         "image_ref": spec.image_ref(entry, variant.name),
-        "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini", *variant.apt],
+        # the shared part's packages are the same for every variant; a variant's own come after torch
+        "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini"],
+        "variant_apt": list(variant.apt),
         "extra_pip": list(variant.pip),
         "torch_requirement": torch_requirement(entry),
         "torch_index": _torch_index(spec, entry),

@@ -89,6 +89,24 @@ def test_every_rendered_dockerfile_is_hadolint_clean(rendered, entry, variant):
     assert failing(lint(context.dockerfile, ROOT / ".hadolint.yaml")) == []
 
 
+@pytest.mark.parametrize("entry", SPEC.matrix, ids=[e.tag for e in SPEC.matrix])
+def test_variants_of_an_entry_share_every_layer_up_to_torch(rendered, entry):
+    """The same instructions up to the torch layer: BuildKit makes those layers once for all variants."""
+    contexts = [c for (e, _), c in rendered[0].items() if e == entry]
+    assert len(contexts) >= 3
+    prefixes = set()
+    for context in contexts:
+        lines = instructions(context.dockerfile)
+        torch_at = index_of(lines, rf"pip install .*{re.escape(torch_requirement(entry))} numpy$")
+        prefixes.add(tuple(lines[: torch_at + 1]))
+        # a variant's own packages come after the torch layer, never before
+        for package in context.variant.apt:
+            assert index_of(lines, rf"apt-get install .*\b{re.escape(package)}\b") > torch_at
+        for package in context.variant.pip:
+            assert index_of(lines, rf"pip install .*\b{re.escape(package)}\b") > torch_at
+    assert len(prefixes) == 1
+
+
 def test_torch_comes_with_numpy(rendered):
     lines = instructions(rendered[0][(SPEC.default, "slim")].dockerfile)
     assert re.search(r"pip install .*torch==2\.14\.1 numpy$", lines[index_of(lines, r"pip install")])
@@ -108,7 +126,7 @@ def test_slim_is_runtime_only_and_non_root(rendered):
 @pytest.mark.parametrize("variant", ["ssh", "full"])
 def test_ssh_images_delete_package_host_keys_in_the_same_layer(rendered, variant):
     context = rendered[0][(SPEC.default, variant)]
-    apt_step = next(line for line in instructions(context.dockerfile) if "apt-get install" in line)
+    apt_step = next(line for line in instructions(context.dockerfile) if "apt-get install" in line and "openssh" in line)
     # a later RUN rm would leave the keys in the apt layer
     assert "openssh-server" in apt_step and "rm -f /etc/ssh/ssh_host_*" in apt_step
     config = (context.path / "sshd_config").read_text()
