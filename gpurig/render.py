@@ -18,6 +18,8 @@ from gpurig.errors import CompatError, RenderError
 from gpurig.spec import ImageSpec, MatrixEntry, Variant
 
 CONTEXT_META = "gpurig-context.json"
+# Which project an image belongs to: its repository ([registry/]name), the same in every copy of the project.
+PROJECT_LABEL = "io.gpurig.project"
 # Variant files rendered from templates/files/<name>.j2 (or copied as they are), per feature.
 _FILES = {
     "entrypoint.sh": "always",
@@ -125,16 +127,50 @@ def _git(project: Path, *args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def image_inputs(spec: ImageSpec, project: Path) -> list[str]:
+    """What an image is made of, as paths in the project: templates/, checks/ and the spec file (when inside it)."""
+    paths = ["templates", "checks"]
+    try:
+        paths.append(str(spec.path.resolve().relative_to(project.resolve())))
+    except ValueError:
+        pass
+    return paths
+
+
+def source_revision(spec: ImageSpec, project: Path) -> tuple[str, str]:
+    """(revision, created) of the last commit that changed the image's inputs; ('', '') outside a git checkout.
+
+    Not HEAD and not now: a commit elsewhere in the project, a copy of the
+    checkout or a rebuild tomorrow give the same labels, so the image keeps
+    its id. Uncommitted changes to the inputs mark the revision ``-dirty``.
+    """
+    paths = image_inputs(spec, project)
+    revision, _, created = _git(project, "log", "-1", "--format=%H %cI", "--", *paths).partition(" ")
+    if revision and _git(project, "status", "--porcelain", "--", *paths):
+        revision += "-dirty"
+    return revision, created
+
+
 def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project: Path) -> dict[str, str]:
-    """OCI and gpurig labels. created is the commit time, not now, so that a rebuild is a full cache hit."""
-    created = os.environ.get("SOURCE_DATE_EPOCH") and _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    """OCI and gpurig labels: the same for the same content, wherever the project lies (see source_revision).
+
+    A value that is not known (no git checkout, no remote) is left out rather than made up from the
+    machine or the directory, which would change the image id of identical content.
+    """
+    revision, created = source_revision(spec, project)
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        created = _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    optional = {
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.source": _git(project, "remote", "get-url", "origin"),
+    }
     return {
         "org.opencontainers.image.title": spec.name,
         "org.opencontainers.image.version": f"{entry.tag}-{variant.name}",
-        "org.opencontainers.image.revision": _git(project, "rev-parse", "HEAD") or "unknown",
-        "org.opencontainers.image.created": created or _git(project, "log", "-1", "--format=%cI") or "unknown",
-        "org.opencontainers.image.source": _git(project, "remote", "get-url", "origin") or f"local:{project.resolve().name}",
+        **{key: value for key, value in optional.items() if value},
         "org.opencontainers.image.base.name": variant.base,
+        PROJECT_LABEL: spec.image_ref(entry, variant.name).rsplit(":", 1)[0],
         "io.gpurig.variant": variant.name,
         "io.gpurig.torch": entry.torch,
         "io.gpurig.cuda": entry.cuda,
