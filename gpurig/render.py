@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -13,9 +12,10 @@ from pathlib import Path
 
 import jinja2
 
-from gpurig import compat
+from gpurig import compat, quoting
 from gpurig.errors import CompatError, RenderError
 from gpurig.spec import ImageSpec, MatrixEntry, Variant
+from gpurig.validate import strip_userinfo
 
 CONTEXT_META = "gpurig-context.json"
 # Which project an image belongs to: its repository ([registry/]name), the same in every copy of the project.
@@ -48,11 +48,6 @@ class BuildContext:
         return self.path / "Dockerfile"
 
 
-def _dq(value: object) -> str:
-    """A Dockerfile double-quoted string."""
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def environment(templates_dir: Path) -> jinja2.Environment:
     if not templates_dir.is_dir():
         raise RenderError(f"no templates directory at {templates_dir}", "run from the project root (where templates/ is)")
@@ -61,9 +56,10 @@ def environment(templates_dir: Path) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        # values are sealed (gpurig.quoting): they reach the output only through | sh, | dq or | word
+        finalize=quoting.finalize,
     )
-    env.filters["dq"] = _dq
-    env.filters["shquote"] = shlex.quote
+    env.filters.update(quoting.FILTERS)
     return env
 
 
@@ -84,7 +80,8 @@ def cuda_toolkit_requirement(entry: MatrixEntry) -> str:
     return f"cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]=={entry.cuda}.*"
 
 
-def _pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
+def pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
+    """pip's index and find-links options as words (the template quotes them): every pip install gets them."""
     build = spec.build
     options: list[str] = []
     if build.pip_index:
@@ -97,26 +94,6 @@ def _pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
         if "://" in link:
             options += ["--find-links", link]
     return options
-
-
-def _pip_install_step(spec: ImageSpec, wheelhouse: bool):
-    """The RUN step that pip-installs: cache mount, CA bundle secret, wheelhouse bind; nothing stays in the layer."""
-
-    def pip_install(requirements: list[str], extra_index: str = "") -> str:
-        mounts = ["--mount=type=cache,target=/root/.cache/pip", "--mount=type=secret,id=ca,target=/run/secrets/ca.pem"]
-        if wheelhouse:
-            mounts.append("--mount=type=bind,source=wheelhouse,target=/wheelhouse")
-        options = _pip_options(spec, wheelhouse)
-        if extra_index:
-            options += ["--extra-index-url", extra_index]
-        words = " ".join(shlex.quote(w) for w in options + list(requirements))
-        lines = ["RUN " + " \\\n    ".join(mounts) + " \\"]
-        # The CA bundle is a build secret: present during this step only, never in a layer.
-        lines.append("    if [ -s /run/secrets/ca.pem ]; then export PIP_CERT=/run/secrets/ca.pem; fi \\")
-        lines.append(f"    && pip install {words}")
-        return "\n".join(lines)
-
-    return pip_install
 
 
 def _git(project: Path, *args: str) -> str:
@@ -160,10 +137,12 @@ def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project:
     revision, created = source_revision(spec, project)
     if os.environ.get("SOURCE_DATE_EPOCH"):
         created = _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    # a remote's user:token@ must not be published with the image; an unprintable one is left out
+    source = strip_userinfo(_git(project, "remote", "get-url", "origin"))
     optional = {
         "org.opencontainers.image.revision": revision,
         "org.opencontainers.image.created": created,
-        "org.opencontainers.image.source": _git(project, "remote", "get-url", "origin"),
+        "org.opencontainers.image.source": source if source.isprintable() else "",
     }
     return {
         "org.opencontainers.image.title": spec.name,
@@ -248,16 +227,18 @@ def render(
         "require_cuda": compat.require_cuda(entry.cuda),
         "labels": labels,
         "services": [s for s, on in (("sshd", variant.kind.ssh), ("jupyterlab", variant.kind.jupyter)) if on],
-        "pip_install": _pip_install_step(spec, bool(wheelhouses)),
+        "pip_options": pip_options(spec, bool(wheelhouses)),
+        "wheelhouse": bool(wheelhouses),
     }
     final = out_root / spec.name / f"{entry.tag}-{variant.name}"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", values))
+        sealed = {name: quoting.seal(value) for name, value in values.items()}
+        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", sealed))
         for name, feature in _FILES.items():
             if feature == "always" or getattr(variant.kind, feature):
-                _write_file(env, project / "templates" / "files", name, staging, values)
+                _write_file(env, project / "templates" / "files", name, staging, sealed)
         checks = project / "checks"
         if not checks.is_dir():
             raise RenderError(f"no checks directory at {checks}", "run from the project root (where checks/ is)")
@@ -306,6 +287,19 @@ def _render(env: jinja2.Environment, name: str, values: dict) -> str:
         raise RenderError(f"template {name}: {err.message}", "define the value or fix the template") from None
     except jinja2.TemplateSyntaxError as err:
         raise RenderError(f"template {err.name or name} line {err.lineno}: {err.message}", "fix the template") from None
+    except RenderError as err:  # a quoting filter refused a value, or a value was emitted unquoted
+        raise RenderError(f"template {_template_line(err, name)}: {err.problem}", err.fix) from None
+
+
+def _template_line(err: BaseException, name: str) -> str:
+    """'NAME line N' of the innermost template frame in err's traceback (Jinja maps frames to template lines)."""
+    where = name
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(".j2"):
+            where = f"{Path(tb.tb_frame.f_code.co_filename).name} line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _write_file(env: jinja2.Environment, files: Path, name: str, staging: Path, values: dict) -> None:
