@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -51,8 +52,14 @@ class BuildContext:
 def environment(templates_dir: Path) -> jinja2.Environment:
     if not templates_dir.is_dir():
         raise RenderError(f"no templates directory at {templates_dir}", "run from the project root (where templates/ is)")
+    return _environment(str(templates_dir.resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(templates_dir: str) -> jinja2.Environment:
+    """One environment per templates/ folder: it keeps compiled templates (recompiled when a file changes)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,

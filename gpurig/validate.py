@@ -34,8 +34,13 @@ def _control(value: str) -> bool:
 
 
 def excerpt(value: object, limit: int = 40) -> str:
-    """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars)."""
-    text = repr(value) if not isinstance(value, str) else repr(value)
+    """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars).
+
+    A URL's user:password@ is left out: an error line ends up in terminals and CI logs.
+    """
+    if isinstance(value, str) and "://" in value and "@" in value:
+        value = strip_userinfo(value)
+    text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
@@ -206,7 +211,7 @@ def placeholders_problem(value: object, fields: tuple[str, ...]) -> str | None:
         if name is None:
             continue
         if name not in fields:
-            return f"uses an unknown field {{{name[:20]}}} (allowed: {', '.join('{' + f + '}' for f in fields)})"
+            return f"uses an unknown field {excerpt('{' + name + '}', 30)} (allowed: {', '.join('{' + f + '}' for f in fields)})"
         if spec or conversion:
             return f"formats {{{name}}} with a conversion or width (write plain {{{name}}})"
     return None
