@@ -16,7 +16,7 @@ import jinja2
 from gpurig import compat, quoting
 from gpurig.errors import CompatError, RenderError
 from gpurig.spec import ImageSpec, MatrixEntry, Variant
-from gpurig.validate import strip_userinfo
+from gpurig.validate import excerpt, strip_userinfo
 
 CONTEXT_META = "gpurig-context.json"
 # Which project an image belongs to: its repository ([registry/]name), the same in every copy of the project.
@@ -189,7 +189,7 @@ def local_wheelhouses(spec: ImageSpec) -> list[Path]:
         path = Path(os.path.expanduser(link))
         if not path.is_dir():
             raise RenderError(
-                f"{spec.path}: build.find_links names {link}, which is not a directory", "fix the path or remove it"
+                f"{spec.path}: build.find_links names {excerpt(link)}, which is not a directory", "fix the path or remove it"
             )
         dirs.append(path)
     return dirs
