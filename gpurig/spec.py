@@ -191,7 +191,12 @@ def _find_links(value: str) -> str | None:
 
 
 def _ca_bundle(value: str) -> str | None:
-    return None if value in ("auto", "none") else validate.path_problem(value)
+    """auto, none, or a file; `docker build --secret id=ca,src=PATH` reads PATH as CSV, so no ',' or '"'."""
+    if value in ("auto", "none"):
+        return None
+    if "," in value or '"' in value:
+        return "contains ',' or '\"' (docker build --secret would read it as another field)"
+    return validate.path_problem(value)
 
 
 def _registry(value: str) -> str | None:

@@ -193,6 +193,7 @@ HOSTILE = {
         MINIMAL + "build: {pip_index: 'https://bob:s3cret@pypi.example.com/simple'}\n",
         ["build.pip_index", "user:password@"],
     ),
+    "ca-bundle-csv": (MINIMAL + "build: {ca_bundle: '/tmp/x.pem,src=/etc/shadow'}\n", ["build.ca_bundle", "another field"]),
     "overlong": (MINIMAL + "build: {ca_bundle: '" + "a" * 5000 + "'}\n", ["build.ca_bundle", "5000 characters"]),
 }
 
