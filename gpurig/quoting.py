@@ -26,6 +26,8 @@ import re
 import shlex
 from typing import Any
 
+import jinja2
+
 from gpurig.errors import RenderError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -150,10 +152,13 @@ def word(value: Any) -> str:
 
 
 def finalize(value: Any) -> Any:
-    """Jinja's finalize hook: sealed values never reach the output unfiltered."""
-    if isinstance(value, (Sealed, SealedObject)):
-        raise _refuse()
-    return value
+    """Jinja's finalize hook: only text (template text, filter output) and numbers reach the output.
+
+    A sealed value, or a list or mapping that may hold some, must go through a filter first.
+    """
+    if isinstance(value, (str, jinja2.Undefined)) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value  # an Undefined says itself what is missing (StrictUndefined raises)
+    raise _refuse()
 
 
 FILTERS = {"sh": sh, "dq": dq, "word": word}

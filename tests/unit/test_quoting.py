@@ -64,6 +64,8 @@ def test_word_refuses_anything_a_parser_could_act_on(value):
         "{{ value | upper }}",
         "{{ obj }}",
         "{{ obj.name }}",
+        "{{ items }}",
+        "{{ {'k': value} }}",
     ],
 )
 def test_a_sealed_value_never_becomes_text_without_a_filter(source):
