@@ -31,7 +31,7 @@ import jinja2
 from gpurig.errors import RenderError
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_INERT = re.compile(r"[A-Za-z0-9_.:/@+=,%-]*")
+_INERT = re.compile(r"[][A-Za-z0-9_.:/@+=,%-]*")  # brackets: an IPv6 registry [::1]:5000
 
 
 class UnquotedValue(RenderError):
@@ -146,7 +146,7 @@ def word(value: Any) -> str:
         if not _INERT.fullmatch(text):
             raise RenderError(
                 f"{text[:40]!r} cannot stand unquoted where the template puts it",
-                "use letters, digits and . _ : / @ + = , % - only",
+                "use letters, digits and . _ : / @ + = , % - [ ] only",
             )
     return " ".join(texts)
 

@@ -102,3 +102,11 @@ def test_the_templates_quote_by_filter_only():
         text = path.read_text()
         for quote in ('"{{', "'{{"):
             assert quote not in text, f"{path.name} quotes a value by hand ({quote}...)"
+
+
+def test_an_ipv6_registry_renders(project):
+    spec_file = project / "images" / "pytorch.yaml"
+    spec_file.write_text(spec_file.read_text().replace('registry: ""', 'registry: "[::1]:5000/ml"'))
+    spec = load_spec(spec_file)
+    context = render(spec, spec.default, "slim", project, project / "out")
+    assert "# Image: [::1]:5000/ml/pytorch:2.14.1-cu130-slim" in context.dockerfile.read_text()
