@@ -52,7 +52,7 @@ class Node:
                 raise self.fail(named, f"valid keys here: {', '.join(allowed)}")
         for key in required:
             if key not in self.value:
-                raise self.fail(f"missing key {key!r}", f"add {key}: ... (see images/pytorch.yaml)")
+                raise self.fail(f"missing key {key!r}", f"add {key}: ...")
         return {k: self.child(k, v) for k, v in self.value.items()}
 
     def text(self, check: Check, example: str) -> str:
