@@ -10,7 +10,6 @@ so that every later build says it is a local stand-in, not the registry's image.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpurig.connection import last_line
+from gpurig.docker import DockerClient, stop
 from gpurig.errors import DockerError
 from gpurig.spec import Bootstrap
 
@@ -55,6 +55,18 @@ class BaseImage:
         """True when the image under ``ref`` was made by debootstrap here, not pulled from a registry."""
         return bool(self.bootstrap)
 
+    @property
+    def origin(self) -> str:
+        """Where the image itself comes from, the same on every build (bootstrapped | pulled | local).
+
+        ``source`` says what this run did (found it, pulled it, made it); the
+        images built on it are labelled with ``origin``, so that a rebuild on
+        an unchanged base keeps its image id.
+        """
+        if self.stand_in:
+            return "bootstrapped"
+        return "pulled" if self.digests else "local"
+
     def describe(self) -> str:
         if self.stand_in and self.source == "bootstrapped":
             return (
@@ -74,6 +86,7 @@ class BaseImage:
         return {
             "ref": self.ref,
             "source": self.source,
+            "origin": self.origin,
             "id": self.image_id,
             "digests": list(self.digests),
             "bootstrap": self.bootstrap or None,
@@ -89,14 +102,11 @@ def bootstrap_description(bootstrap: Bootstrap) -> str:
     return f"debootstrap --variant=minbase {bootstrap.suite} {bootstrap.mirror}"
 
 
-def inspect_image(docker: str, ref: str) -> BaseImage | None:
+def inspect_image(client: DockerClient, ref: str) -> BaseImage | None:
     """What the local store holds under ``ref``, or None."""
-    proc = subprocess.run(
-        [docker, "image", "inspect", "--format", "{{json .}}", ref], capture_output=True, text=True, timeout=60
-    )
-    if proc.returncode != 0:
+    info = client.inspect_image(ref)
+    if info is None:
         return None
-    info = json.loads(proc.stdout)
     labels = (info.get("Config") or {}).get("Labels") or {}
     return BaseImage(
         ref=ref,
@@ -107,32 +117,24 @@ def inspect_image(docker: str, ref: str) -> BaseImage | None:
     )
 
 
-def pull(docker: str, ref: str, timeout: float = PULL_TIMEOUT_S) -> str:
-    """Pull ``ref``; '' on success, else the registry's reason in one line."""
-    try:
-        proc = subprocess.run([docker, "pull", "--quiet", ref], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"no answer from the registry within {timeout:.0f} s"
-    if proc.returncode == 0:
-        return ""
-    return last_line(proc.stderr or proc.stdout, default=f"docker pull exited {proc.returncode}")
-
-
 def ensure_base(
-    docker: str,
+    client: DockerClient,
     ref: str,
     bootstrap: Bootstrap | None,
     labels: dict[str, str] | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = lambda line: None,
 ) -> BaseImage:
-    """The base image ``ref``: from the local store, else pulled, else bootstrapped (when the spec allows)."""
-    found = inspect_image(docker, ref)
+    """The base image ``ref``: from the local store, else pulled, else bootstrapped (when the spec allows).
+
+    ``say`` hears one line per decision (what was found, why it bootstraps).
+    """
+    found = inspect_image(client, ref)
     if found:
         say(found.describe())
         return found
-    reason = pull(docker, ref)
+    reason = client.pull(ref, PULL_TIMEOUT_S)
     if not reason:
-        pulled = inspect_image(docker, ref)
+        pulled = inspect_image(client, ref)
         if pulled:
             result = BaseImage(ref, "pulled", pulled.image_id, pulled.digests, pulled.bootstrap)
             say(result.describe())
@@ -144,12 +146,12 @@ def ensure_base(
             "pull it where a registry answers and `docker load` it here, or set base.bootstrap in the spec",
         )
     say(f"base {ref}: not in the local store and the pull failed ({reason}); bootstrapping {bootstrap.suite}")
-    made = bootstrap_base(docker, ref, bootstrap, labels or {})
+    made = bootstrap_base(client, ref, bootstrap, labels or {})
     say(made.describe())
     return made
 
 
-def bootstrap_base(docker: str, ref: str, bootstrap: Bootstrap, labels: dict[str, str]) -> BaseImage:
+def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels: dict[str, str]) -> BaseImage:
     """debootstrap a minbase rootfs of the suite and ``docker import`` it as ``ref`` and gpurig-base:<suite>-minbase."""
     debootstrap = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
     if not debootstrap:
@@ -178,10 +180,8 @@ def bootstrap_base(docker: str, ref: str, bootstrap: Bootstrap, labels: dict[str
         changes = [f"LABEL {BOOTSTRAP_LABEL}={_label_value(described)}"]
         changes += [f"LABEL {key}={_label_value(value)}" for key, value in labels.items()]
         changes += ['CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-        image_id = _import(docker, rootfs, ref, changes)
-        tag = subprocess.run([docker, "tag", image_id, bootstrap_tag(bootstrap)], capture_output=True, text=True)
-        if tag.returncode != 0:
-            raise DockerError(f"docker tag {bootstrap_tag(bootstrap)} failed: {tag.stderr.strip()}", "check the daemon log")
+        image_id = _import(client, rootfs, ref, changes)
+        client.tag(image_id, bootstrap_tag(bootstrap))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BaseImage(ref, "bootstrapped", image_id, (), described)
@@ -219,8 +219,8 @@ def _slim_down(rootfs: Path, bootstrap: Bootstrap) -> None:
         machine_id.write_text("")
 
 
-def _import(docker: str, rootfs: Path, ref: str, changes: list[str]) -> str:
-    argv = [docker, "import"]
+def _import(client: DockerClient, rootfs: Path, ref: str, changes: list[str]) -> str:
+    argv = ["import"]
     for change in changes:
         argv += ["--change", change]
     argv += ["-", ref]
@@ -230,11 +230,11 @@ def _import(docker: str, rootfs: Path, ref: str, changes: list[str]) -> str:
         stdout=subprocess.PIPE,
     )
     try:
-        proc = subprocess.run(argv, stdin=tar.stdout, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
+        proc = client.run(*argv, stdin=tar.stdout, timeout=DEBOOTSTRAP_TIMEOUT_S)
     finally:
         if tar.stdout:
             tar.stdout.close()
-        tar.wait()
+        stop(tar)
     if proc.returncode != 0 or tar.returncode != 0:
         raise DockerError(f"docker import of the bootstrapped {ref} failed: {proc.stderr.strip()[:300]}", "check the daemon log")
     return proc.stdout.strip()

@@ -1,4 +1,4 @@
-"""BuildKit builds of rendered contexts through the docker CLI: client detection, progress, tags, push, build reports."""
+"""BuildKit builds of rendered contexts: the build command, its progress, the versions inside, push, build reports."""
 
 from __future__ import annotations
 
@@ -15,17 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from gpurig.connection import last_line
-from gpurig.files import atomic_write, to_json
+from gpurig.docker import DockerClient
 from gpurig.errors import DockerError
-from gpurig.render import BuildContext
+from gpurig.files import atomic_write, to_json
+from gpurig.render import PROJECT_LABEL, BuildContext
 
 REPORT_SCHEMA = 1
 PROBE_LABEL = "io.gpurig.probe"
 # Run inside a built image (no value from outside reaches it): what pip and dpkg resolved.
 FREEZE_SCRIPT = "/opt/venv/bin/pip freeze --all; echo '--- dpkg'; dpkg-query -W -f '${Package}=${Version}\\n'"
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@", re.I)
-_VERSION = re.compile(r"version (\d+)\.(\d+)\.(\d+)")
 
 
 def redact(text: str) -> str:
@@ -43,106 +42,6 @@ def refuse_credentials(settings) -> None:
                 "RUN lines are kept in the image's history",
                 "drop the credentials from the spec and let the index trust the build host's network, or use a local mirror",
             )
-
-
-# --- the docker client ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DockerClient:
-    """A docker CLI binary that can build with BuildKit: built in (18.09 to 22.x) or through buildx."""
-
-    path: str
-    version: str
-    buildx: bool
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "DOCKER_BUILDKIT": "1"}
-
-
-def supports_buildkit(version: str, buildx: bool) -> bool:
-    """Clients from 23.0 build only through the buildx plugin; older ones (from 18.09) have BuildKit built in."""
-    if buildx:
-        return True
-    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
-    return len(parts) == 2 and (18, 9) <= parts < (23, 0)
-
-
-def parse_client_version(text: str) -> str:
-    """'Docker version 20.10.24+dfsg1, build 297e128' -> '20.10.24'."""
-    found = _VERSION.search(text)
-    return ".".join(found.groups()) if found else ""
-
-
-def docker_candidates(path: str | None = None) -> list[str]:
-    """Every `docker` on PATH, in PATH order, each real binary once."""
-    seen, found = set(), []
-    for folder in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
-        candidate = os.path.join(folder or ".", "docker")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            real = os.path.realpath(candidate)
-            if real not in seen:
-                seen.add(real)
-                found.append(candidate)
-    return found
-
-
-def probe_client(binary: str) -> DockerClient:
-    """Ask one docker binary its version and whether it has buildx (neither needs the daemon)."""
-    try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
-        buildx = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return DockerClient(binary, "", False)
-    return DockerClient(binary, parse_client_version(out.stdout), buildx.returncode == 0)
-
-
-def choose_client(clients: list[DockerClient]) -> DockerClient:
-    """The first client that can build with BuildKit, or a DockerError saying what to install."""
-    if not clients:
-        raise DockerError(
-            "docker is not installed (no `docker` on PATH)",
-            "install Docker (Debian: apt-get install docker.io), start dockerd, and put docker on PATH",
-        )
-    for client in clients:
-        if supports_buildkit(client.version, client.buildx):
-            return client
-    tried = ", ".join(f"{c.path} ({c.version or 'unknown version'}, no buildx)" for c in clients)
-    raise DockerError(
-        f"no docker client on PATH can build with BuildKit: {tried}",
-        "install the docker buildx plugin, or put a client with BuildKit built in first on PATH "
-        "(Debian's docker.io: /usr/bin/docker), or name one with GPURIG_DOCKER=/path/to/docker",
-    )
-
-
-def find_client(path: str | None = None) -> DockerClient:
-    """$GPURIG_DOCKER, else the first BuildKit-capable docker on PATH; its daemon must answer."""
-    forced = os.environ.get("GPURIG_DOCKER")
-    if forced:
-        if not (os.path.isfile(forced) and os.access(forced, os.X_OK)):
-            raise DockerError(f"GPURIG_DOCKER={forced} is not an executable", "point it at a docker binary or unset it")
-        client = choose_client([probe_client(forced)])
-    else:
-        client = choose_client([probe_client(b) for b in docker_candidates(path)])
-    check_daemon(client)
-    return client
-
-
-def check_daemon(client: DockerClient) -> str:
-    """The engine's version, or a DockerError when the daemon does not answer."""
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    try:
-        proc = subprocess.run(
-            [client.path, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=30
-        )
-    except subprocess.TimeoutExpired:
-        proc = None
-    if proc is None or proc.returncode != 0 or not proc.stdout.strip():
-        raise DockerError(
-            f"the Docker daemon at {host} does not answer ({last_line(proc.stderr if proc else 'no answer in 30 s', default='no reason given')})",
-            "start it (systemctl start docker, or `dockerd &`) or point DOCKER_HOST at a running one",
-        )
-    return proc.stdout.strip()
 
 
 # --- the CA bundle ----------------------------------------------------------------
@@ -187,15 +86,14 @@ def resolve_ca_bundle(setting: str, env: dict[str, str] | None = None, pip_cert:
 
 
 def build_argv(
-    client: DockerClient,
     context: BuildContext,
     iidfile: Path,
     ca_bundle: Path | None = None,
     labels: dict[str, str] | None = None,
     no_cache: bool = False,
 ) -> list[str]:
-    """The `docker build` command line for one context (an argv list: nothing passes through a shell)."""
-    argv = [client.path, "build", "--progress=plain", "--file", str(context.dockerfile), "--iidfile", str(iidfile)]
+    """The arguments of `docker build` for one context (an argv list: nothing passes through a shell)."""
+    argv = ["build", "--progress=plain", "--file", str(context.dockerfile), "--iidfile", str(iidfile)]
     for ref in (context.image_ref, *context.aliases):
         argv += ["--tag", ref]
     if ca_bundle is not None:
@@ -265,18 +163,23 @@ class ProgressParser:
             self.errors.append(_FAILED.search(line).group(0))
         return "other", None
 
+    def _executing(self) -> list[StepLog]:
+        # FROM only resolves the base: BuildKit shows it DONE or CACHED, but it runs nothing
+        return [s for s in self.steps.values() if not s.text.startswith("FROM ")]
+
     @property
     def total(self) -> int:
-        return max((s.total for s in self.steps.values()), default=0)
+        """The Dockerfile's steps that run or come from the cache (its [n/N] count, less the FROM)."""
+        froms = {s.number for s in self.steps.values() if s.text.startswith("FROM ")}
+        return max((s.total for s in self.steps.values()), default=0) - len(froms)
 
     @property
     def cached(self) -> int:
-        return sum(1 for s in self.steps.values() if s.state == "cached")
+        return sum(1 for s in self._executing() if s.state == "cached")
 
     @property
     def ran(self) -> int:
-        """Steps that executed (FROM only resolves the base, it never shows as cached)."""
-        return sum(1 for s in self.steps.values() if s.state == "done" and not s.text.startswith("FROM "))
+        return sum(1 for s in self._executing() if s.state == "done")
 
     def failed_step(self) -> StepLog | None:
         return next((s for s in self.steps.values() if s.state == "error"), None)
@@ -299,18 +202,20 @@ def run_build(
     labels: dict[str, str],
     on_line: Callable[[str, StepLog | None, ProgressParser], None] | None = None,
 ) -> tuple[str, ProgressParser, float]:
-    """Run the build, streaming plain progress to ``on_line`` and to the log; (image id, parsed steps, seconds)."""
+    """Run the build, streaming plain progress to ``on_line`` and to the log; (image id, parsed steps, seconds).
+
+    Interrupted (Ctrl-C, SIGTERM turned into an exception by the CLI), the
+    ``docker build`` child is stopped, which cancels the build, and the
+    scratch folder goes: nothing is left running or behind.
+    """
     parser = ProgressParser()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpurig-build-") as scratch:
         iidfile = Path(scratch) / "iid"
-        argv = build_argv(client, context, iidfile, ca_bundle, labels)
+        argv = build_argv(context, iidfile, ca_bundle, labels)
         started = time.monotonic()
-        with open(log_path, "w") as log:
-            log.write("$ " + " ".join(redact(a) for a in argv) + "\n")
-            proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=client.env(), errors="replace"
-            )
+        with open(log_path, "w") as log, client.stream(argv) as proc:
+            log.write("$ " + " ".join(redact(a) for a in [client.path, *argv]) + "\n")
             assert proc.stdout is not None
             for raw in proc.stdout:
                 line = redact(raw.rstrip("\n"))
@@ -331,35 +236,32 @@ def _build_failure(context: BuildContext, parser: ProgressParser, code: int, log
     detail = parser.errors[-1] if parser.errors else f"docker build exited {code}"
     detail = re.sub(r"\s+", " ", detail.removeprefix("ERROR: ").strip())
     if step is not None:
-        where = f"step {step.number}/{step.total} `{_short(step.text, 70)}`"
+        where = f"step {step.number}/{step.total} `{shorten(step.text, 70)}`"
         exit_code = re.search(r"exit code: (\d+)", detail)
-        why = f"exit code {exit_code.group(1)}" if exit_code else _short(detail, 160)
+        why = f"exit code {exit_code.group(1)}" if exit_code else shorten(detail, 160)
         last = next((line for line in reversed(step.lines) if line.strip() and not line.startswith("ERROR")), "")
-        problem = f"build of {context.image_ref} failed at {where}: {why}" + (f" ({_short(last, 120)})" if last else "")
+        problem = f"build of {context.image_ref} failed at {where}: {why}" + (f" ({shorten(last, 120)})" if last else "")
     else:
-        problem = f"build of {context.image_ref} failed: {_short(detail, 200)}"
+        problem = f"build of {context.image_ref} failed: {shorten(detail, 200)}"
     return DockerError(problem, f"read the build log {log_path}, fix the template or spec, and build again")
 
 
-def _short(text: str, limit: int) -> str:
+def shorten(text: str, limit: int) -> str:
+    """One line of at most ``limit`` characters (whitespace folded; an ellipsis where it was cut)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def inspect(client: DockerClient, ref: str) -> dict:
-    proc = subprocess.run([client.path, "image", "inspect", ref], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        raise DockerError(f"image {ref} is not in the local store ({proc.stderr.strip()})", "build it first")
-    return json.loads(proc.stdout)[0]
+    found = client.inspect_image(ref)
+    if found is None:
+        raise DockerError(f"image {ref} is not in the local store", "build it first")
+    return found
 
 
 def resolved_versions(client: DockerClient, image_id: str, labels: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """(pip freeze, dpkg package=version) as resolved inside the image; the probe container has no network."""
-    argv = [client.path, "run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "/bin/sh"]
-    for key, value in {PROBE_LABEL: "freeze", **labels}.items():
-        argv += ["--label", f"{key}={value}"]
-    argv += [image_id, "-c", FREEZE_SCRIPT]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    proc = client.run_once(image_id, ["-c", FREEZE_SCRIPT], {PROBE_LABEL: "freeze", **labels}, "/bin/sh", "0")
     if proc.returncode != 0:
         raise DockerError(f"cannot list the versions inside {image_id[:19]}: {proc.stderr.strip()[:200]}", "run the image by hand")
     return parse_freeze(proc.stdout)
@@ -436,21 +338,13 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 # --- pushing ----------------------------------------------------------------------
 
-_PUSHED = re.compile(r"digest: (sha256:[0-9a-f]{64})")
-
 
 def push(client: DockerClient, refs: Iterable[str]) -> str:
     """Push each ref; the digest the registry gave the (identical) manifest."""
     digest = ""
     for ref in refs:
-        proc = subprocess.run([client.path, "push", ref], capture_output=True, text=True, timeout=3600)
-        if proc.returncode != 0:
-            raise DockerError(
-                f"push of {ref} failed ({last_line(proc.stderr, default=f'exit {proc.returncode}')})",
-                "check the registry address in the spec, that it answers, and `docker login` to it",
-            )
-        found = _PUSHED.search(proc.stdout)
-        digest = digest or (found.group(1) if found else "")
+        pushed = client.push(ref)
+        digest = digest or pushed
     return digest
 
 
@@ -463,21 +357,15 @@ def record_push(path: Path, report: dict, refs: list[str], digest: str) -> dict:
 # --- listing ----------------------------------------------------------------------
 
 
-def list_images(client: DockerClient) -> list[dict]:
-    """Every local image gpurig built (label io.gpurig.variant), newest first, with its labels and size."""
-    proc = subprocess.run(
-        [client.path, "image", "ls", "--no-trunc", "--filter", "label=io.gpurig.variant", "--format", "{{.ID}}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        raise DockerError(f"docker image ls failed: {proc.stderr.strip()}", "check that the daemon answers")
-    ids = list(dict.fromkeys(line.strip() for line in proc.stdout.splitlines() if line.strip()))
-    if not ids:
-        return []
-    out = subprocess.run([client.path, "image", "inspect", *ids], capture_output=True, text=True, timeout=60)
-    images = json.loads(out.stdout or "[]")
+def project_images(client: DockerClient, repositories: Iterable[str]) -> list[dict]:
+    """The tagged local images of these repositories (by their io.gpurig.project label), newest first.
+
+    Not the dangling ones an earlier build left, not other projects' images on the same engine.
+    """
+    ids: list[str] = []
+    for repository in repositories:
+        ids += client.image_ids(f"label={PROJECT_LABEL}={repository}", "dangling=false")
+    images = client.inspect_images(list(dict.fromkeys(ids)))
     return sorted(images, key=lambda i: i.get("Created", ""), reverse=True)
 
 
@@ -500,61 +388,3 @@ def human_size(size: int) -> str:
             return f"{value:.0f} {unit}" if unit in ("B", "kB") else f"{value:.2f} {unit}"
         value /= 1000
     return f"{size} B"
-
-
-# --- one build, end to end ----------------------------------------------------------
-
-
-def build_image(
-    client: DockerClient,
-    context: BuildContext,
-    base: dict,
-    reports_dir: Path,
-    ca_bundle: Path | None,
-    labels: dict[str, str] | None = None,
-) -> BuildResult:
-    """Build one rendered context with a live progress bar, then write its JSON report; returns both."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from gpurig.report import console
-
-    labels = dict(labels or {})
-    labels.update(
-        {
-            "io.gpurig.base.source": base["source"],
-            "io.gpurig.base.id": base["id"],
-        }
-    )
-    if base.get("bootstrap"):
-        labels["io.gpurig.base.bootstrap"] = base["bootstrap"]
-    path = report_path(reports_dir, context)
-    log_path = path.with_suffix(".log")
-    progress = Progress(
-        TextColumn("[bold]{task.fields[image]}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=True,
-    )
-
-    def on_line(kind: str, step: StepLog | None, parser: ProgressParser) -> None:
-        if step is None:
-            return
-        if kind == "start":
-            progress.update(task, total=step.total, description=_short(step.text, 60))
-        elif kind == "done":
-            finished = sum(1 for s in parser.steps.values() if s.state in ("cached", "done"))
-            progress.update(task, completed=finished)
-            outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
-            console.print(f"  [{step.number}/{step.total}] {_short(step.text, 80)} [dim]{outcome}[/]")
-
-    with progress:
-        task = progress.add_task("starting", image=context.image_ref, total=None)
-        image_id, parser, seconds = run_build(client, context, log_path, ca_bundle, labels, on_line)
-    image = inspect(client, image_id)
-    freeze, dpkg = resolved_versions(client, image_id, {k: v for k, v in labels.items() if not k.startswith("io.gpurig.base")})
-    report = make_report(context, client, image, base, parser, seconds, freeze, dpkg, ca_bundle)
-    write_json_atomic(path, report)
-    return BuildResult(context, report, path)

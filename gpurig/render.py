@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -13,11 +13,14 @@ from pathlib import Path
 
 import jinja2
 
-from gpurig import compat
+from gpurig import compat, quoting
 from gpurig.errors import CompatError, RenderError
 from gpurig.spec import ImageSpec, MatrixEntry, Variant
+from gpurig.validate import excerpt, strip_userinfo
 
 CONTEXT_META = "gpurig-context.json"
+# Which project an image belongs to: its repository ([registry/]name), the same in every copy of the project.
+PROJECT_LABEL = "io.gpurig.project"
 # Variant files rendered from templates/files/<name>.j2 (or copied as they are), per feature.
 _FILES = {
     "entrypoint.sh": "always",
@@ -46,22 +49,24 @@ class BuildContext:
         return self.path / "Dockerfile"
 
 
-def _dq(value: object) -> str:
-    """A Dockerfile double-quoted string."""
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def environment(templates_dir: Path) -> jinja2.Environment:
     if not templates_dir.is_dir():
         raise RenderError(f"no templates directory at {templates_dir}", "run from the project root (where templates/ is)")
+    return _environment(str(templates_dir.resolve()))
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(templates_dir: str) -> jinja2.Environment:
+    """One environment per templates/ folder: it keeps compiled templates (recompiled when a file changes)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        # values are sealed (gpurig.quoting): they reach the output only through | sh, | dq or | word
+        finalize=quoting.finalize,
     )
-    env.filters["dq"] = _dq
-    env.filters["shquote"] = shlex.quote
+    env.filters.update(quoting.FILTERS)
     return env
 
 
@@ -82,7 +87,8 @@ def cuda_toolkit_requirement(entry: MatrixEntry) -> str:
     return f"cuda-toolkit[nvcc,cudart,cccl,crt,nvvm]=={entry.cuda}.*"
 
 
-def _pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
+def pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
+    """pip's index and find-links options as words (the template quotes them): every pip install gets them."""
     build = spec.build
     options: list[str] = []
     if build.pip_index:
@@ -97,26 +103,6 @@ def _pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
     return options
 
 
-def _pip_install_step(spec: ImageSpec, wheelhouse: bool):
-    """The RUN step that pip-installs: cache mount, CA bundle secret, wheelhouse bind; nothing stays in the layer."""
-
-    def pip_install(requirements: list[str], extra_index: str = "") -> str:
-        mounts = ["--mount=type=cache,target=/root/.cache/pip", "--mount=type=secret,id=ca,target=/run/secrets/ca.pem"]
-        if wheelhouse:
-            mounts.append("--mount=type=bind,source=wheelhouse,target=/wheelhouse")
-        options = _pip_options(spec, wheelhouse)
-        if extra_index:
-            options += ["--extra-index-url", extra_index]
-        words = " ".join(shlex.quote(w) for w in options + list(requirements))
-        lines = ["RUN " + " \\\n    ".join(mounts) + " \\"]
-        # The CA bundle is a build secret: present during this step only, never in a layer.
-        lines.append("    if [ -s /run/secrets/ca.pem ]; then export PIP_CERT=/run/secrets/ca.pem; fi \\")
-        lines.append(f"    && pip install {words}")
-        return "\n".join(lines)
-
-    return pip_install
-
-
 def _git(project: Path, *args: str) -> str:
     try:
         out = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, timeout=10)
@@ -125,16 +111,52 @@ def _git(project: Path, *args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def image_inputs(spec: ImageSpec, project: Path) -> list[str]:
+    """What an image is made of, as paths in the project: templates/, checks/ and the spec file (when inside it)."""
+    paths = ["templates", "checks"]
+    try:
+        paths.append(str(spec.path.resolve().relative_to(project.resolve())))
+    except ValueError:
+        pass
+    return paths
+
+
+def source_revision(spec: ImageSpec, project: Path) -> tuple[str, str]:
+    """(revision, created) of the last commit that changed the image's inputs; ('', '') outside a git checkout.
+
+    Not HEAD and not now: a commit elsewhere in the project, a copy of the
+    checkout or a rebuild tomorrow give the same labels, so the image keeps
+    its id. Uncommitted changes to the inputs mark the revision ``-dirty``.
+    """
+    paths = image_inputs(spec, project)
+    revision, _, created = _git(project, "log", "-1", "--format=%H %cI", "--", *paths).partition(" ")
+    if revision and _git(project, "status", "--porcelain", "--", *paths):
+        revision += "-dirty"
+    return revision, created
+
+
 def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project: Path) -> dict[str, str]:
-    """OCI and gpurig labels. created is the commit time, not now, so that a rebuild is a full cache hit."""
-    created = os.environ.get("SOURCE_DATE_EPOCH") and _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    """OCI and gpurig labels: the same for the same content, wherever the project lies (see source_revision).
+
+    A value that is not known (no git checkout, no remote) is left out rather than made up from the
+    machine or the directory, which would change the image id of identical content.
+    """
+    revision, created = source_revision(spec, project)
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        created = _epoch_to_iso(int(os.environ["SOURCE_DATE_EPOCH"]))
+    # a remote's user:token@ must not be published with the image; an unprintable one is left out
+    source = strip_userinfo(_git(project, "remote", "get-url", "origin"))
+    optional = {
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.source": source if source.isprintable() else "",
+    }
     return {
         "org.opencontainers.image.title": spec.name,
         "org.opencontainers.image.version": f"{entry.tag}-{variant.name}",
-        "org.opencontainers.image.revision": _git(project, "rev-parse", "HEAD") or "unknown",
-        "org.opencontainers.image.created": created or _git(project, "log", "-1", "--format=%cI") or "unknown",
-        "org.opencontainers.image.source": _git(project, "remote", "get-url", "origin") or f"local:{project.resolve().name}",
+        **{key: value for key, value in optional.items() if value},
         "org.opencontainers.image.base.name": variant.base,
+        PROJECT_LABEL: spec.image_ref(entry, variant.name).rsplit(":", 1)[0],
         "io.gpurig.variant": variant.name,
         "io.gpurig.torch": entry.torch,
         "io.gpurig.cuda": entry.cuda,
@@ -167,7 +189,7 @@ def local_wheelhouses(spec: ImageSpec) -> list[Path]:
         path = Path(os.path.expanduser(link))
         if not path.is_dir():
             raise RenderError(
-                f"{spec.path}: build.find_links names {link}, which is not a directory", "fix the path or remove it"
+                f"{spec.path}: build.find_links names {excerpt(link)}, which is not a directory", "fix the path or remove it"
             )
         dirs.append(path)
     return dirs
@@ -202,7 +224,9 @@ def render(
         "entry": entry,
         "variant": variant,
         "image_ref": spec.image_ref(entry, variant.name),
-        "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini", *variant.apt],
+        # the shared part's packages are the same for every variant; a variant's own come after torch
+        "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini"],
+        "variant_apt": list(variant.apt),
         "extra_pip": list(variant.pip),
         "torch_requirement": torch_requirement(entry),
         "torch_index": _torch_index(spec, entry),
@@ -210,16 +234,18 @@ def render(
         "require_cuda": compat.require_cuda(entry.cuda),
         "labels": labels,
         "services": [s for s, on in (("sshd", variant.kind.ssh), ("jupyterlab", variant.kind.jupyter)) if on],
-        "pip_install": _pip_install_step(spec, bool(wheelhouses)),
+        "pip_options": pip_options(spec, bool(wheelhouses)),
+        "wheelhouse": bool(wheelhouses),
     }
     final = out_root / spec.name / f"{entry.tag}-{variant.name}"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", values))
+        sealed = {name: quoting.seal(value) for name, value in values.items()}
+        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", sealed))
         for name, feature in _FILES.items():
             if feature == "always" or getattr(variant.kind, feature):
-                _write_file(env, project / "templates" / "files", name, staging, values)
+                _write_file(env, project / "templates" / "files", name, staging, sealed)
         checks = project / "checks"
         if not checks.is_dir():
             raise RenderError(f"no checks directory at {checks}", "run from the project root (where checks/ is)")
@@ -268,6 +294,19 @@ def _render(env: jinja2.Environment, name: str, values: dict) -> str:
         raise RenderError(f"template {name}: {err.message}", "define the value or fix the template") from None
     except jinja2.TemplateSyntaxError as err:
         raise RenderError(f"template {err.name or name} line {err.lineno}: {err.message}", "fix the template") from None
+    except RenderError as err:  # a quoting filter refused a value, or a value was emitted unquoted
+        raise RenderError(f"template {_template_line(err, name)}: {err.problem}", err.fix) from None
+
+
+def _template_line(err: BaseException, name: str) -> str:
+    """'NAME line N' of the innermost template frame in err's traceback (Jinja maps frames to template lines)."""
+    where = name
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(".j2"):
+            where = f"{Path(tb.tb_frame.f_code.co_filename).name} line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _write_file(env: jinja2.Environment, files: Path, name: str, staging: Path, values: dict) -> None:

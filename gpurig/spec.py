@@ -5,12 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from gpurig import compat
+from gpurig import compat, validate, yamlio
 from gpurig.errors import CompatError, SpecError, did_you_mean
+from gpurig.yamlnode import Check, Node
 
 
 @dataclass(frozen=True)
@@ -159,81 +157,73 @@ class ImageSpec:
 
 
 # --- loading -------------------------------------------------------------------
+# Every value gets a type-specific check at load time (gpurig/validate.py): what
+# passes is what the templates may quote into a Dockerfile; the rest is refused
+# with one line naming the file, the key path and the rule.
 
-_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
-_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
-_PYTHON = re.compile(r"^3\.\d+$")
+ALIAS_FIELDS = ("variant", "torch", "cuda", "cuda_tag")
+TORCH_INDEX_FIELDS = ("cuda_tag", "cuda")
 
 
-class _Node:
-    """A YAML value with its key path, so every error can say where it is."""
+def _pattern(regex: str, rule: str) -> Check:
+    """A check that ``regex`` matches the whole value (fullmatch: no trailing newline slips through)."""
+    compiled = re.compile(regex)
+    return lambda value: None if validate.matches(compiled, value) else rule
 
-    def __init__(self, source: Path, path: str, value: Any) -> None:
-        self.source, self.path, self.value = source, path, value
 
-    def fail(self, problem: str, fix: str) -> SpecError:
-        where = f"{self.source}: {self.path}" if self.path else str(self.source)
-        return SpecError(f"{where}: {problem}", fix)
+_NAME = _pattern(r"[a-z0-9]+(?:[._-][a-z0-9]+)*", "is not an image name (lowercase letters and digits, joined by '.', '_' or '-')")
+_VERSION = _pattern(r"\d{1,4}\.\d{1,4}\.\d{1,4}", "is not a version X.Y.Z")
+_CUDA = _pattern(r"\d{1,3}\.\d{1,3}|cpu", "is not a CUDA version X.Y or cpu")
+_PYTHON = _pattern(r"3\.\d{1,3}", "is not a Python version 3.X")
+_USER_NAME = _pattern(r"[a-z_][a-z0-9_-]{0,30}", "is not a user name (lowercase letters, digits, '_', '-'; at most 31)")
 
-    def mapping(self, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, _Node]:
-        if self.value is None:
-            self.value = {}
-        if not isinstance(self.value, dict):
-            raise self.fail(f"expected a mapping, got {type(self.value).__name__}", f"write keys {', '.join(allowed)}")
-        for key in self.value:
-            if key not in allowed:
-                raise self.fail(
-                    f"unknown key {key!r}{did_you_mean(key, allowed)}", f"valid keys here: {', '.join(allowed)}"
-                )
-        for key in required:
-            if key not in self.value:
-                raise self.fail(f"missing key {key!r}", f"add {key}: ... (see images/pytorch.yaml)")
-        return {k: _Node(self.source, f"{self.path}.{k}" if self.path else str(k), v) for k, v in self.value.items()}
 
-    def text(self, pattern: re.Pattern | None = None, example: str = "") -> str:
-        if isinstance(self.value, (int, float)) and not isinstance(self.value, bool):
-            # YAML reads 3.10 as the float 3.1: refuse rather than guess
-            raise self.fail(f"{self.value!r} is a number", f"quote it: \"{example or self.value}\"")
-        if not isinstance(self.value, str):
-            raise self.fail(f"expected a string, got {type(self.value).__name__}", f"write e.g. {example!r}")
-        if pattern and not pattern.match(self.value):
-            raise self.fail(f"{self.value!r} is not valid here", f"write e.g. {example!r}")
-        return self.value
+def _source_url(value: str) -> str | None:
+    """An http(s) URL pip or apt fetches from; its userinfo would be kept in the image's history."""
+    problem = validate.url_problem(value)
+    if problem is None and validate.strip_userinfo(value) != value:
+        return "carries user:password@ (RUN lines are kept in the image's history)"
+    return problem
 
-    def strings(self) -> tuple[str, ...]:
-        if self.value is None:
-            return ()
-        if not isinstance(self.value, list) or not all(isinstance(v, str) for v in self.value):
-            raise self.fail("expected a list of strings", "write e.g. [a, b]")
-        return tuple(self.value)
 
-    def ports(self) -> tuple[int, ...]:
-        if not isinstance(self.value, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in self.value
-        ):
-            raise self.fail("expected a list of port numbers (1-65535)", "write e.g. [22, 8888]")
-        return tuple(self.value)
+def _find_links(value: str) -> str | None:
+    return _source_url(value) if "://" in value else validate.find_links_problem(value)
+
+
+def _ca_bundle(value: str) -> str | None:
+    """auto, none, or a file; `docker build --secret id=ca,src=PATH` reads PATH as CSV, so no ',' or '"'."""
+    if value in ("auto", "none"):
+        return None
+    if "," in value or '"' in value:
+        return "contains ',' or '\"' (docker build --secret would read it as another field)"
+    return validate.path_problem(value)
+
+
+def _registry(value: str) -> str | None:
+    return validate.registry_problem(value.rstrip("/"))
+
+
+def _torch_index(value: str) -> str | None:
+    """An index URL with an optional {cuda_tag} or {cuda} (validated once filled in)."""
+    problem = validate.placeholders_problem(value, TORCH_INDEX_FIELDS)
+    return problem or _source_url(value.format(cuda_tag="cu128", cuda="12.8"))
 
 
 def load_spec(path: str | Path) -> ImageSpec:
     """Load and validate one image spec file."""
     source = Path(path)
-    if not source.is_file():
-        raise SpecError(f"image spec {source} not found", "run from the project root or pass --spec FILE")
-    try:
-        raw = yaml.safe_load(source.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{source}:{where} is not valid YAML ({getattr(err, 'problem', err)})", "fix the syntax")
+    raw = yamlio.load_yaml(
+        source, error=SpecError, what="image spec", fix_missing="run from the project root or pass --spec FILE"
+    )
     if raw is None:
         raise SpecError(f"{source} is empty", "declare name, python, matrix and variants (see images/pytorch.yaml)")
-    root = _Node(source, "", raw)
-    top = root.mapping(
+    top = Node(source, "", raw, SpecError).mapping(
         ("name", "registry", "python", "matrix", "base", "user", "variants", "build"),
         required=("name", "python", "matrix"),
     )
     name = top["name"].text(_NAME, "pytorch")
+    if len(name) > 128:
+        raise top["name"].fail(f"a name of {len(name)} characters (at most 128)", "choose a shorter name")
     python = top["python"].text(_PYTHON, "3.11")
     base, bootstrap = _load_base(top.get("base"))
     found = compat.base_python(base)
@@ -242,42 +232,48 @@ def load_spec(path: str | Path) -> ImageSpec:
             f"base {base} installs Python {found}, not {python}", f"set python: \"{found}\" or choose another base"
         )
     matrix, default = _load_matrix(top["matrix"], python)
+    variants = _load_variants(top.get("variants"), base, python)
+    build = _load_build(top.get("build"), matrix, variants)
+    registry = top["registry"].optional_text(_registry, "registry.example.com:5000/ml") if "registry" in top else ""
     return ImageSpec(
         path=source,
         name=name,
-        registry=top["registry"].text() if "registry" in top and top["registry"].value else "",
+        registry=registry,
         python=python,
         matrix=matrix,
         default=default,
         base=base,
         bootstrap=bootstrap,
         user=_load_user(top.get("user")),
-        variants=_load_variants(top.get("variants"), base, python),
-        build=_load_build(top.get("build")),
+        variants=variants,
+        build=build,
     )
 
 
-def _load_base(node: _Node | None) -> tuple[str, Bootstrap | None]:
+def _load_base(node: Node | None) -> tuple[str, Bootstrap | None]:
     if node is None:
         return "debian:bookworm-slim", Bootstrap("bookworm", "http://deb.debian.org/debian")
     keys = node.mapping(("image", "bootstrap"), required=("image",))
-    image = keys["image"].text(example="debian:bookworm-slim")
+    image = keys["image"].text(validate.image_ref_problem, "debian:bookworm-slim")
     if "bootstrap" not in keys or keys["bootstrap"].value is False:
         return image, None
     boot = keys["bootstrap"].mapping(("suite", "mirror"), required=("suite",))
-    mirror = boot["mirror"].text(example="http://deb.debian.org/debian") if "mirror" in boot else ""
-    return image, Bootstrap(boot["suite"].text(example="bookworm"), mirror or "http://deb.debian.org/debian")
+    suite = boot["suite"].text(validate.debian_suite_problem, "bookworm")
+    default_mirror = "http://deb.debian.org/debian"
+    mirror = boot["mirror"].optional_text(_source_url, default_mirror, default_mirror) if "mirror" in boot else default_mirror
+    return image, Bootstrap(suite, mirror)
 
 
-def _load_matrix(node: _Node, python: str) -> tuple[tuple[MatrixEntry, ...], MatrixEntry]:
-    if not isinstance(node.value, list) or not node.value:
+def _load_matrix(node: Node, python: str) -> tuple[tuple[MatrixEntry, ...], MatrixEntry]:
+    rows = node.items('{torch: "2.14.1", cuda: "13.0"}')
+    if not rows:
         raise node.fail("expected a non-empty list of {torch, cuda} entries", "write - {torch: \"2.14.1\", cuda: \"13.0\"}")
-    entries, default = [], None
-    for i, item in enumerate(node.value):
-        row = _Node(node.source, f"{node.path}[{i}]", item)
+    entries: list[MatrixEntry] = []
+    default = None
+    for row in rows:
         keys = row.mapping(("torch", "cuda", "default"), required=("torch", "cuda"))
         torch = keys["torch"].text(_VERSION, "2.14.1")
-        cuda = keys["cuda"].text(re.compile(r"^(\d+\.\d+|cpu)$"), "12.8")
+        cuda = keys["cuda"].text(_CUDA, "12.8")
         try:
             compat.check_torch_cuda(torch, cuda)
             compat.check_python(torch, python)
@@ -287,32 +283,31 @@ def _load_matrix(node: _Node, python: str) -> tuple[tuple[MatrixEntry, ...], Mat
         if entry in entries:
             raise row.fail(f"{entry} is listed twice", "remove the duplicate")
         entries.append(entry)
-        if "default" in keys:
-            if not isinstance(keys["default"].value, bool):
-                raise keys["default"].fail("expected true or false", "write default: true")
-            if keys["default"].value:
-                if default is not None:
-                    raise keys["default"].fail("a second default entry", "mark exactly one entry default: true")
-                default = entry
+        if "default" in keys and keys["default"].boolean("default: true"):
+            if default is not None:
+                raise keys["default"].fail("a second default entry", "mark exactly one entry default: true")
+            default = entry
     return tuple(entries), default or entries[0]
 
 
-def _load_user(node: _Node | None) -> User:
+def _load_user(node: Node | None) -> User:
     if node is None:
         return User()
     keys = node.mapping(("name", "uid"))
-    name = keys["name"].text(re.compile(r"^[a-z_][a-z0-9_-]{0,30}$"), "gpurig") if "name" in keys else "gpurig"
-    uid = keys["uid"].value if "uid" in keys else 1000
-    if not isinstance(uid, int) or isinstance(uid, bool) or not 1000 <= uid < 65534:
-        raise keys["uid"].fail(f"uid {uid!r} is not a regular user id", "use a number from 1000 to 65533")
+    name = keys["name"].text(_USER_NAME, "gpurig") if "name" in keys else "gpurig"
     if name == "root":
         raise keys["name"].fail("the image user must not be root", "choose another name, e.g. gpurig")
+    if "uid" not in keys:
+        return User(name)
+    uid = keys["uid"].value
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 1000 <= uid < 65534:
+        raise keys["uid"].fail(f"uid {validate.excerpt(uid)} is not a regular user id", "use a number from 1000 to 65533")
     return User(name, uid)
 
 
-def _load_variants(node: _Node | None, base: str, python: str) -> dict[str, Variant]:
+def _load_variants(node: Node | None, base: str, python: str) -> dict[str, Variant]:
     if node is None:
-        configured: dict[str, _Node] = {k: _Node(Path(), k, None) for k in VARIANT_KINDS}
+        configured: dict[str, Node] = {k: Node(Path(), k, None, SpecError) for k in VARIANT_KINDS}
     else:
         configured = node.mapping(tuple(VARIANT_KINDS))
         if not configured:
@@ -321,7 +316,7 @@ def _load_variants(node: _Node | None, base: str, python: str) -> dict[str, Vari
     for name, vnode in configured.items():
         kind = VARIANT_KINDS[name]
         keys = vnode.mapping(("base", "apt", "pip", "ports"))
-        vbase = keys["base"].text(example="debian:bookworm-slim") if "base" in keys else base
+        vbase = keys["base"].text(validate.image_ref_problem, "debian:bookworm-slim") if "base" in keys else base
         found = compat.base_python(vbase)
         if found and found != python:
             raise keys["base"].fail(f"{vbase} installs Python {found}, not {python}", "use a base with that Python")
@@ -329,14 +324,14 @@ def _load_variants(node: _Node | None, base: str, python: str) -> dict[str, Vari
             name=name,
             kind=kind,
             base=vbase,
-            apt=kind.apt + (keys["apt"].strings() if "apt" in keys else ()),
-            pip=kind.pip + (keys["pip"].strings() if "pip" in keys else ()),
+            apt=kind.apt + (keys["apt"].strings(validate.debian_package_problem, "htop") if "apt" in keys else ()),
+            pip=kind.pip + (keys["pip"].strings(validate.pip_requirement_problem, "gpustat") if "pip" in keys else ()),
             ports=keys["ports"].ports() if "ports" in keys else kind.ports,
         )
     return variants
 
 
-def _load_build(node: _Node | None) -> BuildSettings:
+def _load_build(node: Node | None, matrix: tuple[MatrixEntry, ...], variants: dict[str, Variant]) -> BuildSettings:
     if node is None:
         return BuildSettings()
     keys = node.mapping(
@@ -344,26 +339,35 @@ def _load_build(node: _Node | None) -> BuildSettings:
     )
     defaults = BuildSettings()
 
-    def text(key: str, default: str) -> str:
-        return keys[key].text() if key in keys and keys[key].value is not None else default
+    def text(key: str, check: Check, example: str, default: str = "") -> str:
+        return keys[key].optional_text(check, example, default) if key in keys else default
 
-    aliases = keys["aliases"].strings() if "aliases" in keys else ()
-    for alias in aliases:
-        try:
-            alias.format(variant="v", torch="t", cuda="c", cuda_tag="ct")
-        except (KeyError, IndexError, ValueError):
-            raise keys["aliases"].fail(
-                f"alias {alias!r} uses an unknown field", "use only {variant}, {torch}, {cuda}, {cuda_tag}"
-            ) from None
+    def strings(key: str, check: Check, example: str) -> tuple[str, ...]:
+        return keys[key].strings(check, example) if key in keys else ()
+
+    aliases = strings("aliases", lambda a: validate.placeholders_problem(a, ALIAS_FIELDS), "{variant}")
+    for i, alias in enumerate(aliases):
+        for entry in matrix:
+            for variant in variants:
+                tag = alias.format(variant=variant, torch=entry.torch, cuda=entry.cuda, cuda_tag=entry.cuda_tag)
+                problem = validate.tag_problem(tag)
+                if problem:
+                    raise keys["aliases"].child(i, alias).fail(
+                        f"makes the tag {validate.excerpt(tag)} for {entry.tag}-{variant}, which {problem}",
+                        "use letters, digits, '_', '.', '-' around {variant}, {torch}, {cuda}, {cuda_tag}",
+                    )
     return BuildSettings(
-        pip_index=text("pip_index", defaults.pip_index),
-        pip_extra_index=keys["pip_extra_index"].strings() if "pip_extra_index" in keys else (),
-        find_links=keys["find_links"].strings() if "find_links" in keys else (),
-        torch_index=text("torch_index", defaults.torch_index),
-        apt_mirror=text("apt_mirror", defaults.apt_mirror),
-        ca_bundle=text("ca_bundle", defaults.ca_bundle),
+        pip_index=text("pip_index", _source_url, "https://pypi.example.com/simple"),
+        pip_extra_index=strings("pip_extra_index", _source_url, "https://pypi.example.com/simple"),
+        find_links=strings("find_links", _find_links, "/opt/wheels"),
+        # null or "" turns the torch index off (pip's own index only)
+        torch_index=keys["torch_index"].optional_text(_torch_index, defaults.torch_index)
+        if "torch_index" in keys
+        else defaults.torch_index,
+        apt_mirror=text("apt_mirror", _source_url, "http://mirror.example.com/debian"),
+        ca_bundle=text("ca_bundle", _ca_bundle, "auto", defaults.ca_bundle),
         aliases=aliases,
-        syntax=text("syntax", defaults.syntax),
+        syntax=text("syntax", validate.image_ref_problem, "docker/dockerfile:1"),
     )
 
 

@@ -34,8 +34,13 @@ def _control(value: str) -> bool:
 
 
 def excerpt(value: object, limit: int = 40) -> str:
-    """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars)."""
-    text = repr(value) if not isinstance(value, str) else repr(value)
+    """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars).
+
+    A URL's user:password@ is left out: an error line ends up in terminals and CI logs.
+    """
+    if isinstance(value, str) and "://" in value and "@" in value:
+        value = strip_userinfo(value)
+    text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
@@ -149,3 +154,71 @@ def strip_userinfo(url: str) -> str:
         return url
     host = parts.netloc.rsplit("@", 1)[1]
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def path_problem(value: object) -> str | None:
+    """A local path gpurig itself opens: no control characters, not starting with '-'."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty path"
+    if _control(value):
+        return "contains a control character"
+    if value.startswith("-"):
+        return "starts with '-' (it would be read as an option)"
+    return None
+
+
+def find_links_problem(value: object) -> str | None:
+    """A pip --find-links source: an http(s) URL, or a local directory path."""
+    if isinstance(value, str) and "://" in value:
+        return url_problem(value)
+    return path_problem(value)
+
+
+def pip_requirement_problem(value: object) -> str | None:
+    """A PEP 508 requirement (name, extras, versions, markers); never a pip option such as -r or --index-url."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not isinstance(value, str) or not value.strip():
+        return "must be a package requirement such as numpy or numpy>=2"
+    if value.lstrip().startswith("-"):
+        return "starts with '-': pip would read it as an option (set indexes under build:, not in package lists)"
+    if _control(value):
+        return "contains a control character"
+    try:
+        requirement = Requirement(value)
+    except InvalidRequirement:
+        return "is not a package requirement (PEP 508) such as numpy, numpy>=2 or jupyterlab[full]==4.*"
+    if requirement.url is not None and url_problem(requirement.url):
+        return "names a URL that is not http(s)"
+    return None
+
+
+def placeholders_problem(value: object, fields: tuple[str, ...]) -> str | None:
+    """A str.format template whose only replacement fields are bare ``{name}`` from ``fields``.
+
+    No format spec, conversion, index or attribute: ``{variant:>1500000000}``
+    would pad to 1.5 GB, ``{variant.__class__}`` would reach into objects.
+    """
+    import string
+
+    if not isinstance(value, str):
+        return "must be a string"
+    try:
+        parsed = list(string.Formatter().parse(value))
+    except ValueError:
+        return "has an unbalanced '{' or '}' (write {{ or }} for a literal brace)"
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in fields:
+            return f"uses an unknown field {excerpt('{' + name + '}', 30)} (allowed: {', '.join('{' + f + '}' for f in fields)})"
+        if spec or conversion:
+            return f"formats {{{name}}} with a conversion or width (write plain {{{name}}})"
+    return None
+
+
+def debian_suite_problem(value: object) -> str | None:
+    """A Debian or Ubuntu suite / codename such as bookworm or bookworm-backports."""
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9.-]{0,39}", value):
+        return "is not a suite name such as bookworm"
+    return None

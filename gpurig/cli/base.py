@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Task
@@ -41,9 +44,13 @@ def task(*args, **kwargs):
         def wrapper(c, *a, **kw):
             configure_logging(kw.get("verbose") or 0)
             try:
-                return fn(c, *a, **kw)
+                with terminate_as_exception():
+                    return fn(c, *a, **kw)
             except GpurigError as err:
                 raise Exit(f"gpurig: {err}", code=err.exit_code) from None
+            except Terminated:
+                raise Exit("gpurig: terminated (SIGTERM); stopped what was running and removed temporary files",
+                           code=128 + signal.SIGTERM) from None
             except KeyboardInterrupt:
                 raise Exit("gpurig: interrupted", code=130) from None
             except BrokenPipeError:
@@ -64,3 +71,28 @@ def task(*args, **kwargs):
 def project_root(c) -> Path:
     """The project gpurig acts on: the configured root, else found from the working directory upwards."""
     return root_of(c.config) or Path.cwd()
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, a CI runner's cancel), raised where the task is, like Ctrl-C's KeyboardInterrupt.
+
+    So every ``finally`` and ``with`` on the way out runs: a ``docker build``
+    child is stopped, temporary folders are removed, half-written files go.
+    """
+
+
+@contextmanager
+def terminate_as_exception():
+    """SIGTERM raises Terminated in the main thread for the duration; a second one waits for the cleanup."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup the first one started must not be cut short
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

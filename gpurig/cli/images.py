@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from gpurig import compat
 from gpurig.cli.base import project_root, task
 from gpurig.errors import LintError, SpecError
+from gpurig.build import shorten
 from gpurig.lint import failing, lint as run_hadolint
+from gpurig.pipeline import BuildObserver
 from gpurig.render import BuildContext, check_renderable, render_matrix
 from gpurig.config import choice
 from gpurig.report import console
@@ -136,16 +137,9 @@ BUILD_HELP = {
 @task(help=BUILD_HELP, iterable=["label"])
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
-    from gpurig.base import ensure_base
-    from gpurig.build import (
-        build_image,
-        find_client,
-        human_size,
-        push as push_refs,
-        record_push,
-        refuse_credentials,
-        resolve_ca_bundle,
-    )
+    from gpurig.build import human_size, refuse_credentials, resolve_ca_bundle
+    from gpurig.docker import find_client
+    from gpurig.pipeline import build_all
 
     labels = parse_labels(label or [])
     image_spec = load_project_spec(c, spec)
@@ -159,26 +153,8 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     console.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
     ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
     console.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
-    bases: dict[str, dict] = {}
-    results = []
-    for context in contexts:
-        ref = context.variant.base
-        if ref not in bases:
-            bootstrap = image_spec.bootstrap if ref == image_spec.base else None
-            bases[ref] = ensure_base(client.path, ref, bootstrap, labels, say=console.print).as_dict()
-        result = build_image(client, context, bases[ref], root / REPORTS_DIR, ca_bundle, labels)
-        if push:
-            refs = [context.image_ref, *context.aliases]
-            console.print(f"pushing {', '.join(refs)}")
-            pushed = record_push(result.report_path, result.report, refs, push_refs(client, refs))
-            result = dataclasses.replace(result, report=pushed)
-        results.append(result)
-        steps = result.report["steps"]
-        cache = " (full cache hit)" if not steps["ran"] else ""
-        console.print(
-            f"[green]built[/] {context.image_ref} in {result.report['duration_s']:.1f}s: "
-            f"{steps['ran']} of {steps['total']} steps ran{cache}; report {result.report_path.relative_to(root)}"
-        )
+    with BuildProgress(root) as observer:
+        results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels, push, observer)
     rows = []
     for result in results:
         r = result.report
@@ -194,6 +170,60 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     print_rows("built", ("image", "torch", "size", "layers", "steps run", "time", "digest"), rows)
 
 
+class BuildProgress(BuildObserver):
+    """The build on a console: a live bar per image, one line per finished step, one line per image built."""
+
+    def __init__(self, root: Path) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.root = root
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[image]}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=True,
+        )
+        self.task = None
+
+    def __enter__(self) -> "BuildProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def base(self, line: str) -> None:
+        console.print(line)
+
+    def started(self, context: BuildContext) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task("starting", image=context.image_ref, total=None)
+
+    def step(self, context: BuildContext, kind: str, step, parser) -> None:
+        if kind == "start":
+            self.progress.update(self.task, total=step.total, description=shorten(step.text, 60))
+        elif kind == "done":
+            finished = sum(1 for s in parser.steps.values() if s.state in ("cached", "done"))
+            self.progress.update(self.task, completed=finished)
+            outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
+            console.print(f"  [{step.number}/{step.total}] {shorten(step.text, 80)} [dim]{outcome}[/]")
+
+    def pushing(self, context: BuildContext, refs: list[str]) -> None:
+        console.print(f"pushing {', '.join(refs)}")
+
+    def built(self, result) -> None:
+        steps = result.report["steps"]
+        cache = " (full cache hit)" if not steps["ran"] else ""
+        console.print(
+            f"[green]built[/] {result.context.image_ref} in {result.report['duration_s']:.1f}s: "
+            f"{steps['ran']} of {steps['total']} steps ran{cache}; report {result.report_path.relative_to(self.root)}"
+        )
+
+
 def parse_labels(pairs: list[str]) -> dict[str, str]:
     labels = {}
     for pair in pairs:
@@ -204,34 +234,45 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-@task(help={"format": FORMAT_HELP + " (piped: tsv)"})
-def images(c, format=None):
-    """List the images gpurig built here: tags, versions, sizes (the resolved torch from their reports)."""
-    from gpurig.build import find_client, human_size, list_images, load_reports
+# How each base came to be, as `gpurig images` explains it (the io.gpurig.base.source label).
+BASE_ORIGINS = {
+    "pulled": "pulled",
+    "local": "local",
+    "bootstrapped": "bootstrapped stand-in",
+}
 
-    client = find_client()
-    found = list_images(client)
-    reports = load_reports(project_root(c) / REPORTS_DIR)
+
+@task(help={"spec": "image spec file (default: every spec in images/)", "format": FORMAT_HELP + " (piped: tsv)"})
+def images(c, spec=None, format=None):
+    """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
+    from gpurig.build import human_size, project_images
+    from gpurig.docker import find_client
+
+    specs = [load_spec(spec)] if spec else [load_spec(f) for f in find_specs(project_root(c) / "images")]
+    repositories = {s.image_ref(s.default, "x").rsplit(":", 1)[0] for s in specs}
+    found = project_images(find_client(), sorted(repositories))
     if not found and format in (None, "table"):
-        console.print("no gpurig images in the local store; build one with `invoke build`")
+        console.print(f"no images of {', '.join(sorted(repositories))} in the local store; build one with `gpurig build`")
         return
-    columns = ("tags", "variant", "torch", "CUDA", "Python", "size", "created", "id", "base")
+    columns = ("image", "variant", "torch", "CUDA", "size", "created", "base")
     rows = []
     for image in found:
         labels = (image.get("Config") or {}).get("Labels") or {}
-        report = reports.get(image["Id"], {})
+        origin = labels.get("io.gpurig.base.source", "")
+        base = labels.get("org.opencontainers.image.base.name", "?")
         rows.append((
-            " ".join(image.get("RepoTags") or ["<none>"]),
+            " ".join(image.get("RepoTags") or []),
             labels.get("io.gpurig.variant", "?"),
-            report.get("torch_resolved") or labels.get("io.gpurig.torch", "?"),
+            labels.get("io.gpurig.torch", "?"),
             labels.get("io.gpurig.cuda", "?"),
-            labels.get("io.gpurig.python", "?"),
             human_size(int(image.get("Size") or 0)),
-            image.get("Created", "")[:19].replace("T", " "),
-            image["Id"].split(":")[-1][:12],
-            labels.get("io.gpurig.base.source", "?"),
+            image.get("Created", "")[:10],
+            f"{base} ({BASE_ORIGINS.get(origin, origin or 'unknown')})",
         ))
-    print_rows("gpurig images", columns, rows, format)
+    print_rows(f"images of {', '.join(sorted(repositories))}", columns, rows, format)
+    if any("bootstrapped" in row[-1] for row in rows) and console.is_terminal:
+        console.print("bootstrapped stand-in: no registry answered, so the base was made here with debootstrap "
+                      "under the registry's name; `docker rmi` it to build on the registry's image.")
 
 
 def print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str | None = None) -> None:

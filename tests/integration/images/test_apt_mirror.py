@@ -1,4 +1,9 @@
-"""build.apt_mirror: apt inside the build fetches from the mirror named in the spec (a recording proxy here)."""
+"""build.apt_mirror: apt inside the build fetches from the mirror named in the spec (a recording proxy here).
+
+The mirror's URL carries shell syntax in its path, valid in a URL: it must
+reach apt as data. (It was once spliced into a sed program, where a `#e`
+suffix ran a command at build time.)
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import SESSION, TEST_LABEL, docker, write_spec
+from conftest import SESSION, SPEC_NAME, TEST_LABEL, docker, run_in, write_spec
 
 UPSTREAM = "http://deb.debian.org"
+# Would create /pwned in the image if the mirror reached a shell or a sed program as code.
+HOSTILE_PATH = "/x$(touch$IFS/pwned)&;/debian"
 
 
 class Mirror(BaseHTTPRequestHandler):
@@ -23,7 +30,8 @@ class Mirror(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's name
         self.seen.append(self.path)
-        request = urllib.request.Request(UPSTREAM + self.path, headers={"User-Agent": "gpurig-test-mirror"})
+        path = self.path[self.path.find("/debian/"):] if "/debian/" in self.path else self.path
+        request = urllib.request.Request(UPSTREAM + path, headers={"User-Agent": "gpurig-test-mirror"})
         try:
             with urllib.request.urlopen(request, timeout=60) as upstream:
                 body = upstream.read()
@@ -60,8 +68,13 @@ def mirror(docker_client):
 
 def test_apt_fetches_through_the_configured_mirror(cli, wheels, base, mirror):
     spec = write_spec(cli.project / "mirror.yaml", wheels)
-    spec.write_text(spec.read_text().replace("build:\n", f"build:\n  apt_mirror: {mirror}\n"))
+    hostile = mirror.replace("/debian", HOSTILE_PATH)
+    spec.write_text(spec.read_text().replace("build:\n", f"build:\n  apt_mirror: '{hostile}'\n"))
     proc = cli("build", "--spec", str(spec), "--variant", "slim", "--cuda", "cpu", "--label", f"{TEST_LABEL}={SESSION}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
-    assert any(path.startswith("/debian/dists/bookworm/") for path in Mirror.seen), Mirror.seen[:5]
+    assert any("/debian/dists/bookworm/" in path for path in Mirror.seen), Mirror.seen[:5]
     assert any(path.endswith(".deb") for path in Mirror.seen) or any("InRelease" in p for p in Mirror.seen)
+    assert all(path.startswith("/x") for path in Mirror.seen), Mirror.seen[:5]
+    image = f"{SPEC_NAME}:2.13.0-cpu-slim"
+    probe = run_in(image, "-e", "/pwned", entrypoint="/usr/bin/test")
+    assert probe.returncode == 1, probe.stderr  # 1: no such file (docker's own failures are 125-127)

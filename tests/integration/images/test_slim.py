@@ -37,7 +37,8 @@ def test_report_pins_what_was_built(build, docker_client):
     assert report["settings"]["ca_bundle"] in ("passed as build secret", "none")
     assert report["duration_s"] > 0 and report["steps"]["total"] >= 8
     labels = inspected["Config"]["Labels"]
-    assert labels["io.gpurig.torch"] == CPU_TORCH and labels["io.gpurig.base.source"] == report["base"]["source"]
+    assert labels["io.gpurig.torch"] == CPU_TORCH and labels["io.gpurig.base.source"] == report["base"]["origin"]
+    assert report["steps"]["total"] == report["steps"]["cached"] + report["steps"]["ran"]
 
 
 def test_gpu_health_reports_the_missing_gpu_as_json(build):

@@ -1,0 +1,110 @@
+"""The build pipeline: a base for each FROM, then each rendered context built, pushed and recorded; progress goes to an observer."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from gpurig.base import BaseImage, ensure_base
+from gpurig.build import (
+    BuildResult,
+    ProgressParser,
+    StepLog,
+    inspect,
+    make_report,
+    push,
+    record_push,
+    report_path,
+    resolved_versions,
+    run_build,
+    write_json_atomic,
+)
+from gpurig.docker import DockerClient
+from gpurig.render import BuildContext
+from gpurig.spec import ImageSpec
+
+
+class BuildObserver:
+    """What a build tells whoever presents it. Every method is a no-op here: override the ones you show."""
+
+    def base(self, line: str) -> None:
+        """One line about the base image: found, pulled, or bootstrapped (and why)."""
+
+    def started(self, context: BuildContext) -> None:
+        """``docker build`` of this context begins."""
+
+    def step(self, context: BuildContext, kind: str, step: StepLog, parser: ProgressParser) -> None:
+        """A build step started ('start'), ended ('done': cached, done or error) or printed a line ('output')."""
+
+    def pushing(self, context: BuildContext, refs: list[str]) -> None:
+        """The image's tags are being pushed."""
+
+    def built(self, result: BuildResult) -> None:
+        """The image is built (and pushed when asked), its report written."""
+
+
+def base_labels(base: BaseImage) -> dict[str, str]:
+    """What every image records about its base. Only what the base *is*, never how this run got it, so that
+    an unchanged rebuild keeps its image id (the base found locally today was bootstrapped yesterday)."""
+    labels = {"io.gpurig.base.source": base.origin, "io.gpurig.base.id": base.image_id}
+    if base.bootstrap:
+        labels["io.gpurig.base.bootstrap"] = base.bootstrap
+    return labels
+
+
+def build_context(
+    client: DockerClient,
+    context: BuildContext,
+    base: BaseImage,
+    reports_dir: Path,
+    ca_bundle: Path | None,
+    labels: dict[str, str] | None = None,
+    observer: BuildObserver | None = None,
+) -> BuildResult:
+    """Build one rendered context, read the versions inside the image, write its JSON report."""
+    observer = observer or BuildObserver()
+    user_labels = dict(labels or {})
+    all_labels = {**user_labels, **base_labels(base)}
+    path = report_path(reports_dir, context)
+    observer.started(context)
+
+    def on_line(kind: str, step: StepLog | None, parser: ProgressParser) -> None:
+        if step is not None:
+            observer.step(context, kind, step, parser)
+
+    image_id, parser, seconds = run_build(client, context, path.with_suffix(".log"), ca_bundle, all_labels, on_line)
+    image = inspect(client, image_id)
+    freeze, dpkg = resolved_versions(client, image_id, user_labels)
+    report = make_report(context, client, image, base.as_dict(), parser, seconds, freeze, dpkg, ca_bundle)
+    write_json_atomic(path, report)
+    return BuildResult(context, report, path)
+
+
+def build_all(
+    client: DockerClient,
+    spec: ImageSpec,
+    contexts: list[BuildContext],
+    reports_dir: Path,
+    ca_bundle: Path | None,
+    labels: dict[str, str] | None = None,
+    push_images: bool = False,
+    observer: BuildObserver | None = None,
+) -> list[BuildResult]:
+    """Each context in order: its base made available once per reference, built, pushed when asked, recorded."""
+    observer = observer or BuildObserver()
+    bases: dict[str, BaseImage] = {}
+    results = []
+    for context in contexts:
+        ref = context.variant.base
+        if ref not in bases:
+            bootstrap = spec.bootstrap if ref == spec.base else None
+            bases[ref] = ensure_base(client, ref, bootstrap, labels, say=observer.base)
+        result = build_context(client, context, bases[ref], reports_dir, ca_bundle, labels, observer)
+        if push_images:
+            refs = [context.image_ref, *context.aliases]
+            observer.pushing(context, refs)
+            pushed = record_push(result.report_path, result.report, refs, push(client, refs))
+            result = dataclasses.replace(result, report=pushed)
+        observer.built(result)
+        results.append(result)
+    return results
