@@ -48,6 +48,8 @@ def hostname_problem(value: object) -> str | None:
     """A DNS name, IPv4 address, IPv6 address or [IPv6]; nothing a shell or ssh option parser could act on."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty host name or address"
+    if len(value) <= 253 and _DNS_NAME.fullmatch(value):
+        return None  # the common case, decided by one regex: only letters, digits, '_', '-' and dots
     if _control(value) or any(ch.isspace() for ch in value):
         return "contains whitespace or a control character"
     if value.startswith("-"):

@@ -41,9 +41,9 @@ def inventory_path(c, inventory: str | None) -> Path:
 
 
 def select_hosts(c, host: str | None, group: str | None, pattern: str | None, inventory: str | None) -> list[Host]:
-    """The inventory's hosts narrowed to the selection; an empty selection is an error."""
+    """The hosts every given selection matches (each is an Ansible pattern and narrows); an empty result is an error."""
     path = inventory_path(c, inventory)
-    chosen = load_inventory(path).select(hosts=host, groups=group, pattern=pattern)
+    chosen = load_inventory(path).select(host, group, pattern)
     if not chosen:
         raise InventoryError(f"the selection matches no host in {path}", "check --host/--group/--pattern with 'invoke hosts'")
     return chosen
@@ -100,11 +100,29 @@ def facts(
 @task(help=_SELECT_HELP, auto_shortflags=False)
 def hosts(c, host=None, group=None, pattern=None, inventory=None):
     """List the hosts a selection picks, with their address, user and groups."""
-    table = Table("host", "address", "user", "groups", "connection")
-    for h in select_hosts(c, host, group, pattern, inventory):
-        port = f":{h.port}" if h.port else ""
-        table.add_row(h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection)
+    header = ("host", "address", "user", "groups", "connection")
+    rows = [
+        (h.name, f"{h.address}:{h.port}" if h.port else h.address, h.user or "", ",".join(h.groups), h.connection)
+        for h in select_hosts(c, host, group, pattern, inventory)
+    ]
+    if len(rows) > PLAIN_ROWS:
+        console.file.write(plain_columns(header, rows))
+        return
+    table = Table(*header)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
+
+
+# rich spends ~0.25 ms a row measuring cells: 20,000 hosts would take 5 s to draw, so long listings are plain columns.
+PLAIN_ROWS = 1000
+
+
+def plain_columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns, two spaces apart, a header line first: what `ls -l`-style tools print."""
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    return "\n".join(fmt.format(*r).rstrip() for r in (header, *rows)) + "\n"
 
 
 def facts_table(report: FleetReport) -> Table:

@@ -1,0 +1,61 @@
+"""``gpurig inventory --list | --graph [GROUP] | --host H``: the inventory as ansible-inventory shows it, vars resolved."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from invoke import Task
+
+from gpurig.cli.base import task
+from gpurig.cli.hosts import inventory_path
+from gpurig.errors import InventoryError
+from gpurig.inventory import load_inventory
+from gpurig import inventory_view
+
+__all__ = ["inventory"]
+
+
+class _InventoryFlag(Task):
+    """-i for --inventory, as in Ansible, and no other short flag (Invoke's automatic ones would make -h mean --host)."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if name == "inventory" and "i" not in taken_names:
+            opts["names"] = [*opts["names"], "i"]
+        return opts
+
+
+@task(
+    help={
+        "list": "every group (its hosts and children) and every host's resolved vars, as JSON (ansible-inventory --list)",
+        "graph": "the group tree from GROUP (default: all), hosts under their groups",
+        "host": "one host's resolved vars as JSON",
+        "vars": "with --graph: show vars under hosts and groups",
+        "inventory": "inventory file (default: $GPURIG_INVENTORY or inventory/hosts.yaml)",
+    },
+    optional=["graph"],
+    auto_shortflags=False,
+    klass=_InventoryFlag,
+)
+def inventory(c, list=False, graph=None, host=None, vars=False, inventory=None):  # noqa: A002 - flag names are Ansible's
+    """Show the inventory as ansible-inventory would: --list (JSON), --graph [GROUP] or --host H."""
+    chosen = [flag for flag, given in (("--list", list), ("--graph", graph), ("--host", host)) if given]
+    if len(chosen) != 1:
+        raise InventoryError(
+            f"give exactly one of --list, --graph or --host (got {', '.join(chosen) or 'none'})",
+            "e.g. 'gpurig inventory --graph' or 'gpurig inventory --host a100-01'",
+        )
+    inv = load_inventory(inventory_path(c, inventory))
+    if list:
+        sys.stdout.write(_json(inventory_view.as_list(inv)))
+    elif host:
+        sys.stdout.write(_json(inventory_view.host_vars(inv, host)))
+    else:
+        group = graph if isinstance(graph, str) else "all"
+        sys.stdout.write("\n".join(inventory_view.graph(inv, group, show_vars=vars)) + "\n")
+
+
+def _json(data) -> str:
+    # ansible-inventory's layout: 4 spaces, keys sorted; values YAML gave that JSON lacks (dates) as text
+    return json.dumps(data, indent=4, sort_keys=True, default=str) + "\n"
