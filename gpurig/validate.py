@@ -35,8 +35,11 @@ def _control(value: str) -> bool:
 
 def excerpt(value: object, limit: int = 40) -> str:
     """A short, escaped rendering of a user's value for an error message (never more than ``limit`` chars)."""
-    text = repr(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    # a string keeps its closing quote so the excerpt reads as one value
+    return text[: limit - 4] + "...'" if isinstance(value, str) else text[: limit - 3] + "..."
 
 
 def matches(pattern: re.Pattern, value: object) -> bool:
@@ -58,12 +61,14 @@ def hostname_problem(value: object) -> str | None:
         return "contains a shell metacharacter"
     bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
     try:
-        ipaddress.ip_address(bare)
-        return None
+        address = ipaddress.ip_address(bare)
     except ValueError:
-        pass
+        address = None
     if bare != value:
-        return "is bracketed but not an IPv6 address"
+        # brackets are for IPv6 only: ssh would take "[10.0.0.1]" as a name, not an address
+        return None if address is not None and address.version == 6 else "is bracketed but not an IPv6 address"
+    if address is not None:
+        return None
     if len(value) > 253 or not _DNS_NAME.fullmatch(value):
         return "is not a valid host name (letters, digits, '-', '_' and dots) or IP address"
     return None
