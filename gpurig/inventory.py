@@ -43,7 +43,7 @@ MAX_MEMBERSHIPS = 2_000_000
 
 _GROUP_KEYS = ("hosts", "children", "vars")
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_PLAIN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,100}")  # shown as written in a key path; anything else as an excerpt
+_PLAIN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,40}")  # shown as written in a key path; anything else as a short excerpt
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _VARS_SUFFIXES = (".yml", ".yaml", "")
 
@@ -115,6 +115,7 @@ class _Group:
     hosts: dict[str, tuple[str, str]] = field(default_factory=dict)  # host -> (where, pattern) of its entry
     children: dict[str, None] = field(default_factory=dict)
     vars: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None  # ansible_group_priority, when the group sets it
 
 
 class _Loader:
@@ -143,10 +144,10 @@ class _Loader:
             raise InventoryError(f"{self.path}: top level must be a mapping of groups", "start the file with 'all:'")
         root = self.groups["all"]
         for name, body in data.items():
-            name = self.group_name(name, "(top level)")
+            name = self.group_name(name, "top level")
             if name != "all":
                 root.children[name] = None
-            self.parse_group(name, body, name)
+            self.parse_group(name, body, _label(name))
         self.direct = _direct_groups(self.groups)
         ungrouped = [h for h in self.host_vars if h not in self.direct]
         for h in ungrouped:
@@ -156,7 +157,7 @@ class _Loader:
         group_files = self.vars_files("group_vars", self.groups)
         host_files = self.vars_files("host_vars", self.host_vars)
         # Ansible's merge order of groups, once for the whole inventory: each host's groups are sorted by it.
-        rank = {g: i for i, g in enumerate(sorted(self.groups, key=lambda g: (depth[g], _priority(self.groups[g].vars), g)))}
+        rank = {g: i for i, g in enumerate(sorted(self.groups, key=lambda g: (depth[g], _priority(self.groups[g]), g)))}
         members: dict[str, list[str]] = {g: [] for g in self.groups}
         hosts: dict[str, Host] = {}
         # Hosts with the same direct groups share their ancestors, their group layers and their group names.
@@ -171,16 +172,14 @@ class _Loader:
                 names = tuple(g for g in mine if g not in ("all", "ungrouped")) or ("ungrouped",)
                 found = shared[direct] = (tuple(mine), layers, names, connection_settings(layers))
             mine, layers, names, settings = found
+            self.spend(len(mine))
             for g in mine:
                 members[g].append(hname)
             mine_maps = [m for m in (host_files.get(hname), own) if m]
             if mine_maps:
                 settings = connection_settings(mine_maps, settings)
             hosts[hname] = _make_host(hname, names, ChainMap(*mine_maps, *layers), settings)
-        tree = {
-            name: Group(name, tuple(g.hosts), tuple(g.children), MappingProxyType(ChainMap(group_files.get(name, {}), g.vars)))
-            for name, g in self.groups.items()
-        }
+        tree = {name: Group(name, tuple(g.hosts), tuple(g.children), _group_vars(g, group_files.get(name))) for name, g in self.groups.items()}
         return Inventory(
             path=self.path,
             hosts=MappingProxyType(hosts),
@@ -193,8 +192,8 @@ class _Loader:
     def group_name(self, name: Any, where: str) -> str:
         if isinstance(name, bool) or not isinstance(name, (str, int)) or not _GROUP_NAME.fullmatch(str(name)):
             raise self.fail(
-                f"{where} group {validate.excerpt(name)}",
-                "is not a valid group name (letters, digits, '_', '-', '.'; at most 128)",
+                where,
+                f"group {validate.excerpt(name)} is not a valid group name (letters, digits, '_', '-', '.'; at most 128)",
                 "rename the group; ':', ',', '&', '!', '*' and spaces belong to host patterns",
             )
         return str(name)
@@ -216,6 +215,9 @@ class _Loader:
         if not isinstance(gvars, dict):
             raise self.fail(f"{where}.vars", "must be a mapping", "write vars as 'name: value' lines")
         self.add_vars(("group", name), group.vars, gvars, (where, "vars"))
+        if "ansible_group_priority" in group.vars:
+            # as in Ansible, a setting of the group (its merge order), not a var its hosts see
+            group.priority = group.vars.pop("ansible_group_priority")
         hosts = body.get("hosts") or {}
         if not isinstance(hosts, dict):
             raise self.fail(f"{where}.hosts", "must be a mapping of host names", "write hosts as 'name:' lines, each ending with a colon")
@@ -229,7 +231,7 @@ class _Loader:
             if child == "all":
                 raise self.fail(f"{where}.children.all", "'all' cannot be a child group", "'all' is the root; remove this entry")
             group.children[child] = None
-            self.parse_group(child, cbody, f"{where}.children.{child}")
+            self.parse_group(child, cbody, f"{where}.children.{_label(child)}")
 
     def parse_host_entry(self, group: _Group, pattern: Any, hvars: Any, where: str) -> None:
         if isinstance(pattern, bool) or not isinstance(pattern, (str, int)):
@@ -253,7 +255,7 @@ class _Loader:
             if first is not None:
                 raise self.fail(
                     _path(entry),
-                    f"host {hname} is listed twice in group {group.name} (first at {_path(first)})",
+                    f"host {_label(hname)} is listed twice in group {_label(group.name)} (first at {_path(first)})",
                     "keep one entry (ranges such as node[1:4] count as entries for each host)",
                 )
             group.hosts[hname] = entry
@@ -281,7 +283,7 @@ class _Loader:
                 first = f"{first_source}: {_path(first_where, key)}" if first_source else _path(first_where, key)
                 raise self.fail(
                     _path(where, key),
-                    f"{owner[0]} {owner[1]} already has {key} = {validate.excerpt(into[key], 30)} from {first}",
+                    f"{owner[0]} {_label(owner[1])} already has {_label(key)} = {validate.excerpt(into[key], 30)} from {first}",
                     "give each var one value per host or group",
                     source,
                 )
@@ -331,19 +333,24 @@ class _Loader:
         seen = dict.fromkeys(direct)
         stack = list(direct)
         while stack:
-            for p in self.parents[stack.pop()]:
-                self.budget += 1
+            parents = self.parents[stack.pop()]
+            self.spend(len(parents))
+            for p in parents:
                 if p not in seen:
                     seen[p] = None
                     stack.append(p)
         seen.setdefault("all")
-        self.budget += len(seen)
+        self.spend(len(seen))
+        return list(seen)
+
+    def spend(self, work: int) -> None:
+        """Count host-group pairs and parent links walked; past MAX_MEMBERSHIPS the inventory is refused."""
+        self.budget += work
         if self.budget > MAX_MEMBERSHIPS:
             raise InventoryError(
                 f"{self.path}: hosts belong to more than {MAX_MEMBERSHIPS:,} groups in all (counting parents)",
                 "nest groups less deeply or split the inventory",
             )
-        return list(seen)
 
 
 def _path(entry: tuple[str, str], key: Any = None) -> str:
@@ -356,6 +363,16 @@ def _label(key: Any) -> str:
     """A key as it goes into a key path: as written when plain, else a short escaped excerpt."""
     text = str(key)
     return text if isinstance(key, (str, int)) and _PLAIN.fullmatch(text) else validate.excerpt(key, 30)
+
+
+def _priority(group: _Group) -> int:
+    return 1 if group.priority is None else group.priority
+
+
+def _group_vars(group: _Group, from_files: dict[str, Any] | None) -> Mapping[str, Any]:
+    """A group's own vars as ansible-inventory shows them: group_vars/ over the file's, with its priority."""
+    own = {"ansible_group_priority": group.priority} if group.priority is not None else {}
+    return MappingProxyType(ChainMap(from_files or {}, group.vars, own))
 
 
 def _direct_groups(groups: dict[str, _Group]) -> dict[str, list[str]]:
@@ -384,7 +401,8 @@ def _topological(path: Path, groups: dict[str, _Group]) -> list[str]:
                 if color[child] == GREY:
                     trail = [n for n, _ in stack]
                     cycle = trail[trail.index(child):] + [child]
-                    raise InventoryError(f"{path}: group cycle {' -> '.join(cycle)}", "a group cannot contain itself")
+                    shown = [_label(g) for g in cycle] if len(cycle) <= 8 else [*map(_label, cycle[:4]), "...", *map(_label, cycle[-3:])]
+                    raise InventoryError(f"{path}: group cycle {' -> '.join(shown)}", "a group cannot contain itself")
                 if color[child] == WHITE:
                     color[child] = GREY
                     stack.append((child, iter(groups[child].children)))
@@ -403,11 +421,6 @@ def _depths(order: list[str], groups: dict[str, _Group]) -> dict[str, int]:
         for c in groups[g].children:
             depth[c] = max(depth[c], depth[g] + 1)
     return depth
-
-
-def _priority(gvars: dict[str, Any]) -> int:
-    value = gvars.get("ansible_group_priority", 1)
-    return value if isinstance(value, int) else 1
 
 
 def _make_host(name: str, groups: tuple[str, ...], merged: ChainMap, s: Mapping[str, Any]) -> Host:

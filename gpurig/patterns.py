@@ -1,6 +1,6 @@
 """Ansible's host pattern language over an ``Inventory``: which hosts ``gpu:&h100*:!h100-01`` means.
 
-One pattern is terms joined by ``,`` or ``:`` (union), ``:&`` (intersection)
+One pattern is terms joined by ``,`` or, when there is no comma, ``:`` (union), ``:&`` (intersection)
 and ``:!`` (exclusion); Ansible applies the unions first, then the
 intersections, then the exclusions, whatever the order written, and a pattern
 of only exclusions starts from ``all``. A term is ``all`` or ``*``, a group or
@@ -42,17 +42,20 @@ def select(inventory: Inventory, patterns: Sequence[str]) -> list[Host]:
 
 
 def split_pattern(pattern: str) -> list[str]:
-    """Ansible's split: on ',' first, then on ':' unless the piece is an IPv6 address; [...] stays whole."""
-    terms: list[str] = []
-    for piece in str(pattern).split(","):
-        piece = piece.strip()
-        if not piece:
-            continue
-        if _is_ipv6(piece):
-            terms.append(piece)
-        else:
-            terms.extend(_TERMS.findall(piece))
+    """Ansible's split: on ',' if there is one, else on ':' unless the whole is an IPv6 address; [...] stays whole."""
+    pattern = str(pattern).strip()
+    if "," in pattern:
+        return [p.strip() for p in pattern.split(",") if p.strip()]
+    if _is_ipv6(pattern):
+        return [pattern]
+    terms = _TERMS.findall(pattern)
+    if _bare("".join(terms)) != _bare(pattern):  # findall skipped a lone '[' or ']'
+        raise InventoryError(f"host pattern {excerpt(pattern)} has an unbalanced '[' or ']'", "close the range or subscript, e.g. gpu[0:3]")
     return terms
+
+
+def _bare(text: str) -> str:
+    return "".join(ch for ch in text if ch != ":" and not ch.isspace())
 
 
 def match(inventory: Inventory, pattern: str) -> set[str]:
