@@ -42,7 +42,7 @@ def expand_host_pattern(pattern: str) -> list[str]:
             width = len(m.group(1)) if m.group(1).startswith("0") else 0
             items = [str(i).zfill(width) for i in range(start, end + 1, step)]
         else:
-            items = [chr(i) for i in range(start, end + 1, step)]
+            items = [string.ascii_letters[i] for i in range(start, end + 1, step)]
         names = [n + lit + item for n in names for item in items]
         last = m.end()
     return [n + pattern[last:] for n in names]
@@ -53,7 +53,7 @@ def _ranges(pattern: str) -> list[tuple[int, int, int]]:
 
 
 def _range_bounds(m: re.Match) -> tuple[int, int, int]:
-    """(start, end, step) of one ``[a:b:s]``: numbers, or single letters as code points."""
+    """(start, end, step) of one ``[a:b:s]``: numbers, or single letters as indexes into string.ascii_letters."""
     start, end, step = m.group(1), m.group(2), m.group(3)
     bad = None
     if step is not None and (len(step) > 9 or int(step) == 0):
@@ -68,10 +68,12 @@ def _range_bounds(m: re.Match) -> tuple[int, int, int]:
         else:
             return int(start or 0), int(end), int(step or 1)
     elif len(start) == 1 and len(end) == 1 and start in string.ascii_letters and end in string.ascii_letters:
-        if start > end:
+        # Ansible counts letters in string.ascii_letters order: a..z, then A..Z
+        first, last = string.ascii_letters.index(start), string.ascii_letters.index(end)
+        if first > last:
             bad = "ends before it starts"
         else:
-            return ord(start), ord(end), int(step or 1)
+            return first, last, int(step or 1)
     else:
         bad = "must be numbers [1:9] or single letters [a:f]"
     raise InventoryError(f"host range {validate.excerpt(m.group(0))} {bad}", "write a range as [01:20], [1:20:2] or [a:f]")

@@ -307,6 +307,7 @@ def test_a_huge_range_is_refused_before_it_is_expanded():
 def test_ranges_like_ansible():
     assert expand_host_pattern("n[1:7:3]") == ["n1", "n4", "n7"]
     assert expand_host_pattern("n[:2]") == ["n0", "n1", "n2"]
+    assert expand_host_pattern("n[y:B]") == ["ny", "nz", "nA", "nB"]
     assert len(expand_host_pattern("n[0001:9999]")) == 9999
 
 
