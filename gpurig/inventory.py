@@ -1,4 +1,4 @@
-"""Ansible-format YAML inventory -> ``Host`` objects, and host selection by name, group or pattern.
+"""Ansible-format YAML inventory -> ``Host`` objects, loaded in bounded, linear work with strict values.
 
 The file format is Ansible's YAML inventory (``all`` / ``children`` / ``hosts`` /
 ``vars``), so an inventory a team already has works unchanged. Variables are
@@ -11,27 +11,41 @@ merged with Ansible's precedence, lowest first:
 3. host vars from the inventory file;
 4. ``host_vars/<host>.yml`` beside the inventory.
 
-gpurig's own per-host settings (``gpurig_gpu_count``, ``gpurig_gpu_model``,
-container settings...) are ordinary vars and follow the same rules.
+What Ansible would accept silently is refused here, each with one line naming
+the file, the key path and the rule: a host listed twice in one group (also
+through a range), one host given two different values for a var, a port that
+is ``true`` or ``22.9``, a host name, address or user that a shell or ssh could
+act on, ranges past ``hostrange.MAX_NAMES_PER_PATTERN`` names and inventories past
+``MAX_HOSTS``. Every file is read through :mod:`gpurig.yamlio`.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import os
 import re
-import string
+from collections import ChainMap
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-import yaml
-
+from gpurig import patterns as host_patterns
+from gpurig import validate
 from gpurig.errors import InventoryError, did_you_mean
+from gpurig.hostrange import expand_host_pattern
+from gpurig.hostvars import CHECKS, as_boolean, as_port, connection_settings
+from gpurig.yamlio import load_yaml
+
+MAX_HOSTS = 100_000
+# host-in-group pairs, counting every ancestor group: bounds the work that deep
+# or wide group graphs can ask for, whatever the host count.
+MAX_MEMBERSHIPS = 2_000_000
 
 _GROUP_KEYS = ("hosts", "children", "vars")
-_CONNECTIONS = ("ssh", "paramiko", "smart", "local")
-_NAME_RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_PLAIN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,40}")  # shown as written in a key path; anything else as a short excerpt
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_VARS_SUFFIXES = (".yml", ".yaml", "")
 
 
 @dataclass(frozen=True)
@@ -57,310 +71,369 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Group:
+    """One group as the inventory defines it: its own hosts and child groups, and its vars (file, then group_vars/)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    children: tuple[str, ...]
+    vars: Mapping[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class Inventory:
     """All hosts and groups of one inventory file, in file order."""
 
     path: Path
     hosts: Mapping[str, Host]
-    groups: Mapping[str, tuple[str, ...]]  # group -> member host names (all descendants)
+    groups: Mapping[str, tuple[str, ...]]  # group -> member host names (all descendants), in host order
+    tree: Mapping[str, Group] = field(default_factory=dict, repr=False, compare=False)
 
-    def select(self, hosts: str | None = None, groups: str | None = None, pattern: str | None = None) -> list[Host]:
-        """Hosts named by ``--host a,b``, ``--group g`` and/or an Ansible pattern; all hosts if none given.
+    def select(self, *patterns: str | None, hosts: str | None = None, groups: str | None = None, pattern: str | None = None) -> list[Host]:
+        """Hosts matching every Ansible pattern given (each narrows: ``select('gpu', 'h100-01')`` is h100-01), in inventory order.
 
-        Every name or group must match something: a typo is an error with a
-        did-you-mean, never a silently smaller fleet.
+        ``hosts=``, ``groups=`` and ``pattern=`` are the older spelling and
+        narrow the same way. No pattern at all selects every host. Every term
+        must match something: a typo is an error with a did-you-mean, never a
+        silently smaller fleet.
         """
-        if not (hosts or groups or pattern):
-            return list(self.hosts.values())
-        chosen: set[str] = set()
-        for word in _split(hosts):
-            chosen |= self._match_hosts(word)
-        for word in _split(groups):
-            if word not in self.groups:
-                raise InventoryError(
-                    f"no group {word!r} in {self.path}{did_you_mean(word, self.groups)}",
-                    f"use one of: {', '.join(sorted(self.groups))}",
-                )
-            chosen |= set(self.groups[word])
-        if pattern:
-            chosen |= self.match(pattern)
-        return [h for name, h in self.hosts.items() if name in chosen]
+        return host_patterns.select(self, [p for p in (*patterns, hosts, groups, pattern) if p])
 
     def match(self, pattern: str) -> set[str]:
-        """Host names matching an Ansible pattern: ``a:b`` union, ``a:&b`` intersection, ``a:!b`` exclusion."""
-        result: set[str] = set()
-        terms = [t for t in re.split(r"[:,]", pattern) if t]
-        if not terms:
-            raise InventoryError(f"empty host pattern {pattern!r}", "give a host, group or pattern such as 'gpu:!a100-01'")
-        # Ansible applies unions first, then intersections, then exclusions, whatever the order written.
-        for term in terms:
-            if term[0] not in "&!":
-                result |= self._match_term(term)
-        for term in terms:
-            if term[0] == "&":
-                result &= self._match_term(term[1:])
-        for term in terms:
-            if term[0] == "!":
-                result -= self._match_term(term[1:])
-        return result
-
-    def _match_term(self, term: str) -> set[str]:
-        if term in self.groups:
-            return set(self.groups[term])
-        return self._match_hosts(term)
-
-    def _match_hosts(self, word: str) -> set[str]:
-        if word in self.hosts:
-            return {word}
-        if word.startswith("~"):
-            regex = re.compile(word[1:])
-            found = {n for n in self.hosts if regex.search(n)}
-        elif any(ch in word for ch in "*?["):
-            found = {n for n in self.hosts if fnmatch.fnmatchcase(n, word)}
-            found |= {h for g in self.groups if fnmatch.fnmatchcase(g, word) for h in self.groups[g]}
-        elif word in self.groups:
-            return set(self.groups[word])
-        else:
-            found = set()
-        if not found:
-            raise InventoryError(
-                f"no host or group matches {word!r} in {self.path}{did_you_mean(word, [*self.hosts, *self.groups])}",
-                "check the name with 'invoke hosts'",
-            )
-        return found
+        """Host names matching one Ansible pattern (``a:b`` union, ``a:&b`` intersection, ``a:!b`` exclusion)."""
+        return host_patterns.match(self, pattern)
 
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read an Ansible YAML inventory (plus group_vars/ and host_vars/ beside it)."""
-    path = Path(path)
-    data = _read_yaml(path)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise InventoryError(f"{path}: top level must be a mapping of groups", "start the file with 'all:'")
-    groups: dict[str, _Group] = {}
-    host_order: list[str] = []
-    host_vars: dict[str, dict[str, Any]] = {}
-    root = groups.setdefault("all", _Group("all"))
-    for name, body in data.items():
-        if name != "all":
-            root.children.append(str(name))
-        _parse_group(path, str(name), body, groups, host_order, host_vars, f"{name}")
-    ungrouped = [h for h in host_order if not any(h in g.hosts for n, g in groups.items() if n != "all")]
-    if ungrouped:
-        groups.setdefault("ungrouped", _Group("ungrouped")).hosts.extend(ungrouped)
-        if "ungrouped" not in root.children:
-            root.children.append("ungrouped")
-    _check_cycles(path, groups)
-
-    depth = _depths(groups)
-    members = {name: _descendant_hosts(name, groups) for name in groups}
-    members["all"] = list(host_order)
-    group_files = _vars_dir(path.parent / "group_vars")
-    host_files = _vars_dir(path.parent / "host_vars")
-
-    hosts: dict[str, Host] = {}
-    for hname in host_order:
-        mine = [g for g in groups if hname in members[g]]
-        mine.sort(key=lambda g: (depth[g], _priority(groups[g].vars), g))
-        merged: dict[str, Any] = {}
-        for g in mine:
-            merged.update(groups[g].vars)
-        for g in mine:
-            merged.update(group_files.get(g, {}))
-        merged.update(host_vars.get(hname, {}))
-        merged.update(host_files.get(hname, {}))
-        names = tuple(g for g in mine if g not in ("all", "ungrouped")) or ("ungrouped",)
-        hosts[hname] = _make_host(path, hname, names, merged)
-    return Inventory(
-        path=path,
-        hosts=MappingProxyType(hosts),
-        groups=MappingProxyType({g: tuple(h for h in host_order if h in members[g]) for g in groups}),
-    )
+    return _Loader(Path(path)).load()
 
 
 @dataclass
 class _Group:
     name: str
-    hosts: list[str] = field(default_factory=list)
-    children: list[str] = field(default_factory=list)
+    hosts: dict[str, tuple[str, str]] = field(default_factory=dict)  # host -> (where, pattern) of its entry
+    children: dict[str, None] = field(default_factory=dict)
     vars: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None  # ansible_group_priority, when the group sets it
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError(f"inventory {path} not found", "pass --inventory PATH or create inventory/hosts.yaml") from None
-    except OSError as err:
-        raise InventoryError(f"cannot read inventory {path}: {err.strerror}", "check the file's permissions") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise InventoryError(f"{path}:{where}: malformed YAML: {what}", "fix the YAML syntax at that line") from None
+class _Loader:
+    """One load: groups and hosts as written, then the group graph, then each host's vars. Linear in the input."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # As in Ansible, 'ungrouped' always exists and is the first child of 'all'.
+        self.groups: dict[str, _Group] = {"all": _Group("all", children={"ungrouped": None}), "ungrouped": _Group("ungrouped")}
+        self.host_vars: dict[str, dict[str, Any]] = {}  # insertion order is the inventory's host order
+        self.var_where: dict[tuple[str, str, str], tuple] = {}  # (kind, owner, var) -> (file or None, entry) that set it
+        self.entries = 0
+        self.var_names: set[str] = set()  # names already checked
+        self.budget = 0  # host-group pairs and parent links walked
+        self.parents: dict[str, list[str]] | None = None
+        self.direct: dict[str, list[str]] = {}
 
-def _parse_group(path, name, body, groups, host_order, host_vars, where) -> None:
-    group = groups.setdefault(name, _Group(name))
-    if body is None:
-        return
-    if not isinstance(body, dict):
-        raise InventoryError(f"{path}: {where} must be a mapping with hosts/children/vars", "indent the group's contents under it")
-    for key in body:
-        if key not in _GROUP_KEYS:
-            raise InventoryError(
-                f"{path}: unknown key {where}.{key}{did_you_mean(key, _GROUP_KEYS)}",
-                "a group holds only 'hosts', 'children' and 'vars'",
-            )
-    gvars = body.get("vars") or {}
-    if not isinstance(gvars, dict):
-        raise InventoryError(f"{path}: {where}.vars must be a mapping", "write vars as 'name: value' lines")
-    group.vars.update(gvars)
-    hosts = body.get("hosts") or {}
-    if not isinstance(hosts, dict):
-        raise InventoryError(f"{path}: {where}.hosts must be a mapping of host names", "write hosts as 'name:' lines, each ending with a colon")
-    for pattern, hvars in hosts.items():
-        if hvars is not None and not isinstance(hvars, dict):
-            raise InventoryError(f"{path}: {where}.hosts.{pattern} must be a mapping of vars", "write host vars as 'name: value' lines")
-        for hname in expand_host_pattern(str(pattern)):
-            if hname not in host_order:
-                host_order.append(hname)
-            if hname not in group.hosts:
-                group.hosts.append(hname)
-            host_vars.setdefault(hname, {}).update(hvars or {})
-    children = body.get("children") or {}
-    if not isinstance(children, dict):
-        raise InventoryError(f"{path}: {where}.children must be a mapping of groups", "write child groups as 'name:' lines")
-    for child, cbody in children.items():
-        child = str(child)
-        if child not in group.children:
-            group.children.append(child)
-        _parse_group(path, child, cbody, groups, host_order, host_vars, f"{where}.children.{child}")
+    def fail(self, where: str, rule: str, fix: str, source: Path | None = None) -> InventoryError:
+        return InventoryError(f"{source or self.path}: {where}: {rule}", fix)
 
-
-def expand_host_pattern(pattern: str) -> list[str]:
-    """Ansible's ranges in host names: ``gpu[01:03]`` -> gpu01, gpu02, gpu03; ``node[a:c]`` -> nodea..nodec."""
-    m = _NAME_RANGE.search(pattern)
-    if not m:
-        return [pattern]
-    start, end, step = m.group(1), m.group(2), int(m.group(3) or 1)
-    head, tail = pattern[: m.start()], pattern[m.end():]
-    if start.isdigit() and end.isdigit():
-        width = len(start) if start.startswith("0") else 0
-        items = [str(i).zfill(width) for i in range(int(start), int(end) + 1, step)]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
-        letters = string.ascii_letters
-        items = list(letters[letters.index(start): letters.index(end) + 1: step])
-    else:
-        return [pattern]
-    return [name for item in items for name in expand_host_pattern(head + item + tail)]
-
-
-def _check_cycles(path: Path, groups: dict[str, _Group]) -> None:
-    def visit(name: str, trail: tuple[str, ...]) -> None:
-        if name in trail:
-            raise InventoryError(f"{path}: group cycle {' -> '.join((*trail, name))}", "a group cannot contain itself")
-        for child in groups[name].children:
-            visit(child, (*trail, name))
-
-    visit("all", ())
-
-
-def _depths(groups: dict[str, _Group]) -> dict[str, int]:
-    depth = {"all": 0}
-    frontier = ["all"]
-    while frontier:
-        nxt = []
-        for g in frontier:
-            for c in groups[g].children:
-                # Ansible uses the longest path from 'all', so a group nested deeper wins.
-                if depth.get(c, -1) < depth[g] + 1:
-                    depth[c] = depth[g] + 1
-                    nxt.append(c)
-        frontier = nxt
-    return {g: depth.get(g, 1) for g in groups}
-
-
-def _descendant_hosts(name: str, groups: dict[str, _Group]) -> list[str]:
-    seen: list[str] = []
-    stack = [name]
-    visited: set[str] = set()
-    while stack:
-        g = stack.pop()
-        if g in visited:
-            continue
-        visited.add(g)
-        seen.extend(h for h in groups[g].hosts if h not in seen)
-        stack.extend(groups[g].children)
-    return seen
-
-
-def _priority(gvars: dict[str, Any]) -> int:
-    try:
-        return int(gvars.get("ansible_group_priority", 1))
-    except (TypeError, ValueError):
-        return 1
-
-
-def _vars_dir(directory: Path) -> dict[str, dict[str, Any]]:
-    """group_vars/ or host_vars/: NAME.yml, NAME.yaml, or NAME/ holding several YAML files."""
-    found: dict[str, dict[str, Any]] = {}
-    if not directory.is_dir():
-        return found
-    for entry in sorted(directory.iterdir()):
-        files: Iterable[Path]
-        if entry.is_dir():
-            name, files = entry.name, sorted(p for p in entry.iterdir() if p.suffix in (".yml", ".yaml"))
-        elif entry.suffix in (".yml", ".yaml", ""):
-            name, files = entry.stem, [entry]
-        else:
-            continue
-        for f in files:
-            data = _read_yaml(f) or {}
-            if not isinstance(data, dict):
-                raise InventoryError(f"{f}: must be a mapping of vars", "write vars as 'name: value' lines")
-            found.setdefault(name, {}).update(data)
-    return found
-
-
-def _make_host(path: Path, name: str, groups: tuple[str, ...], merged: dict[str, Any]) -> Host:
-    connection = str(merged.get("ansible_connection", "ssh"))
-    if connection not in _CONNECTIONS:
-        raise InventoryError(
-            f"{path}: host {name}: ansible_connection {connection!r} is not supported{did_you_mean(connection, _CONNECTIONS)}",
-            "use 'ssh' or 'local'",
+    def load(self) -> Inventory:
+        data = load_yaml(self.path, error=InventoryError, what="inventory", fix_missing="pass --inventory PATH or create inventory/hosts.yaml")
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise InventoryError(f"{self.path}: top level must be a mapping of groups", "start the file with 'all:'")
+        root = self.groups["all"]
+        for name, body in data.items():
+            name = self.group_name(name, "top level")
+            if name != "all":
+                root.children[name] = None
+            self.parse_group(name, body, _label(name))
+        self.direct = _direct_groups(self.groups)
+        ungrouped = [h for h in self.host_vars if h not in self.direct]
+        for h in ungrouped:
+            self.groups["ungrouped"].hosts.setdefault(h, ("all.hosts", h))
+        order = _topological(self.path, self.groups)
+        depth = _depths(order, self.groups)
+        group_files = self.vars_files("group_vars", self.groups)
+        host_files = self.vars_files("host_vars", self.host_vars)
+        # Ansible's merge order of groups, once for the whole inventory: each host's groups are sorted by it.
+        rank = {g: i for i, g in enumerate(sorted(self.groups, key=lambda g: (depth[g], _priority(self.groups[g]), g)))}
+        members: dict[str, list[str]] = {g: [] for g in self.groups}
+        hosts: dict[str, Host] = {}
+        # Hosts with the same direct groups share their ancestors, their group layers and their group names.
+        shared: dict[tuple[str, ...], tuple[tuple[str, ...], list, tuple[str, ...], dict]] = {}
+        for hname, own in self.host_vars.items():
+            direct = tuple(self.direct.get(hname, ("ungrouped",)))
+            found = shared.get(direct)
+            if found is None:
+                mine = sorted(self.ancestors(direct), key=rank.__getitem__)
+                # lookups find the first: group_vars/ files (deepest first) before the file's group vars
+                layers = [m for m in [group_files.get(g) for g in reversed(mine)] + [self.groups[g].vars for g in reversed(mine)] if m]
+                names = tuple(g for g in mine if g not in ("all", "ungrouped")) or ("ungrouped",)
+                found = shared[direct] = (tuple(mine), layers, names, connection_settings(layers))
+            mine, layers, names, settings = found
+            self.spend(len(mine))
+            for g in mine:
+                members[g].append(hname)
+            mine_maps = [m for m in (host_files.get(hname), own) if m]
+            if mine_maps:
+                settings = connection_settings(mine_maps, settings)
+            hosts[hname] = _make_host(hname, names, ChainMap(*mine_maps, *layers), settings)
+        tree = {name: Group(name, tuple(g.hosts), tuple(g.children), _group_vars(g, group_files.get(name))) for name, g in self.groups.items()}
+        return Inventory(
+            path=self.path,
+            hosts=MappingProxyType(hosts),
+            groups=MappingProxyType({g: tuple(m) for g, m in members.items()}),
+            tree=MappingProxyType(tree),
         )
-    port = merged.get("ansible_port", merged.get("ansible_ssh_port"))
-    if port is not None:
+
+    # -- the file as written -------------------------------------------------
+
+    def group_name(self, name: Any, where: str) -> str:
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not _GROUP_NAME.fullmatch(str(name)):
+            raise self.fail(
+                where,
+                f"group {validate.excerpt(name)} is not a valid group name (letters, digits, '_', '-', '.'; at most 128)",
+                "rename the group; ':', ',', '&', '!', '*' and spaces belong to host patterns",
+            )
+        return str(name)
+
+    def parse_group(self, name: str, body: Any, where: str) -> None:
+        group = self.groups.setdefault(name, _Group(name))
+        if body is None:
+            return
+        if not isinstance(body, dict):
+            raise self.fail(where, "must be a mapping with hosts/children/vars", "indent the group's contents under it")
+        for key in body:
+            if key not in _GROUP_KEYS:
+                raise self.fail(
+                    f"{where}.{_label(key)}",
+                    f"unknown key{did_you_mean(key, _GROUP_KEYS)}",
+                    "a group holds only 'hosts', 'children' and 'vars'",
+                )
+        gvars = body.get("vars") or {}
+        if not isinstance(gvars, dict):
+            raise self.fail(f"{where}.vars", "must be a mapping", "write vars as 'name: value' lines")
+        self.add_vars(("group", name), group.vars, gvars, (where, "vars"))
+        if "ansible_group_priority" in group.vars:
+            # as in Ansible, a setting of the group (its merge order), not a var its hosts see
+            group.priority = group.vars.pop("ansible_group_priority")
+        hosts = body.get("hosts") or {}
+        if not isinstance(hosts, dict):
+            raise self.fail(f"{where}.hosts", "must be a mapping of host names", "write hosts as 'name:' lines, each ending with a colon")
+        for pattern, hvars in hosts.items():
+            self.parse_host_entry(group, pattern, hvars, f"{where}.hosts")
+        children = body.get("children") or {}
+        if not isinstance(children, dict):
+            raise self.fail(f"{where}.children", "must be a mapping of groups", "write child groups as 'name:' lines")
+        for child, cbody in children.items():
+            child = self.group_name(child, f"{where}.children")
+            if child == "all":
+                raise self.fail(f"{where}.children.all", "'all' cannot be a child group", "'all' is the root; remove this entry")
+            group.children[child] = None
+            self.parse_group(child, cbody, f"{where}.children.{_label(child)}")
+
+    def parse_host_entry(self, group: _Group, pattern: Any, hvars: Any, where: str) -> None:
+        if isinstance(pattern, bool) or not isinstance(pattern, (str, int)):
+            raise self.fail(f"{where}.{_label(pattern)}", "is not a host name", "write host names as text")
+        pattern = str(pattern)
+        entry = (where, pattern)  # formatted only for a message
+        if hvars is not None and not isinstance(hvars, dict):
+            raise self.fail(_path(entry), "must be a mapping of vars", "write host vars as 'name: value' lines")
         try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise InventoryError(f"{path}: host {name}: ansible_port {port!r} is not a number", "set ansible_port to a TCP port such as 22") from None
-        if not 0 < port < 65536:
-            raise InventoryError(f"{path}: host {name}: ansible_port {port} is out of range", "use a port between 1 and 65535")
-    user = merged.get("ansible_user", merged.get("ansible_ssh_user"))
-    key = merged.get("ansible_ssh_private_key_file", merged.get("ansible_private_key_file"))
+            names = expand_host_pattern(pattern)
+        except InventoryError as err:
+            raise self.fail(_path(entry), err.problem, err.fix) from None
+        self.entries += len(names)
+        if self.entries > MAX_MEMBERSHIPS:
+            raise self.fail(_path(entry), f"the inventory lists more than {MAX_MEMBERSHIPS:,} host entries", "split the inventory")
+        for hname in names:
+            problem = validate.hostname_problem(hname)
+            if problem:
+                raise self.fail(_path(entry), f"host name {validate.excerpt(hname)} {problem}", "name hosts with letters, digits, '-', '.' (or an IP address)")
+            first = group.hosts.get(hname)
+            if first is not None:
+                raise self.fail(
+                    _path(entry),
+                    f"host {_label(hname)} is listed twice in group {_label(group.name)} (first at {_path(first)})",
+                    "keep one entry (ranges such as node[1:4] count as entries for each host)",
+                )
+            group.hosts[hname] = entry
+            own = self.host_vars.get(hname)
+            if own is None:
+                if len(self.host_vars) >= MAX_HOSTS:
+                    raise self.fail(_path(entry), f"the inventory defines more than {MAX_HOSTS:,} hosts", f"split it into inventories of at most {MAX_HOSTS:,} hosts")
+                own = self.host_vars[hname] = {}
+            if hvars:
+                self.add_vars(("host", hname), own, hvars, entry)
+
+    def add_vars(self, owner: tuple[str, str], into: dict[str, Any], new: dict, where: tuple[str, str], source: Path | None = None) -> None:
+        """Check each var and add it; the same var given two different values for one owner is an error."""
+        for key, value in new.items():
+            if key not in self.var_names:
+                if not isinstance(key, str) or not _VAR_NAME.fullmatch(key):
+                    raise self.fail(_path(where, key), "is not a valid variable name (letters, digits, '_'; not starting with a digit)", "rename the variable", source)
+                self.var_names.add(key)
+            check = CHECKS.get(key)
+            problem = check(value) if check else None
+            if problem:
+                raise self.fail(_path(where, key), f"{validate.excerpt(value)} {problem[0]}", problem[1], source)
+            if key in into and into[key] != value:
+                first_source, first_where = self.var_where[(*owner, key)]
+                first = f"{first_source}: {_path(first_where, key)}" if first_source else _path(first_where, key)
+                raise self.fail(
+                    _path(where, key),
+                    f"{owner[0]} {_label(owner[1])} already has {_label(key)} = {validate.excerpt(into[key], 30)} from {first}",
+                    "give each var one value per host or group",
+                    source,
+                )
+            into[key] = value
+            self.var_where[(*owner, key)] = (source, where)
+
+    # -- group_vars/ and host_vars/ -----------------------------------------
+
+    def vars_files(self, dirname: str, known: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """NAME.yml, NAME.yaml, NAME or NAME/*.yml beside the inventory, for the groups or hosts it defines."""
+        directory = self.path.parent / dirname
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except OSError as err:
+            raise InventoryError(f"cannot read {directory}: {err.strerror}", "check the directory's permissions") from None
+        found: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            if entry.is_dir():
+                name = entry.name
+                files = sorted(Path(entry.path) / f for f in os.listdir(entry.path) if f.endswith((".yml", ".yaml")))
+            else:
+                stem, suffix = os.path.splitext(entry.name)
+                if suffix not in _VARS_SUFFIXES or entry.name.startswith("."):
+                    continue
+                name, files = stem, [Path(entry.path)]
+            if name not in known:
+                continue  # Ansible ignores vars of hosts and groups the inventory does not define
+            into = found.setdefault(name, {})
+            for f in files:
+                data = load_yaml(f, error=InventoryError, what="vars file") or {}
+                if not isinstance(data, dict):
+                    raise InventoryError(f"{f}: must be a mapping of vars", "write vars as 'name: value' lines")
+                self.add_vars((dirname, name), into, data, ("", ""), source=f)
+        return found
+
+    # -- the group graph -----------------------------------------------------
+
+    def ancestors(self, direct: tuple[str, ...]) -> list[str]:
+        """Every group a host in ``direct`` belongs to, 'all' included (a walk up the parents, within the budget)."""
+        if self.parents is None:
+            self.parents = {g: [] for g in self.groups}
+            for g in self.groups.values():
+                for c in g.children:
+                    self.parents[c].append(g.name)
+        seen = dict.fromkeys(direct)
+        stack = list(direct)
+        while stack:
+            parents = self.parents[stack.pop()]
+            self.spend(len(parents))
+            for p in parents:
+                if p not in seen:
+                    seen[p] = None
+                    stack.append(p)
+        seen.setdefault("all")
+        self.spend(len(seen))
+        return list(seen)
+
+    def spend(self, work: int) -> None:
+        """Count host-group pairs and parent links walked; past MAX_MEMBERSHIPS the inventory is refused."""
+        self.budget += work
+        if self.budget > MAX_MEMBERSHIPS:
+            raise InventoryError(
+                f"{self.path}: hosts belong to more than {MAX_MEMBERSHIPS:,} groups in all (counting parents)",
+                "nest groups less deeply or split the inventory",
+            )
+
+
+def _path(entry: tuple[str, str], key: Any = None) -> str:
+    """The key path of an entry (where, name) and optionally one var under it: all.children.gpu.hosts.a1.ansible_port."""
+    parts = [p for p in (entry[0], _label(entry[1]) if entry[1] else "", _label(key) if key is not None else "") if p]
+    return ".".join(parts)
+
+
+def _label(key: Any) -> str:
+    """A key as it goes into a key path: as written when plain, else a short escaped excerpt."""
+    text = str(key)
+    return text if isinstance(key, (str, int)) and _PLAIN.fullmatch(text) else validate.excerpt(key, 30)
+
+
+def _priority(group: _Group) -> int:
+    return 1 if group.priority is None else group.priority
+
+
+def _group_vars(group: _Group, from_files: dict[str, Any] | None) -> Mapping[str, Any]:
+    """A group's own vars as ansible-inventory shows them: group_vars/ over the file's, with its priority."""
+    own = {"ansible_group_priority": group.priority} if group.priority is not None else {}
+    return MappingProxyType(ChainMap(from_files or {}, group.vars, own))
+
+
+def _direct_groups(groups: dict[str, _Group]) -> dict[str, list[str]]:
+    """Host -> the groups that list it, except 'all' and 'ungrouped'."""
+    direct: dict[str, list[str]] = {}
+    for g in groups.values():
+        if g.name not in ("all", "ungrouped"):
+            for h in g.hosts:
+                direct.setdefault(h, []).append(g.name)
+    return direct
+
+
+def _topological(path: Path, groups: dict[str, _Group]) -> list[str]:
+    """Groups parents-first (iterative DFS, linear); a cycle is an error that names it."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(groups, WHITE)
+    post: list[str] = []
+    for start in groups:
+        if color[start] != WHITE:
+            continue
+        stack: list[tuple[str, Any]] = [(start, iter(groups[start].children))]
+        color[start] = GREY
+        while stack:
+            name, children = stack[-1]
+            for child in children:
+                if color[child] == GREY:
+                    trail = [n for n, _ in stack]
+                    cycle = trail[trail.index(child):] + [child]
+                    shown = [_label(g) for g in cycle] if len(cycle) <= 8 else [*map(_label, cycle[:4]), "...", *map(_label, cycle[-3:])]
+                    raise InventoryError(f"{path}: group cycle {' -> '.join(shown)}", "a group cannot contain itself")
+                if color[child] == WHITE:
+                    color[child] = GREY
+                    stack.append((child, iter(groups[child].children)))
+                    break
+            else:
+                stack.pop()
+                color[name] = BLACK
+                post.append(name)
+    return post[::-1]
+
+
+def _depths(order: list[str], groups: dict[str, _Group]) -> dict[str, int]:
+    """Longest path from 'all' (Ansible's group depth: a group nested deeper wins), in one pass over the DAG."""
+    depth = dict.fromkeys(groups, 0)
+    for g in order:
+        for c in groups[g].children:
+            depth[c] = max(depth[c], depth[g] + 1)
+    return depth
+
+
+def _make_host(name: str, groups: tuple[str, ...], merged: ChainMap, s: Mapping[str, Any]) -> Host:
+    """A Host from merged vars that were each checked where they were written, and its settings from them."""
+    port, key = s.get("port"), s.get("key")
     return Host(
         name=name,
         groups=groups,
-        vars=MappingProxyType(dict(merged)),
-        address=str(merged.get("ansible_host", merged.get("ansible_ssh_host", name))),
-        port=port,
-        user=str(user) if user is not None else None,
-        key_file=str(Path(str(key)).expanduser()) if key else None,
-        become=_truthy(merged.get("ansible_become", False)),
-        connection="local" if connection == "local" else "ssh",
+        vars=MappingProxyType(merged),
+        address=s.get("address") or name,
+        port=as_port(port) if port is not None else None,
+        user=s.get("user"),
+        key_file=str(Path(key).expanduser()) if key else None,
+        become=bool(as_boolean(s.get("become", False))),
+        connection="local" if s.get("connection") == "local" else "ssh",
     )
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "yes", "true", "on", "y")
-    return bool(value)
-
-
-def _split(value: str | None) -> list[str]:
-    return [w.strip() for w in (value or "").split(",") if w.strip()]

@@ -41,7 +41,10 @@ def excerpt(value: object, limit: int = 40) -> str:
     if isinstance(value, str) and "://" in value and "@" in value:
         value = strip_userinfo(value)
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
+    if len(text) <= limit:
+        return text
+    # a string keeps its closing quote so the excerpt reads as one value
+    return text[: limit - 4] + "...'" if isinstance(value, str) else text[: limit - 3] + "..."
 
 
 def matches(pattern: re.Pattern, value: object) -> bool:
@@ -53,6 +56,8 @@ def hostname_problem(value: object) -> str | None:
     """A DNS name, IPv4 address, IPv6 address or [IPv6]; nothing a shell or ssh option parser could act on."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty host name or address"
+    if len(value) <= 253 and _DNS_NAME.fullmatch(value):
+        return None  # the common case, decided by one regex: only letters, digits, '_', '-' and dots
     if _control(value) or any(ch.isspace() for ch in value):
         return "contains whitespace or a control character"
     if value.startswith("-"):
@@ -61,12 +66,14 @@ def hostname_problem(value: object) -> str | None:
         return "contains a shell metacharacter"
     bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
     try:
-        ipaddress.ip_address(bare)
-        return None
+        address = ipaddress.ip_address(bare)
     except ValueError:
-        pass
+        address = None
     if bare != value:
-        return "is bracketed but not an IPv6 address"
+        # brackets are for IPv6 only: ssh would take "[10.0.0.1]" as a name, not an address
+        return None if address is not None and address.version == 6 else "is bracketed but not an IPv6 address"
+    if address is not None:
+        return None
     if len(value) > 253 or not _DNS_NAME.fullmatch(value):
         return "is not a valid host name (letters, digits, '-', '_' and dots) or IP address"
     return None

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpurig.errors import GpurigError
+from gpurig.validate import excerpt
 
 MAX_BYTES = 5 * 1024 * 1024
 # Aliases may repeat a subtree, but not blow the document up: the expanded
@@ -84,6 +85,9 @@ def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> An
         mark = err.problem_mark or err.context_mark
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
         what = err.problem or err.context or "malformed YAML"
+        # libyaml's text can quote the file (a tag, a character): keep it short and on one line
+        what = " ".join(what.split())
+        what = what if len(what) <= 100 else what[:97] + "..."
         raise error(f"{source}:{where} malformed YAML: {what}", "fix the YAML syntax at that line") from None
     except yaml.YAMLError as err:
         raise error(f"{source}: malformed YAML: {str(err).splitlines()[0] if str(err) else type(err).__name__}", "fix the YAML syntax") from None
@@ -150,14 +154,17 @@ class _Loader(_Base):
                 if first is not None:
                     raise _Refused(
                         key_node.start_mark,
-                        f"key {str(key)[:60]!r} given twice (first at line {first.start_mark.line + 1})",
+                        f"key {excerpt(key)} given twice (first at line {first.start_mark.line + 1})",
                         "keep one of them",
                     )
                 seen[key] = key_node
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):
-        digits = sum(ch.isdigit() for ch in str(node.value))
+        # hex, octal and binary count too: '0x' and 5,000 f's is as huge as 5,000 nines
+        text = str(node.value).replace("_", "").lstrip("+-")
+        body = text[2:] if text[:2].lower() in ("0x", "0o", "0b") else text
+        digits = sum(ch.isalnum() for ch in body)
         if digits > MAX_INT_DIGITS:
             raise _Refused(node.start_mark, f"integer with {digits} digits is too large", f"use at most {MAX_INT_DIGITS} digits")
         return super().construct_yaml_int(node)

@@ -137,15 +137,8 @@ def host_task(help: dict[str, str] | None = None, *, connect: bool = True, chang
 
 
 def select_hosts(opts: HostOptions) -> list[Host]:
-    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
-
-    Uses today's ``Inventory.select(pattern=...)`` once per pattern and intersects.
-    """
-    inventory = load_inventory(opts.settings.inventory)
-    chosen = inventory.select()
-    for pattern in opts.limit:
-        matched = {h.name for h in inventory.select(pattern=pattern)}
-        chosen = [h for h in chosen if h.name in matched]
+    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none."""
+    chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
     if not chosen:
         raise InventoryError(
             f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",

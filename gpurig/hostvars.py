@@ -1,0 +1,113 @@
+"""The inventory vars gpurig acts on: a check for each (the rule and its fix) and the connection settings read from them.
+
+A var is checked where it is written (inventory file, group_vars/, host_vars/),
+so its error names that file and key; any var not in ``CHECKS`` is free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from gpurig import validate
+from gpurig.errors import did_you_mean
+
+CONNECTIONS = ("ssh", "paramiko", "smart", "local")
+_TRUE = ("yes", "on", "1", "true", "y", "t")
+_FALSE = ("no", "off", "0", "false", "n", "f")
+
+
+def as_port(value: Any) -> Any:
+    """A port as written: an int, or digits in quotes ("2222", as INI inventories give it)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
+        return int(value)
+    return value
+
+
+def _checked(check, fix: str):
+    """A validate.*_problem function as a var check that also says the fix."""
+
+    def problem(value: Any) -> tuple[str, str] | None:
+        rule = check(value)
+        return (rule, fix) if rule else None
+
+    return problem
+
+
+def _connection_problem(value: Any) -> tuple[str, str] | None:
+    if value in CONNECTIONS:
+        return None
+    return (f"is not supported{did_you_mean(str(value), CONNECTIONS)}", "use 'ssh' or 'local'")
+
+
+def _become_problem(value: Any) -> tuple[str, str] | None:
+    return None if as_boolean(value) is not None else ("is not a boolean", "use true or false")
+
+
+def _priority_problem(value: Any) -> tuple[str, str] | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return ("must be a whole number", "use a number such as 10 (higher merges later)")
+    return None
+
+
+def _key_file_problem(value: Any) -> tuple[str, str] | None:
+    if not isinstance(value, str) or not value or any(ord(ch) < 32 for ch in value):
+        return ("must be a file path on one line", "give the path of the private key")
+    return None
+
+
+def _ssh_args_problem(value: Any) -> tuple[str, str] | None:
+    return None if isinstance(value, str) else ("must be text (ssh options)", "write the options as one string")
+
+
+_host_problem = _checked(validate.hostname_problem, "use a DNS name or an IP address")
+_user_problem = _checked(validate.user_problem, "use a login name such as ubuntu")
+_port_problem = _checked(lambda v: validate.port_problem(as_port(v)), "set it to a TCP port such as 22")
+# var -> check(value) -> (rule, fix) or None: the vars gpurig acts on; any other var is free
+CHECKS = {
+    "ansible_host": _host_problem,
+    "ansible_ssh_host": _host_problem,
+    "ansible_user": _user_problem,
+    "ansible_ssh_user": _user_problem,
+    "ansible_port": _port_problem,
+    "ansible_ssh_port": _port_problem,
+    "ansible_connection": _connection_problem,
+    "ansible_become": _become_problem,
+    "ansible_group_priority": _priority_problem,
+    "ansible_ssh_private_key_file": _key_file_problem,
+    "ansible_private_key_file": _key_file_problem,
+    "ansible_ssh_common_args": _ssh_args_problem,
+    "ansible_ssh_extra_args": _ssh_args_problem,
+}
+
+
+def as_boolean(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        return True if word in _TRUE else False if word in _FALSE else None
+    return None
+
+
+SETTINGS = {
+    "address": ("ansible_host", "ansible_ssh_host"),
+    "port": ("ansible_port", "ansible_ssh_port"),
+    "user": ("ansible_user", "ansible_ssh_user"),
+    "key": ("ansible_ssh_private_key_file", "ansible_private_key_file"),
+    "become": ("ansible_become",),
+    "connection": ("ansible_connection",),
+}
+
+
+def connection_settings(maps: list[Mapping[str, Any]], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The connection settings from ``maps`` (highest precedence first) over ``base``."""
+    found = dict(base or {})
+    for name, keys in SETTINGS.items():
+        for m in maps:
+            hit = next((k for k in keys if k in m), None)
+            if hit is not None:
+                found[name] = m[hit]
+                break
+    return found
