@@ -6,6 +6,7 @@ Every process started here is stopped at teardown; readiness is polled
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -249,29 +250,44 @@ def make_host(client_key, login_user):
 @pytest.fixture
 def silent_port():
     """A port that accepts TCP connections and never says a word (a hung host)."""
+    with fake_listener(None) as port:
+        yield port
+
+
+@contextlib.contextmanager
+def fake_listener(reply: bytes | None, *, hang_up: bool = False):
+    """A TCP port on loopback that is not sshd: it says ``reply`` (if any) to each connection, then hangs up
+    (``hang_up``, or after a reply) or holds the connection open and silent. Stopped and closed on exit."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(64)
+    srv.settimeout(0.2)
     held: list[socket.socket] = []
     stop = threading.Event()
 
-    def accept() -> None:
-        srv.settimeout(0.2)
+    def serve() -> None:
         while not stop.is_set():
             try:
                 conn, _ = srv.accept()
-                held.append(conn)
             except OSError:
                 continue
+            if reply:
+                conn.sendall(reply)
+            if hang_up or reply:
+                conn.close()
+            else:
+                held.append(conn)
 
-    t = threading.Thread(target=accept, daemon=True)
+    t = threading.Thread(target=serve, daemon=True)
     t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    for c in held:
-        c.close()
-    srv.close()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import free_port
+from .conftest import fake_listener, free_port
 
 
 def gpurig(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -126,30 +126,8 @@ def test_hosts_lists_the_selection(tmp_path):
 @pytest.fixture
 def garbage_port():
     """A port that answers every connection with a line that is not an SSH banner, then hangs up."""
-    import socket
-    import threading
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    srv.close()
+    with fake_listener(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+        yield port
 
 
 def test_exec_runs_over_ssh_with_per_host_rc_and_output(cli_hosts, write_inventory, tmp_path):

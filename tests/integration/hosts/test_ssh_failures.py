@@ -6,8 +6,6 @@ import dataclasses
 import os
 import secrets
 import signal
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -19,32 +17,14 @@ from gpurig.fleet import run_fleet
 from gpurig.inventory import load_inventory
 from gpurig.ssh import Connector
 
-from .conftest import free_port
+from .conftest import fake_listener, free_port
 
 
 @pytest.fixture
 def hangup_port():
     """A port that accepts TCP connections and closes each at once (a proxy with nothing behind it)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            conn.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join()
-    srv.close()
+    with fake_listener(None, hang_up=True) as port:
+        yield port
 
 
 def test_each_unreachable_host_gets_its_own_precise_reason(settings, make_host, silent_port, hangup_port):
