@@ -16,10 +16,10 @@ from gpurig import __version__
 
 def build_collection() -> Collection:
     """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig.cli import hosts, images
+    from gpurig.cli import hosts, images, monitor
 
     ns = Collection()
-    for module in (images, hosts):
+    for module in (images, hosts, monitor):
         for name in module.__all__:
             ns.add_task(getattr(module, name))
     ns.configure({"gpurig": {"root": "."}})

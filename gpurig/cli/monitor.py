@@ -1,0 +1,153 @@
+"""The ``monitor`` task: watch GPUs, CPUs and memory across hosts; CSV, Prometheus, plot, record, and a diagnosis."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+
+from invoke.exceptions import Exit
+from rich.live import Live
+
+from gpurig.cli.base import task
+from gpurig.cli.hosts import inventory_path, make_connector, select_hosts
+from gpurig.files import write_report
+from gpurig.fleet import FleetInterrupted, FleetReport, print_summary
+from gpurig.monitor import MonitorError
+from gpurig.monitor.agent import monitor_fleet
+from gpurig.monitor.csvfile import CsvWriter, write_csv
+from gpurig.monitor.diagnose import diagnose
+from gpurig.monitor.exporter import parse_listen, serve
+from gpurig.monitor.plot import plot as draw_plot
+from gpurig.monitor.record import Recorder, load_run
+from gpurig.monitor.session import Run
+from gpurig.monitor.view import findings_view, live_table, summary_table
+from gpurig.report import console, err_console
+
+__all__ = ["monitor"]
+
+_HELP = {
+    "limit": "an Ansible host pattern narrowing the inventory ('gpu:!a100-01'); default: every host",
+    "inventory": "inventory file (default: $GPURIG_INVENTORY or inventory/hosts.yaml)",
+    "interval": "seconds between samples (default 1)",
+    "duration": "stop after this many seconds (default: until Ctrl-C)",
+    "csv": "write every sample to this CSV file, nvidia-smi's column names and units",
+    "prometheus": "serve metrics for Prometheus on [ADDR:]PORT (dcgm-exporter names; address default 127.0.0.1)",
+    "plot": "draw the run into this PNG file at the end",
+    "json": "write the summary, the diagnosis and each host's result as JSON to this file (- = stdout)",
+    "record": "keep the run (JSON lines) in this directory, for --replay later",
+    "replay": "read a run recorded with --record instead of watching hosts (for --plot, --csv, the diagnosis)",
+}
+
+
+def _seconds(flag: str, value, default: float, minimum: float = 0.0) -> float:
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < minimum:
+        raise MonitorError(f"{flag} {value!r} is not a number of seconds >= {minimum:g}", f"give {flag} a number such as 1 or 0.5")
+    return seconds
+
+
+@task(help=_HELP)
+def monitor(c, limit=None, inventory=None, interval=None, duration=None, csv=None, prometheus=None, plot=None, json=None, record=None, replay=None):
+    """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle."""
+    interval_s = _seconds("--interval", interval, 1.0, minimum=0.05)
+    duration_s = _seconds("--duration", duration, 0.0)
+    report: FleetReport | None = None
+    if replay:
+        run = load_run(replay)
+        if csv:
+            write_csv(csv, [s for h in run.hosts() for s in run.series(h)])
+    else:
+        run, report = _watch(c, limit, inventory, interval_s, duration_s, csv, prometheus, record)
+    findings = diagnose(run)
+    _present(run, findings, report)
+    if plot:
+        draw_plot(run, plot)
+        err_console.print(f"plot: {plot}")
+    if json:
+        write_report(json, _report_data(run, findings, report))
+    if report is not None and any(not r.succeeded and r.reason != "interrupted" for r in report.results):
+        raise Exit(code=1)
+
+
+def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
+    hosts = select_hosts(c, None, None, limit, inventory)
+    listen = parse_listen(prometheus) if prometheus else None
+    sinks = []
+    if csv:
+        sinks.append(CsvWriter(csv))
+    try:
+        if record:
+            sinks.append(Recorder(record))
+    except MonitorError:
+        for sink in sinks:
+            sink.discard()
+        raise
+    run = Run(tuple(sinks))
+    connector = make_connector("accept-new", 10.0, False, inventory_path(c, inventory))
+    exporter = live = None
+    started = time.time()
+    try:
+        if listen:
+            exporter = serve(run, *listen, stale_after=max(10.0, 3 * interval))
+            err_console.print(f"prometheus: scrape {exporter.url}")
+        if console.is_terminal:
+            live = Live(get_renderable=lambda: live_table(run.latest()), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
+            live.start()
+        try:
+            report = monitor_fleet(hosts, connector, run, interval, duration)
+        except FleetInterrupted as stop:  # Ctrl-C is how a run without --duration ends
+            report = stop.report
+    finally:
+        if live:
+            live.stop()
+        if exporter:
+            exporter.close()
+        connector.close()
+        for sink in sinks:
+            if isinstance(sink, Recorder):
+                sink.close({"started": started, "interval": interval, "duration": duration, "hosts": [h.name for h in hosts]})
+            else:
+                sink.close()
+    if csv:
+        err_console.print(f"csv: {csv}")
+    return run, report
+
+
+def _present(run: Run, findings, report: FleetReport | None) -> None:
+    notes: dict[str, list[str]] = defaultdict(list)
+    for host in run.hosts():
+        for note in run.state(host).notes:
+            notes[note].append(host)
+    for note, hosts in notes.items():
+        err_console.print(f"[yellow]note[/] {', '.join(hosts)}: {note}")
+    console.print(summary_table(run))
+    console.print(findings_view(findings))
+    if report is not None:
+        print_summary(report, err_console)
+
+
+def _report_data(run: Run, findings, report: FleetReport | None) -> dict:
+    hosts = {}
+    for host in run.hosts():
+        state = run.state(host)
+        series = run.series(host)
+        hosts[host] = {
+            "source": state.source,
+            "notes": state.notes,
+            "samples": len(series),
+            "first": series[0].t if series else None,
+            "last": series[-1].t if series else None,
+        }
+    return {
+        "hosts": hosts,
+        "findings": [vars(f) for f in findings],
+        "fleet": report.to_dict() if report is not None else None,
+    }
+
+

@@ -1,0 +1,97 @@
+"""Runs the sampler agent (checks/gpu_sampler.py) on a host through its Connection and streams its records into a Run.
+
+The agent travels inside the command line (zlib + base64, about 6 KB), so a
+host needs nothing but python3: no copy step, no file left behind. The same
+path serves the local host (a LocalConnection runs it as a subprocess).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import zlib
+from pathlib import Path
+
+from gpurig.connection import Connection, Connector
+from gpurig.errors import HostError
+from gpurig.fleet import FleetReport, run_fleet
+from gpurig.inventory import Host
+from gpurig.monitor.session import Run
+
+AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
+FOREVER_S = 365 * 86400.0  # "until Ctrl-C": a command timeout no run reaches
+
+
+def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
+    """The shell line that runs the agent from its source embedded in the line itself."""
+    text = source if source is not None else AGENT.read_text()
+    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+    boot = f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),'gpu_sampler.py','exec'))"
+    return shlex.join([python, "-c", boot, "--interval", f"{interval:g}", "--duration", f"{duration:g}"])
+
+
+class LineBuffer:
+    """Cuts a stream of text chunks into whole lines; a chunk may end mid-line."""
+
+    def __init__(self) -> None:
+        self._rest = ""
+
+    def feed(self, text: str) -> list[str]:
+        data = self._rest + text
+        *lines, self._rest = data.split("\n")
+        return lines
+
+
+def watch(conn: Connection, run: Run, interval: float, duration: float, command: str | None = None) -> dict:
+    """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until closed).
+
+    Returns a summary of the host's run. Raises HostError when the agent
+    cannot start or stops early; ConnectionLost (a HostError) when the host
+    goes away: the fleet reports that host and the others go on.
+    """
+    name = conn.host.name
+    buf = LineBuffer()
+    seen = {"sample": 0, "end": 0}
+    stderr_tail: list[str] = []
+
+    def on_output(stream: str, text: str) -> None:
+        if stream != "stdout":
+            stderr_tail[:] = (stderr_tail + text.splitlines())[-5:]
+            return
+        for line in buf.feed(text):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # not ours (a login banner, a shell's message)
+            if isinstance(record, dict):
+                kind = record.get("type")
+                if kind in seen:
+                    seen[kind] += 1
+                run.add(name, record)
+
+    line = command or agent_command(interval, duration)
+    timeout = duration + max(30.0, 5 * interval) if duration else FOREVER_S
+    result = conn.run(line, warn=True, timeout=timeout, on_output=on_output)
+    if result.exited == 127:
+        raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
+    if result.exited != 0 or not seen["end"]:
+        why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
+        raise HostError(f"{name}: the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why")
+    state = run.state(name)
+    return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes)}
+
+
+def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float) -> FleetReport:
+    """Watch every host at once (one connection each) until ``duration`` ends; a host that dies is reported, the rest go on.
+
+    Ctrl-C raises FleetInterrupted carrying the report, as ``run_fleet`` does.
+    """
+    return run_fleet(
+        hosts,
+        lambda conn: watch(conn, run, interval, duration),
+        connector=connector,
+        forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
+        progress=False,
+        label="monitor",
+    )

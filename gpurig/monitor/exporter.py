@@ -1,0 +1,135 @@
+"""A Prometheus exporter over a Run: dcgm-exporter's GPU metric names and labels, node-exporter-style host metrics.
+
+A custom collector (prometheus_client) builds the metric families from each
+host's latest sample at scrape time, so a scrape costs one pass over the
+latest samples and nothing accumulates between scrapes. Dashboards written
+for dcgm-exporter (``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName, Hostname}``)
+and node-exporter (``node_cpu_seconds_total{cpu, mode}``) work unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpurig.monitor import MonitorError
+from gpurig.monitor.model import GpuSample, Sample
+from gpurig.monitor.session import Run
+
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+# dcgm-exporter's name, its help text, and the value from a GpuSample (in dcgm's unit).
+DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.util_gpu),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.util_mem),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.mem_used_mib),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: None if g.mem_used_mib is None or g.mem_total_mib is None else g.mem_total_mib - g.mem_used_mib),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temp_c),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit_w),
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.sm_clock_mhz),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", lambda g: g.mem_clock_mhz),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bit mask).", lambda g: g.throttle),
+    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe TX throughput (in KB/s).", lambda g: g.pcie_tx_kbs),
+    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe RX throughput (in KB/s).", lambda g: g.pcie_rx_kbs),
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned (in %).", lambda g: g.sm_active),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM (in %).", lambda g: g.sm_occupancy),
+)
+
+
+class RunCollector(Collector):
+    """Metric families from each host's latest sample; a host silent for ``stale_after`` seconds is left out."""
+
+    def __init__(self, run: Run, stale_after: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.run = run
+        self.stale_after = stale_after
+        self.clock = clock
+
+    def _current(self) -> list[Sample]:
+        latest = self.run.latest()
+        if self.stale_after is None:
+            return list(latest.values())
+        now = self.clock()
+        return [s for s in latest.values() if now - s.t <= self.stale_after]
+
+    def collect(self) -> Iterator[Metric]:
+        samples = self._current()
+        gauges = {name: GaugeMetricFamily(name, text, labels=GPU_LABELS) for name, text, _ in DCGM_GAUGES}
+        cpu = CounterMetricFamily("node_cpu_seconds", "Seconds the CPUs spent in each mode.", labels=("Hostname", "cpu", "mode"))
+        host_gauges = {
+            "node_memory_MemTotal_bytes": GaugeMetricFamily("node_memory_MemTotal_bytes", "Memory information field MemTotal_bytes.", labels=("Hostname",)),
+            "node_memory_MemAvailable_bytes": GaugeMetricFamily("node_memory_MemAvailable_bytes", "Memory information field MemAvailable_bytes.", labels=("Hostname",)),
+        }
+        counters = {
+            "node_disk_read_bytes": CounterMetricFamily("node_disk_read_bytes", "The total number of bytes read successfully.", labels=("Hostname",)),
+            "node_disk_written_bytes": CounterMetricFamily("node_disk_written_bytes", "The total number of bytes written successfully.", labels=("Hostname",)),
+            "node_network_receive_bytes": CounterMetricFamily("node_network_receive_bytes", "Network device statistic receive_bytes.", labels=("Hostname",)),
+            "node_network_transmit_bytes": CounterMetricFamily("node_network_transmit_bytes", "Network device statistic transmit_bytes.", labels=("Hostname",)),
+        }
+        for s in samples:
+            for g in s.gpus:
+                labels = [str(g.index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.index}", g.name or "", s.host]
+                for name, _, value in DCGM_GAUGES:
+                    v = value(g)
+                    if v is not None:
+                        gauges[name].add_metric(labels, float(v))
+            for mode, per_core in s.cpu_seconds.items():
+                for core, seconds in enumerate(per_core):
+                    cpu.add_metric([s.host, str(core), mode], float(seconds))
+            host_gauges["node_memory_MemTotal_bytes"].add_metric([s.host], float(s.mem_total))
+            host_gauges["node_memory_MemAvailable_bytes"].add_metric([s.host], float(s.mem_available))
+            for name, value in (
+                ("node_disk_read_bytes", s.disk_read_bytes),
+                ("node_disk_written_bytes", s.disk_written_bytes),
+                ("node_network_receive_bytes", s.net_rx_bytes),
+                ("node_network_transmit_bytes", s.net_tx_bytes),
+            ):
+                counters[name].add_metric([s.host], float(value))
+        yield from gauges.values()
+        yield cpu
+        yield from host_gauges.values()
+        yield from counters.values()
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'[ADDR:]PORT' -> (address, port); loopback unless an address is given."""
+    addr, _, port = str(text).rpartition(":")
+    addr = addr.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise MonitorError(f"--prometheus {text!r} is not [ADDR:]PORT", "give a port such as 9400, or 0.0.0.0:9400 to listen on every interface")
+    return addr, int(port)
+
+
+@dataclass
+class Exporter:
+    """A running exporter; ``close`` stops it."""
+
+    address: str
+    port: int
+    _server: object
+    _thread: object
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(run: Run, address: str = "127.0.0.1", port: int = 9400, stale_after: float | None = None) -> Exporter:
+    """Serve the Run's metrics over HTTP (port 0: any free port), in a background thread."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(run, stale_after))
+    try:
+        server, thread = start_http_server(port, address, registry=registry)
+    except OSError as err:
+        raise MonitorError(f"cannot listen on {address}:{port}: {err.strerror}", "choose another --prometheus port") from None
+    return Exporter(address, server.server_address[1], server, thread)
