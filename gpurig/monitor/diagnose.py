@@ -181,10 +181,11 @@ def contention(host: str, index: int, pairs: Pairs) -> Finding | None:
                 users[p.user] = (pid, max(mib, p.used_mib or 0))
     if len(users) < 2:
         return None
+    shared = _share([len({p.user for p in g.processes if p.user}) >= 2 for _, g in pairs])
     shown = ", ".join(f"{u} (pid {pid}, {mib / 1024:.1f} GiB)" for u, (pid, mib) in sorted(users.items()))
     return Finding(
         "contention", host, index, "GPU shared with another user's process",
-        f"GPU {index} ran processes of {len(users)} users: {shown}",
+        f"GPU {index} ran processes of {len(users)} users: {shown}; shared at once in {_pct(shared)} of samples",
         "give each job its own GPU: a scheduler (Slurm, Kubernetes), CUDA_VISIBLE_DEVICES per user, or MIG partitions",
     )  # fmt: skip
 

@@ -19,11 +19,12 @@ def _n(value, fmt="{:.0f}", none="-") -> str:
 
 def live_table(latest: dict[str, Sample], failed: dict[str, str] | None = None) -> Table:
     """One row per GPU (or per host without GPUs), in 80 columns: host, GPU, util, SM, memory, temp, power, CPU, RAM."""
-    table = Table("host", "gpu", "util", "sm", "mem GiB", "°C", "W", "cpu", "core", "ram", box=None, pad_edge=False, header_style="bold")
-    for host in sorted(set(latest) | set(failed or {})):
-        if host in (failed or {}):
-            table.add_row(Text(host[:14]), Text((failed or {})[host][:60], style="red"), *[""] * 8)
-            continue
+    caption = "\n".join(f"{h}: {why}" for h, why in sorted((failed or {}).items())) or None
+    table = Table(
+        "host", "gpu", "util", "sm", "mem GiB", "°C", "W", "cpu", "core", "ram",
+        box=None, pad_edge=False, header_style="bold", caption=caption, caption_style="red", caption_justify="left",
+    )  # fmt: skip
+    for host in sorted(set(latest) - set(failed or {})):
         s = latest[host]
         cpu = (f"{s.cpu_percent:.0f}%", f"{s.max_core:.0f}%", f"{s.mem_used / 2**30:.0f}/{s.mem_total / 2**30:.0f}G")
         if not s.gpus:
