@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -151,7 +152,8 @@ def test_live_view_and_diagnosis_fit_80_columns():
 
 
 def gpurig(*args, cwd):
-    return subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's gpurig, whatever is installed
+    return subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", *args], capture_output=True, text=True, cwd=cwd, timeout=120, env=env)
 
 
 def test_cli_replays_a_recorded_run_into_plot_csv_json(tmp_path):
