@@ -1,19 +1,23 @@
 """A Prometheus exporter over a Run: dcgm-exporter's GPU metric names and labels, node-exporter-style host metrics.
 
 A custom collector (prometheus_client) builds the metric families from each
-host's latest sample at scrape time, so a scrape costs one pass over the
-latest samples and nothing accumulates between scrapes. Dashboards written
+host's latest sample; the rendered page is shared (see MetricsPage) so that
+many scrapers at once cost one rendering, not one each, and nothing
+accumulates between scrapes. Dashboards written
 for dcgm-exporter (``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName, Hostname}``)
 and node-exporter (``node_cpu_seconds_total{cpu, mode}``) work unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -21,6 +25,8 @@ from gpurig.monitor import MonitorError
 from gpurig.monitor.model import GpuSample, Sample
 from gpurig.monitor.session import Run
 
+MAX_AGE_S = 1.0  # samples arrive about once a second
+MAX_STALE_S = 5.0  # older than this, a scrape waits for a fresh page (Prometheus scrapes every 15 s or so)
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 # dcgm-exporter's name, its help text, and the value from a GpuSample (in dcgm's unit).
 DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
@@ -104,14 +110,120 @@ def parse_listen(text: str) -> tuple[str, int]:
     return addr, int(port)
 
 
+class MetricsPage:
+    """The /metrics page, rendered once for many scrapers.
+
+    A page younger than ``max_age`` is served as it is; one up to
+    ``max_stale`` old is served while a fresh one renders in the background;
+    an older one (Prometheus every 15 s) is rendered before answering. Only
+    one rendering runs at a time, and only the latest page is held.
+    """
+
+    def __init__(self, registry: CollectorRegistry, max_age: float = MAX_AGE_S, max_stale: float = MAX_STALE_S) -> None:
+        self.registry = registry
+        self.max_age = max_age
+        self.max_stale = max_stale
+        self._lock = threading.Lock()  # guards the page
+        self._rendering = threading.Lock()  # one rendering at a time
+        self._pages: tuple[bytes, bytes] | None = None  # (plain, gzip)
+        self._at = 0.0
+
+    def _render(self) -> tuple[bytes, bytes]:
+        plain = generate_latest(self.registry)
+        pages = (plain, gzip.compress(plain, compresslevel=1))  # Prometheus asks for gzip: a tenth of the bytes
+        with self._lock:
+            self._pages, self._at = pages, time.monotonic()
+        return pages
+
+    def _refresh_in_background(self) -> None:
+        if self._rendering.acquire(blocking=False):
+            def run() -> None:
+                try:
+                    self._render()
+                finally:
+                    self._rendering.release()
+
+            threading.Thread(target=run, name="gpurig-exporter-render", daemon=True).start()
+
+    def render(self) -> tuple[bytes, bytes]:
+        """(plain, gzip) pages, rendering first when the held one is too old."""
+        pages = self.cached()
+        if pages is not None:
+            return pages
+        with self._rendering:
+            with self._lock:  # another scraper may have rendered it while this one waited
+                if self._pages is not None and time.monotonic() - self._at < self.max_age:
+                    return self._pages
+            return self._render()
+
+    def cached(self) -> tuple[bytes, bytes] | None:
+        """The page if it can be served without waiting for a rendering (else None)."""
+        with self._lock:
+            pages, age = self._pages, time.monotonic() - self._at
+        if pages is not None and age < self.max_age:
+            return pages
+        if pages is not None and age < self.max_stale:
+            self._refresh_in_background()
+            return pages
+        return None
+
+
+class _HttpServer:
+    """A small asyncio HTTP/1.0 server for one page, in its own thread.
+
+    Cheaper per request than a thread per connection (socketserver's
+    ThreadingMixIn): a hundred scrapers at once cost no hundred threads.
+    """
+
+    def __init__(self, page: MetricsPage, address: str, port: int) -> None:
+        self.page = page
+        self.loop = asyncio.new_event_loop()
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._handle, address, port, backlog=512))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gpurig-exporter", daemon=True)
+        self.thread.start()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            request, *lines = head.decode("latin-1").split("\r\n")
+            method, path = (request.split() + ["", ""])[:2]
+            headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)}
+            if method not in ("GET", "HEAD") or path.split("?")[0] not in ("/", "/metrics"):
+                writer.write(b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 38\r\n\r\nnot found: the metrics are at /metrics")
+            else:
+                pages = self.page.cached() or await self.loop.run_in_executor(None, self.page.render)
+                packed = "gzip" in headers.get("accept-encoding", "")
+                body = pages[1] if packed else pages[0]
+                writer.write(
+                    f"HTTP/1.0 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\nContent-Length: {len(body)}\r\n"
+                    f"{'Content-Encoding: gzip' + chr(13) + chr(10) if packed else ''}Connection: close\r\n\r\n".encode()
+                    + (body if method == "GET" else b"")
+                )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            pass  # a scraper that went away or sent no request: nothing to answer
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
 @dataclass
 class Exporter:
     """A running exporter; ``close`` stops it."""
 
     address: str
     port: int
-    _server: object
-    _thread: object
+    _server: _HttpServer
 
     @property
     def url(self) -> str:
@@ -119,9 +231,7 @@ class Exporter:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()
 
 
 def serve(run: Run, address: str = "127.0.0.1", port: int = 9400, stale_after: float | None = None) -> Exporter:
@@ -129,7 +239,7 @@ def serve(run: Run, address: str = "127.0.0.1", port: int = 9400, stale_after: f
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(run, stale_after))
     try:
-        server, thread = start_http_server(port, address, registry=registry)
+        server = _HttpServer(MetricsPage(registry), address, port)
     except OSError as err:
         raise MonitorError(f"cannot listen on {address}:{port}: {err.strerror}", "choose another --prometheus port") from None
-    return Exporter(address, server.server_address[1], server, thread)
+    return Exporter(address, server.port, server)
