@@ -97,7 +97,7 @@ def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> 
             exporter = serve(run, *listen, stale_after=max(10.0, 3 * interval))
             err_console.print(f"prometheus: scrape {exporter.url}")
         if console.is_terminal:
-            live = Live(get_renderable=lambda: live_table(run.latest()), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
+            live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
         try:
             report = monitor_fleet(hosts, connector, run, interval, duration)
@@ -117,6 +117,14 @@ def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> 
     if csv:
         err_console.print(f"csv: {csv}")
     return run, report
+
+
+def _live(run: Run, interval: float):
+    """The live table; a host silent for three intervals is shown as such, not with its last figures."""
+    latest = run.latest()
+    now = time.time()
+    silent = {h: f"no sample for {now - s.t:.0f}s" for h, s in latest.items() if now - s.t > max(3 * interval, 3.0)}
+    return live_table(latest, failed=silent)
 
 
 def _present(run: Run, findings, report: FleetReport | None) -> None:

@@ -74,13 +74,3 @@ def findings_view(findings: list[Finding]) -> Group:
         parts.append(Text(f"  evidence: {f.evidence}"))
         parts.append(Text(f"  fix: {f.fix}", style="cyan"))
     return Group(*parts)
-
-
-def plain_line(latest: dict[str, Sample]) -> str:
-    """One line per refresh when stdout is not a terminal."""
-    parts = []
-    for host in sorted(latest):
-        s = latest[host]
-        gpus = " ".join(f"gpu{g.index}={_n(g.util_gpu)}%" for g in s.gpus) or "no-gpu"
-        parts.append(f"{host} {gpus} cpu={s.cpu_percent:.0f}%")
-    return "; ".join(parts)

@@ -180,3 +180,39 @@ def test_cli_bad_input_is_one_line(tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_exporter_answers_plain_gzip_404_and_a_burst_of_scrapers():
+    import asyncio
+    import gzip
+    import urllib.error
+    import urllib.request
+
+    from gpurig.monitor.exporter import serve
+
+    exporter = serve(load_run(RUNS / "healthy"), "127.0.0.1", 0)
+    try:
+        plain = urllib.request.urlopen(exporter.url, timeout=10).read().decode()
+        util = [line for line in plain.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+        assert len(util) == 1 and 'Hostname="gpu-healthy"' in util[0] and util[0].endswith("} 97.0")
+        asked = urllib.request.Request(exporter.url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(asked, timeout=10) as resp:
+            assert resp.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(resp.read()).decode() == plain
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(exporter.url.replace("/metrics", "/other"), timeout=10)
+
+        async def scrape() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip\r\n\r\n")
+            data = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return data
+
+        async def burst() -> list[bytes]:
+            return await asyncio.gather(*(scrape() for _ in range(100)))
+
+        answers = asyncio.run(burst())  # socketserver's backlog of 5 used to leave most of these hanging
+        assert all(a.startswith(b"HTTP/1.0 200 OK") for a in answers)
+    finally:
+        exporter.close()
