@@ -12,7 +12,7 @@ from rich.live import Live
 from gpurig.cli.base import task
 from gpurig.cli.hosts import inventory_path, make_connector, select_hosts
 from gpurig.files import write_report
-from gpurig.fleet import FleetInterrupted, FleetReport, print_summary
+from gpurig.fleet import FleetReport, print_summary
 from gpurig.monitor import MonitorError
 from gpurig.monitor.agent import monitor_fleet
 from gpurig.monitor.csvfile import CsvWriter, write_csv
@@ -71,8 +71,8 @@ def monitor(c, limit=None, inventory=None, interval=None, duration=None, csv=Non
         err_console.print(f"plot: {plot}")
     if json:
         write_report(json, _report_data(run, findings, report))
-    if report is not None and any(not r.succeeded and r.reason != "interrupted" for r in report.results):
-        raise Exit(code=1)
+    if report is not None and report.exit_code:
+        raise Exit(code=report.exit_code)
 
 
 def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
@@ -99,10 +99,7 @@ def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> 
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
-        try:
-            report = monitor_fleet(hosts, connector, run, interval, duration)
-        except FleetInterrupted as stop:  # Ctrl-C is how a run without --duration ends
-            report = stop.report
+        report = monitor_fleet(hosts, connector, run, interval, duration)  # Ctrl-C ends it like --duration
     finally:
         if live:
             live.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+import threading
 import zlib
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gpurig.inventory import Host
 from gpurig.monitor.session import Run
 
 AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
-FOREVER_S = 365 * 86400.0  # "until Ctrl-C": a command timeout no run reaches
+FOREVER_S = 20 * 86400.0  # "until Ctrl-C": as long as a timeout may be (epoll takes under 2**31 ms)
 
 
 def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
@@ -43,12 +44,18 @@ class LineBuffer:
         return lines
 
 
-def watch(conn: Connection, run: Run, interval: float, duration: float, command: str | None = None) -> dict:
-    """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until closed).
+class _Stopped(Exception):
+    """Raised from the output callback to end a command when the run is stopped."""
+
+
+def watch(conn: Connection, run: Run, interval: float, duration: float, command: str | None = None, stop: threading.Event | None = None) -> dict:
+    """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until ``stop`` is set).
 
     Returns a summary of the host's run. Raises HostError when the agent
     cannot start or stops early; ConnectionLost (a HostError) when the host
-    goes away: the fleet reports that host and the others go on.
+    goes away: the fleet reports that host and the others go on. Once
+    ``stop`` is set the agent is ended at its next record (the connection
+    kills a local one, and a remote one dies with its SSH channel).
     """
     name = conn.host.name
     buf = LineBuffer()
@@ -56,6 +63,8 @@ def watch(conn: Connection, run: Run, interval: float, duration: float, command:
     stderr_tail: list[str] = []
 
     def on_output(stream: str, text: str) -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped()
         if stream != "stdout":
             stderr_tail[:] = (stderr_tail + text.splitlines())[-5:]
             return
@@ -72,7 +81,11 @@ def watch(conn: Connection, run: Run, interval: float, duration: float, command:
 
     line = command or agent_command(interval, duration)
     timeout = duration + max(30.0, 5 * interval) if duration else FOREVER_S
-    result = conn.run(line, warn=True, timeout=timeout, on_output=on_output)
+    try:
+        result = conn.run(line, warn=True, timeout=timeout, on_output=on_output)
+    except _Stopped:
+        state = run.state(name)
+        return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes), "stopped": True}
     if result.exited == 127:
         raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
     if result.exited != 0 or not seen["end"]:
@@ -83,15 +96,40 @@ def watch(conn: Connection, run: Run, interval: float, duration: float, command:
 
 
 def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float) -> FleetReport:
-    """Watch every host at once (one connection each) until ``duration`` ends; a host that dies is reported, the rest go on.
+    """Watch every host at once (one connection each) until ``duration`` ends or Ctrl-C; a host that dies is reported, the rest go on.
 
-    Ctrl-C raises FleetInterrupted carrying the report, as ``run_fleet`` does.
+    Ctrl-C ends the run like the end of ``duration``: every agent stops at its
+    next sample and the report says what each host did. The fleet runs in a
+    worker thread so that the interrupt reaches this one, which stops it.
     """
-    return run_fleet(
-        hosts,
-        lambda conn: watch(conn, run, interval, duration),
-        connector=connector,
-        forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
-        progress=False,
-        label="monitor",
-    )
+    stop = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def fleet() -> None:
+        try:
+            outcome["report"] = run_fleet(
+                hosts,
+                lambda conn: watch(conn, run, interval, duration, stop=stop),
+                connector=connector,
+                forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
+                progress=False,
+                label="monitor",
+            )
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+        finally:
+            done.set()
+
+    # An Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() wrong.
+    done = threading.Event()
+    threading.Thread(target=fleet, name="gpurig-monitor", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        stop.set()
+        if not done.wait(2 * interval + 10):  # a second Ctrl-C here ends gpurig at once
+            raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]

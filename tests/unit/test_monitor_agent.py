@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -193,3 +195,36 @@ def test_an_agent_that_fails_is_one_clear_error():
         watch(local_connection(), Run(), 0.05, 1, command=agent_command(0.05, 1).replace("--interval", "--interval-typo", 1))
     with pytest.raises(HostError, match="python3 not found"):
         watch(local_connection(), Run(), 0.05, 1, command=agent_command(0.05, 1, python="python3-absent"))
+
+
+def test_ctrl_c_ends_a_run_like_its_duration_and_leaves_no_agent(tmp_path):
+    (tmp_path / "hosts.yaml").write_text("all:\n  hosts:\n    one:\n      ansible_connection: local\n    two:\n      ansible_connection: local\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from gpurig.cli import main; main()", "monitor", "-i", "hosts.yaml", "--interval", "0.1", "--record", "rec"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    samples = tmp_path / "rec" / "samples.jsonl"
+    try:
+        deadline = time.monotonic() + 30
+        while not (samples.exists() and {"one", "two"} <= {json.loads(line)["host"] for line in samples.read_text().splitlines() if '"sample"' in line}):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)  # polling for the first samples, not a synchronisation sleep
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "ok=2" in err
+    assert "one" in out and "two" in out  # the summary table
+    agents = [json.loads(line)["pid"] for line in samples.read_text().splitlines() if '"hello"' in line]
+    assert len(agents) == 2 and not any(running(pid) for pid in agents)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie left for an init that does not reap has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
