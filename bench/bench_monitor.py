@@ -196,7 +196,8 @@ def main() -> None:
     if args.only in (None, "agent"):
         bench_agent(args.runs, args.seconds)
     if args.only in (None, "exporter"):
-        bench_exporter(20, 100)
+        for _ in range(args.runs):
+            bench_exporter(20, 100)
     if args.only in (None, "fleet"):
         bench_fleet(20, max(30.0, args.seconds))
 

@@ -77,24 +77,24 @@ def monitor(c, limit=None, inventory=None, interval=None, duration=None, csv=Non
 
 def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
     hosts = select_hosts(c, None, None, limit, inventory)
-    listen = parse_listen(prometheus) if prometheus else None
-    sinks = []
-    if csv:
-        sinks.append(CsvWriter(csv))
+    run = Run()
+    # Everything that can refuse to start does so before any file is created.
+    exporter = serve(run, *parse_listen(prometheus), stale_after=max(10.0, 3 * interval)) if prometheus else None
+    writer = recorder = live = None
     try:
-        if record:
-            sinks.append(Recorder(record))
-    except MonitorError:
-        for sink in sinks:
-            sink.discard()
+        writer = CsvWriter(csv) if csv else None  # a temporary file until the run ends
+        recorder = Recorder(record) if record else None
+    except BaseException:
+        if writer:
+            writer.discard()
+        if exporter:
+            exporter.close()
         raise
-    run = Run(tuple(sinks))
+    run.listeners += [sink for sink in (recorder, writer) if sink]
     connector = make_connector("accept-new", 10.0, False, inventory_path(c, inventory))
-    exporter = live = None
     started = time.time()
     try:
-        if listen:
-            exporter = serve(run, *listen, stale_after=max(10.0, 3 * interval))
+        if exporter:
             err_console.print(f"prometheus: scrape {exporter.url}")
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
@@ -106,11 +106,10 @@ def _watch(c, limit, inventory, interval, duration, csv, prometheus, record) -> 
         if exporter:
             exporter.close()
         connector.close()
-        for sink in sinks:
-            if isinstance(sink, Recorder):
-                sink.close({"started": started, "interval": interval, "duration": duration, "hosts": [h.name for h in hosts]})
-            else:
-                sink.close()
+        if writer:
+            writer.close()
+        if recorder:
+            recorder.close({"started": started, "interval": interval, "duration": duration, "hosts": [h.name for h in hosts]})
     if csv:
         err_console.print(f"csv: {csv}")
     return run, report

@@ -216,3 +216,19 @@ def test_exporter_answers_plain_gzip_404_and_a_burst_of_scrapers():
         assert all(a.startswith(b"HTTP/1.0 200 OK") for a in answers)
     finally:
         exporter.close()
+
+
+def test_cli_refusing_to_start_leaves_no_file(tmp_path):
+    import socket
+
+    (tmp_path / "inv.yaml").write_text("all:\n  hosts:\n    here:\n      ansible_connection: local\n")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "samples.jsonl").write_text("")
+    proc = gpurig("monitor", "-i", "inv.yaml", "--csv", "run.csv", "--record", "old", cwd=tmp_path)
+    assert proc.returncode == 2 and "old already holds a recorded run" in proc.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = gpurig("monitor", "-i", "inv.yaml", "--csv", "run.csv", "--record", "new", "--prometheus", str(busy.getsockname()[1]), cwd=tmp_path)
+    assert proc.returncode == 2 and "cannot listen on 127.0.0.1:" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inv.yaml", "old"]  # no CSV, no .part, no run directory
