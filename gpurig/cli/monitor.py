@@ -65,7 +65,7 @@ def monitor(c, limit=None, inventory=None, interval=None, duration=None, csv=Non
     else:
         run, report = _watch(c, limit, inventory, interval_s, duration_s, csv, prometheus, record)
     findings = diagnose(run)
-    _present(run, findings, report)
+    _present(run, findings, report, err_console if json == "-" else console)  # --json -: stdout is the JSON
     if plot:
         draw_plot(run, plot)
         err_console.print(f"plot: {plot}")
@@ -123,15 +123,15 @@ def _live(run: Run, interval: float):
     return live_table(latest, failed=silent)
 
 
-def _present(run: Run, findings, report: FleetReport | None) -> None:
+def _present(run: Run, findings, report: FleetReport | None, out) -> None:
     notes: dict[str, list[str]] = defaultdict(list)
     for host in run.hosts():
         for note in run.state(host).notes:
             notes[note].append(host)
     for note, hosts in notes.items():
         err_console.print(f"[yellow]note[/] {', '.join(hosts)}: {note}")
-    console.print(summary_table(run))
-    console.print(findings_view(findings))
+    out.print(summary_table(run))
+    out.print(findings_view(findings))
     if report is not None:
         print_summary(report, err_console)
 

@@ -164,6 +164,10 @@ def test_cli_replays_a_recorded_run_into_plot_csv_json(tmp_path):
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 31
     report = json.loads((tmp_path / "r.json").read_text())
     assert [f["rule"] for f in report["findings"]] == ["input_bound"]
+    assert report["hosts"]["gpu-input-bound"]["samples"] == 30
+    to_stdout = gpurig("monitor", "--replay", str(RUNS / "oom_risk"), "--json", "-", cwd=tmp_path)
+    assert json.loads(to_stdout.stdout)["findings"][0]["rule"] == "oom_risk"  # the tables went to stderr
+    assert "[oom_risk]" in to_stdout.stderr
 
 
 @pytest.mark.parametrize(

@@ -46,10 +46,10 @@ def test_monitor_remote_hosts_while_one_dies(farm, client_key, login_user, tmp_p
     inventory = tmp_path / "inventory" / "hosts.yaml"
     inventory.parent.mkdir()
     inventory.write_text(yaml.safe_dump({"all": {"vars": {"ansible_user": login_user, "ansible_ssh_private_key_file": str(client_key)}, "hosts": entries}}))
-    rec, out_csv, report = tmp_path / "rec", tmp_path / "run.csv", tmp_path / "report.json"
+    rec, out_csv, report, png = tmp_path / "rec", tmp_path / "run.csv", tmp_path / "report.json", tmp_path / "run.png"
     proc = subprocess.Popen(
         [sys.executable, "-c", "from gpurig.cli import main; main()", "monitor", "-i", str(inventory), "-l", "mon-*",
-         "--duration", str(DURATION), "--interval", str(INTERVAL), "--csv", str(out_csv), "--record", str(rec), "--json", str(report)],
+         "--duration", str(DURATION), "--interval", str(INTERVAL), "--csv", str(out_csv), "--record", str(rec), "--json", str(report), "--plot", str(png)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     try:
@@ -86,5 +86,6 @@ def test_monitor_remote_hosts_while_one_dies(farm, client_key, login_user, tmp_p
 
     rows = list(csv.DictReader(io.StringIO(out_csv.read_text()), skipinitialspace=True))
     assert Counter(r["hostname"] for r in rows) == Counter({n: len(run.series(n)) for n in names})
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     statuses = {h["host"]: h["status"] for h in json.loads(report.read_text())["fleet"]["hosts"]}
     assert statuses == {"mon-a": "ok", "mon-b": "failed", "mon-c": "ok"}
