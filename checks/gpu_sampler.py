@@ -333,7 +333,7 @@ class SmiSource:
             raise RuntimeError((first.stdout + first.stderr).strip().splitlines()[0] if (first.stdout + first.stderr).strip() else f"nvidia-smi exited {first.returncode}")
         self._take(first.stdout.splitlines())
         ms = max(100, int(interval * 1000))
-        self.proc = subprocess.Popen([smi, *query, f"-lms={ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen([smi, *query, "-lms", str(ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _take(self, lines):

@@ -21,7 +21,7 @@ from gpurig.inventory import Host
 from gpurig.monitor.session import Run
 
 AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
-FOREVER_S = 20 * 86400.0  # "until Ctrl-C": as long as a timeout may be (epoll takes under 2**31 ms)
+CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends
 
 
 def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
@@ -48,7 +48,15 @@ class _Stopped(Exception):
     """Raised from the output callback to end a command when the run is stopped."""
 
 
-def watch(conn: Connection, run: Run, interval: float, duration: float, command: str | None = None, stop: threading.Event | None = None) -> dict:
+def watch(
+    conn: Connection,
+    run: Run,
+    interval: float,
+    duration: float,
+    command: str | None = None,
+    stop: threading.Event | None = None,
+    chunk: float = CHUNK_S,
+) -> dict:
     """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until ``stop`` is set).
 
     Returns a summary of the host's run. Raises HostError when the agent
@@ -56,11 +64,15 @@ def watch(conn: Connection, run: Run, interval: float, duration: float, command:
     goes away: the fleet reports that host and the others go on. Once
     ``stop`` is set the agent is ended at its next record (the connection
     kills a local one, and a remote one dies with its SSH channel).
+
+    A long run is cut into agent runs of ``chunk`` seconds on the same
+    connection, because a Connection keeps a command's whole output until
+    it ends: memory stays bounded at the cost of one interval's gap per chunk.
     """
     name = conn.host.name
-    buf = LineBuffer()
     seen = {"sample": 0, "end": 0}
     stderr_tail: list[str] = []
+    buf = LineBuffer()
 
     def on_output(stream: str, text: str) -> None:
         if stop is not None and stop.is_set():
@@ -79,20 +91,27 @@ def watch(conn: Connection, run: Run, interval: float, duration: float, command:
                     seen[kind] += 1
                 run.add(name, record)
 
-    line = command or agent_command(interval, duration)
-    timeout = duration + max(30.0, 5 * interval) if duration else FOREVER_S
-    try:
-        result = conn.run(line, warn=True, timeout=timeout, on_output=on_output)
-    except _Stopped:
+    def summary(**extra) -> dict:
         state = run.state(name)
-        return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes), "stopped": True}
-    if result.exited == 127:
-        raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
-    if result.exited != 0 or not seen["end"]:
-        why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
-        raise HostError(f"{name}: the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why")
-    state = run.state(name)
-    return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes)}
+        return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes), **extra}
+
+    left = duration
+    while True:
+        part = min(left, chunk) if duration else chunk
+        ends_before = seen["end"]
+        timeout = part + max(30.0, 5 * interval)
+        try:
+            result = conn.run(command or agent_command(interval, part), warn=True, timeout=timeout, on_output=on_output)
+        except _Stopped:
+            return summary(stopped=True)
+        if result.exited == 127:
+            raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
+        if result.exited != 0 or seen["end"] == ends_before:
+            why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
+            raise HostError(f"{name}: the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why")
+        left -= part
+        if duration and left < interval / 2:
+            return summary()
 
 
 def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float) -> FleetReport:

@@ -50,7 +50,9 @@ class Run:
             if kind == "hello":
                 state.hello = dict(record)
             elif kind == "note":
-                state.notes.append(str(record.get("message", "")))
+                message = str(record.get("message", ""))
+                if message not in state.notes:  # an agent restarted for the next chunk says it again
+                    state.notes.append(message)
             elif kind == "sample":
                 try:
                     sample = sample_from_record(host, record)

@@ -190,6 +190,18 @@ def test_watch_streams_the_agent_through_a_connection():
     assert run.state("here").notes == [summary["notes"][0]]
 
 
+def test_a_long_run_is_cut_into_agent_runs_and_still_says_its_note_once():
+    run = Run()
+    hellos = []
+    run.listeners.append(lambda host, record, sample: record["type"] == "hello" and hellos.append(record["pid"]))
+    summary = watch(local_connection("long"), run, 0.05, 0.6, chunk=0.2)
+    assert len(set(hellos)) == 3  # three agents, one after the other, on the same connection
+    assert summary["samples"] == len(run.series("long")) >= 9
+    assert len(run.state("long").notes) == 1
+    times = [s.t for s in run.series("long")]
+    assert times == sorted(times)
+
+
 def test_an_agent_that_fails_is_one_clear_error():
     with pytest.raises(HostError, match="the sampler stopped after 0 samples.*--interval"):
         watch(local_connection(), Run(), 0.05, 1, command=agent_command(0.05, 1).replace("--interval", "--interval-typo", 1))
