@@ -1,11 +1,11 @@
 """A Prometheus exporter over a Run: dcgm-exporter's GPU metric names and labels, node-exporter-style host metrics.
 
 A custom collector (prometheus_client) builds the metric families from each
-host's latest sample; the rendered page is shared (see MetricsPage) so that
-many scrapers at once cost one rendering, not one each, and nothing
-accumulates between scrapes. Dashboards written
-for dcgm-exporter (``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName, Hostname}``)
-and node-exporter (``node_cpu_seconds_total{cpu, mode}``) work unchanged.
+host's latest sample and prometheus_client renders them; the page is shared
+(MetricsPage) so that many scrapers at once cost one rendering, and a small
+asyncio server answers them. Dashboards written for dcgm-exporter
+(``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName, Hostname}``) and node-exporter
+(``node_cpu_seconds_total{cpu, mode}``) work unchanged.
 """
 
 from __future__ import annotations
