@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(docker.io openssh-server sudo debootstrap docker-registry git)
+packages=(docker.io openssh-server sudo debootstrap docker-registry git prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -22,8 +22,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # The Debian packages start services through init scripts where there is an
-# init; here nothing else may hold the registry's port or sshd's.
+# init; here nothing else may hold the registry's port or sshd's, and the
+# monitor tests start their own Prometheus (the packaged one would hold 9090).
 systemctl disable --now docker-registry >/dev/null 2>&1 || service docker-registry stop >/dev/null 2>&1 || true
+systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1 || true
 
 log "installing gpurig and its test tools"
 python3 -m pip install -q -e '.[test]'

@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""Samples a host's GPUs, CPUs, memory, disk and network and streams one JSON record per line.
+
+Standalone on purpose (stdlib, plus nvidia-ml-py and psutil when present): gpurig
+sends it to hosts over SSH, so it depends on nothing of gpurig. Records:
+    {"type": "hello", "hostname", "user", "source": nvml|nvidia-smi|none, ...}   first
+    {"type": "note", "message"}                                              at most once each
+    {"type": "sample", "t", "cpu", "mem", "disk", "net", "gpus": [...]}       every interval
+    {"type": "end", "samples"}                                               when --duration ends
+GPU sources, best first: NVML through pynvml; `nvidia-smi --query-gpu ...
+--format=csv,noheader,nounits -lms N`; none (CPU and memory only, said once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import psutil
+except ImportError:  # the /proc readers below do the same on Linux
+    psutil = None
+
+# nvidia-smi's own names, in the order the fallback asks for them.
+SMI_FIELDS = (
+    "index", "name", "uuid", "pci.bus_id", "utilization.gpu", "utilization.memory",
+    "memory.used", "memory.total", "temperature.gpu", "power.draw", "power.limit",
+    "clocks.sm", "clocks.mem", "clocks_throttle_reasons.active",
+)  # fmt: skip
+# The same fields under the names this script's records use.
+SMI_KEYS = (
+    "index", "name", "uuid", "pci_bus_id", "util_gpu", "util_mem", "mem_used_mib", "mem_total_mib",
+    "temp_c", "power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz", "throttle",
+)  # fmt: skip
+SMI_MISSING = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", "[GPU requires reset]", "")
+CPU_MODES = ("user", "system", "idle", "iowait")
+PCIE_EVERY_S = 1.0  # NVML measures PCIe throughput over 20 ms per call: not more often than this
+
+
+# --- host: CPU, memory, disk, network ---------------------------------------------------------
+
+
+def _proc_cpu_times():
+    """Per core (user, system, idle, iowait) seconds from /proc/stat."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = []
+    with open("/proc/stat") as fh:
+        for line in fh:
+            if line.startswith("cpu") and line[3].isdigit():
+                v = [int(x) for x in line.split()[1:]]
+                # user+nice, system+irq+softirq, idle, iowait
+                out.append(((v[0] + v[1]) / hz, (v[2] + v[5] + v[6]) / hz, v[3] / hz, v[4] / hz))
+    return out
+
+
+def _proc_meminfo():
+    info = {}
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            info[key] = int(rest.split()[0]) * 1024
+    total = info["MemTotal"]
+    available = info.get("MemAvailable", info.get("MemFree", 0))
+    return total, available
+
+
+def _proc_disk_bytes():
+    try:
+        disks = set(os.listdir("/sys/block"))  # whole disks: partitions would count twice
+    except OSError:
+        disks = None
+    read = written = 0
+    with open("/proc/diskstats") as fh:
+        for line in fh:
+            f = line.split()
+            if f[2].startswith(("loop", "ram")) or (disks is not None and f[2] not in disks):
+                continue
+            read += int(f[5]) * 512
+            written += int(f[9]) * 512
+    return read, written
+
+
+def _proc_net_bytes():
+    rx = tx = 0
+    with open("/proc/net/dev") as fh:
+        for line in fh.readlines()[2:]:
+            name, _, rest = line.partition(":")
+            if name.strip() == "lo":
+                continue
+            f = rest.split()
+            rx += int(f[0])
+            tx += int(f[8])
+    return rx, tx
+
+
+class HostSampler:
+    """CPU per core and total, RAM, disk and network counters; psutil when present, else /proc."""
+
+    def __init__(self):
+        self._last = self._cpu_times()
+
+    @staticmethod
+    def _cpu_times():
+        if psutil is not None:
+            return [(t.user + t.nice, t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0), t.idle, getattr(t, "iowait", 0.0)) for t in psutil.cpu_times(percpu=True)]
+        return _proc_cpu_times()
+
+    def sample(self):
+        now = self._cpu_times()
+        per_core = []
+        for (u0, s0, i0, w0), (u1, s1, i1, w1) in zip(self._last, now):
+            busy = (u1 - u0) + (s1 - s0)
+            total = busy + (i1 - i0) + (w1 - w0)
+            per_core.append(round(100.0 * busy / total, 1) if total > 0 else 0.0)
+        self._last = now
+        if psutil is not None:
+            vm = psutil.virtual_memory()
+            total, available = vm.total, vm.available
+            d = psutil.disk_io_counters()
+            disk = (d.read_bytes, d.write_bytes) if d else (0, 0)
+            n = psutil.net_io_counters(pernic=True)
+            net = (sum(c.bytes_recv for k, c in n.items() if k != "lo"), sum(c.bytes_sent for k, c in n.items() if k != "lo"))
+        else:
+            total, available = _proc_meminfo()
+            disk = _proc_disk_bytes()
+            net = _proc_net_bytes()
+        return {
+            "cpu": {
+                "percent": round(sum(per_core) / len(per_core), 1) if per_core else 0.0,
+                "per_core": per_core,
+                "seconds": {m: [round(t[k], 2) for t in now] for k, m in enumerate(CPU_MODES)},
+            },
+            "mem": {"total": total, "available": available, "used": total - available},
+            "disk": {"read_bytes": disk[0], "written_bytes": disk[1]},
+            "net": {"rx_bytes": net[0], "tx_bytes": net[1]},
+        }
+
+
+# --- GPUs through NVML ------------------------------------------------------------------------
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def process_user(pid):
+    """The login name owning ``pid`` (or its uid as text; None when the process is gone or hidden)."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def _process_name(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+class NvmlSource:
+    """Every GPU through NVML; a value NVML does not support on this GPU becomes None, never an error."""
+
+    name = "nvml"
+
+    def __init__(self, nvml, clock=time.monotonic):
+        self.nvml = nvml
+        self.clock = clock
+        nvml.nvmlInit()
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.static = [self._static(h) for h in self.handles]
+        self._gpm_prev = {}
+        self._gpm_ok = {i: self._gpm_supported(h) for i, h in enumerate(self.handles)}
+        self._pcie = {}
+        self.driver = self._safe(nvml.nvmlSystemGetDriverVersion)
+
+    def _safe(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def _static(self, h):
+        pci = self._safe(self.nvml.nvmlDeviceGetPciInfo, h)
+        return {
+            "name": _text(self._safe(self.nvml.nvmlDeviceGetName, h)),
+            "uuid": _text(self._safe(self.nvml.nvmlDeviceGetUUID, h)),
+            "pci_bus_id": _text(pci.busId) if pci is not None else None,
+        }
+
+    def _gpm_supported(self, h):
+        support = self._safe(getattr(self.nvml, "nvmlGpmQueryDeviceSupport", lambda h: None), h)
+        return bool(support is not None and support.isSupportedDevice)
+
+    def _gpm(self, i, h):
+        """SM activity and occupancy (0..1) between this sample and the previous one (Hopper and newer)."""
+        nvml = self.nvml
+        try:
+            sample = nvml.nvmlGpmSampleAlloc()
+            nvml.nvmlGpmSampleGet(h, sample)
+        except nvml.NVMLError:
+            self._gpm_ok[i] = False
+            return None, None
+        prev, self._gpm_prev[i] = self._gpm_prev.get(i), sample
+        if prev is None:
+            return None, None
+        try:
+            req = nvml.c_nvmlGpmMetricsGet_t()
+            req.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = 2
+            req.sample1, req.sample2 = prev, sample
+            req.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
+            req.metrics[1].metricId = nvml.NVML_GPM_METRIC_SM_OCCUPANCY
+            got = nvml.nvmlGpmMetricsGet(req)
+            return round(got.metrics[0].value / 100.0, 4), round(got.metrics[1].value / 100.0, 4)
+        except nvml.NVMLError:
+            return None, None
+        finally:
+            self._safe(nvml.nvmlGpmSampleFree, prev)
+
+    def _pcie_kbs(self, i, h):
+        now = self.clock()
+        last = self._pcie.get(i)
+        if last is None or now - last[0] >= PCIE_EVERY_S:
+            tx = self._safe(self.nvml.nvmlDeviceGetPcieThroughput, h, self.nvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = self._safe(self.nvml.nvmlDeviceGetPcieThroughput, h, self.nvml.NVML_PCIE_UTIL_RX_BYTES)
+            last = self._pcie[i] = (now, tx, rx)
+        return last[1], last[2]
+
+    def _processes(self, h):
+        procs = self._safe(self.nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        out = []
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            out.append({"pid": p.pid, "user": process_user(p.pid), "name": _process_name(p.pid), "used_mib": None if used is None else used // 2**20})
+        return out
+
+    def sample(self):
+        nvml, safe = self.nvml, self._safe
+        gpus = []
+        for i, h in enumerate(self.handles):
+            util = safe(nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = safe(nvml.nvmlDeviceGetMemoryInfo, h)
+            power = safe(nvml.nvmlDeviceGetPowerUsage, h)
+            limit = safe(nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+            tx, rx = self._pcie_kbs(i, h)
+            sm_active, sm_occ = self._gpm(i, h) if self._gpm_ok.get(i) else (None, None)
+            gpus.append(
+                {
+                    "index": i,
+                    **self.static[i],
+                    "util_gpu": util.gpu if util is not None else None,
+                    "util_mem": util.memory if util is not None else None,
+                    "mem_used_mib": mem.used // 2**20 if mem is not None else None,
+                    "mem_total_mib": mem.total // 2**20 if mem is not None else None,
+                    "temp_c": safe(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+                    "power_w": power / 1000.0 if power is not None else None,
+                    "power_limit_w": limit / 1000.0 if limit is not None else None,
+                    "sm_clock_mhz": safe(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
+                    "mem_clock_mhz": safe(nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM),
+                    "throttle": safe(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, h),
+                    "pcie_tx_kbs": tx,
+                    "pcie_rx_kbs": rx,
+                    "sm_active": sm_active,
+                    "sm_occupancy": sm_occ,
+                    "processes": self._processes(h),
+                }
+            )
+        return gpus
+
+    def close(self):
+        for sample in self._gpm_prev.values():
+            self._safe(self.nvml.nvmlGpmSampleFree, sample)
+        self._safe(self.nvml.nvmlShutdown)
+
+
+# --- GPUs through nvidia-smi ------------------------------------------------------------------
+
+
+def parse_smi_value(key, text):
+    """One field of `--format=csv,noheader,nounits` output; '[N/A]' and '[Not Supported]' become None."""
+    text = text.strip()
+    if text in SMI_MISSING:
+        return None
+    if key in ("name", "uuid", "pci_bus_id"):
+        return text
+    if key == "throttle":
+        return int(text, 16)
+    number = float(text)
+    return int(number) if key in ("index", "util_gpu", "util_mem", "mem_used_mib", "mem_total_mib", "temp_c", "sm_clock_mhz", "mem_clock_mhz") else number
+
+
+def parse_smi_line(line):
+    """A GPU record from one line of the fallback's output (None for a line that is not one)."""
+    parts = [p.strip() for p in line.rstrip("\n").split(",")]
+    if len(parts) != len(SMI_KEYS):
+        return None
+    try:
+        gpu = {k: parse_smi_value(k, v) for k, v in zip(SMI_KEYS, parts)}
+    except ValueError:
+        return None
+    if gpu["index"] is None:
+        return None
+    gpu.update(pcie_tx_kbs=None, pcie_rx_kbs=None, sm_active=None, sm_occupancy=None, processes=[])
+    return gpu
+
+
+class SmiSource:
+    """`nvidia-smi -lms` running beside the sampler; each sample takes the latest line of every GPU."""
+
+    name = "nvidia-smi"
+
+    def __init__(self, smi, interval):
+        self.latest = {}
+        self._lock = threading.Lock()
+        query = ["--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
+        first = subprocess.run([smi, *query], capture_output=True, text=True, timeout=30)
+        if first.returncode != 0:
+            raise RuntimeError((first.stdout + first.stderr).strip().splitlines()[0] if (first.stdout + first.stderr).strip() else f"nvidia-smi exited {first.returncode}")
+        self._take(first.stdout.splitlines())
+        ms = max(100, int(interval * 1000))
+        self.proc = subprocess.Popen([smi, *query, "-lms", str(ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _take(self, lines):
+        for line in lines:
+            gpu = parse_smi_line(line)
+            if gpu is not None:
+                with self._lock:
+                    self.latest[gpu["index"]] = gpu
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._take([line])
+
+    def sample(self):
+        with self._lock:
+            return [dict(self.latest[i]) for i in sorted(self.latest)]
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def open_gpu_source(interval, want="auto"):
+    """(source or None, note or None): NVML, else nvidia-smi, else nothing with the reason."""
+    reasons = []
+    if want in ("auto", "nvml"):
+        try:
+            import pynvml
+
+            return NvmlSource(pynvml), None
+        except ImportError:
+            reasons.append("pynvml (nvidia-ml-py) is not installed")
+        except Exception as err:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            reasons.append(f"NVML: {err}")
+    if want in ("auto", "nvidia-smi"):
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            reasons.append("nvidia-smi is not on PATH")
+        else:
+            try:
+                return SmiSource(smi, interval), None
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                reasons.append(f"nvidia-smi: {err}")
+    return None, "no NVIDIA driver found (" + "; ".join(reasons) + "): sampling CPU and memory only"
+
+
+def emit(record, out=sys.stdout):
+    out.write(json.dumps(record, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def _user():
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, ImportError):
+        return str(os.getuid())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (default: run until killed)")
+    parser.add_argument("--count", type=int, default=0, help="stop after this many samples")
+    parser.add_argument("--gpu-source", choices=("auto", "nvml", "nvidia-smi", "none"), default="auto")
+    args = parser.parse_args(argv)
+    interval = max(0.01, args.interval)
+    source, note = open_gpu_source(interval, args.gpu_source) if args.gpu_source != "none" else (None, "GPU sampling turned off (--gpu-source none)")
+    host = HostSampler()
+    emit(
+        {
+            "type": "hello", "hostname": socket.gethostname(), "user": _user(), "pid": os.getpid(),
+            "source": source.name if source else "none", "psutil": psutil is not None,
+            "cpus": os.cpu_count(), "interval": interval, "version": 1,
+            "driver": getattr(source, "driver", None),
+        }
+    )  # fmt: skip
+    if note:
+        emit({"type": "note", "message": note})
+    started = time.monotonic()
+    due = started + interval
+    count = 0
+    try:
+        while True:
+            time.sleep(max(0.0, due - time.monotonic()))
+            due += interval
+            if due < time.monotonic():  # fell behind (a slow NVML call): skip, never burst
+                due = time.monotonic() + interval
+            record = {"type": "sample", "t": round(time.time(), 3), **host.sample(), "gpus": source.sample() if source else []}
+            emit(record)
+            count += 1
+            if (args.count and count >= args.count) or (args.duration and time.monotonic() - started >= args.duration - interval / 2):
+                break
+        emit({"type": "end", "samples": count})
+    except (BrokenPipeError, KeyboardInterrupt):  # the reader went away (SSH closed, Ctrl-C): stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+    finally:
+        if source:
+            source.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Runs the sampler agent (checks/gpu_sampler.py) on a host through its Connection and streams its records into a Run.
+
+The agent travels inside the command line (zlib + base64, about 6 KB), so a
+host needs nothing but python3: no copy step, no file left behind. The same
+path serves the local host (a LocalConnection runs it as a subprocess).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import threading
+import zlib
+from pathlib import Path
+
+from gpurig.connection import Connection
+from gpurig.errors import HostError
+from gpurig.fleet import FleetReport, run_fleet
+from gpurig.inventory import Host
+from gpurig.monitor.session import Run
+from gpurig.ssh import Connector
+
+AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
+CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends
+
+
+def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
+    """The shell line that runs the agent from its source embedded in the line itself."""
+    text = source if source is not None else AGENT.read_text()
+    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+    boot = f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),'gpu_sampler.py','exec'))"
+    return shlex.join([python, "-c", boot, "--interval", f"{interval:g}", "--duration", f"{duration:g}"])
+
+
+class LineBuffer:
+    """Cuts a stream of text chunks into whole lines; a chunk may end mid-line."""
+
+    def __init__(self) -> None:
+        self._rest = ""
+
+    def feed(self, text: str) -> list[str]:
+        data = self._rest + text
+        *lines, self._rest = data.split("\n")
+        return lines
+
+
+class _Stopped(Exception):
+    """Raised from the output callback to end a command when the run is stopped."""
+
+
+def watch(
+    conn: Connection,
+    run: Run,
+    interval: float,
+    duration: float,
+    command: str | None = None,
+    stop: threading.Event | None = None,
+    chunk: float = CHUNK_S,
+) -> dict:
+    """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until ``stop`` is set).
+
+    Returns a summary of the host's run. Raises HostError when the agent
+    cannot start or stops early; ConnectionLost (a HostError) when the host
+    goes away: the fleet reports that host and the others go on. Once
+    ``stop`` is set the agent is ended at its next record (the connection
+    kills a local one, and a remote one dies with its SSH channel).
+
+    A long run is cut into agent runs of ``chunk`` seconds on the same
+    connection, because a Connection keeps a command's whole output until
+    it ends: memory stays bounded at the cost of one interval's gap per chunk.
+    """
+    name = conn.name
+    seen = {"sample": 0, "end": 0}
+    stderr_tail: list[str] = []
+    buf = LineBuffer()
+
+    def on_output(stream: str, text: str) -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped()
+        if stream != "stdout":
+            stderr_tail[:] = (stderr_tail + text.splitlines())[-5:]
+            return
+        for line in buf.feed(text):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # not ours (a login banner, a shell's message)
+            if isinstance(record, dict):
+                kind = record.get("type")
+                if kind in seen:
+                    seen[kind] += 1
+                run.add(name, record)
+
+    def summary(**extra) -> dict:
+        state = run.state(name)
+        return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes), **extra}
+
+    left = duration
+    while True:
+        part = min(left, chunk) if duration else chunk
+        ends_before = seen["end"]
+        timeout = part + max(30.0, 5 * interval)
+        try:
+            result = conn.run(command or agent_command(interval, part), warn=True, timeout=timeout, on_output=on_output)
+        except _Stopped:
+            return summary(stopped=True)
+        if result.exited == 127:
+            raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
+        if result.exited != 0 or seen["end"] == ends_before:
+            why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
+            raise HostError(f"{name}: the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why")
+        left -= part
+        if duration and left < interval / 2:
+            return summary()
+
+
+def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float) -> FleetReport:
+    """Watch every host at once (one connection each) until ``duration`` ends or Ctrl-C; a host that dies is reported, the rest go on.
+
+    Ctrl-C ends the run like the end of ``duration``: every agent stops at its
+    next sample and the report says what each host did. The fleet runs in a
+    worker thread so that the interrupt reaches this one, which stops it.
+    """
+    stop = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def fleet() -> None:
+        try:
+            outcome["report"] = run_fleet(
+                hosts,
+                lambda conn: watch(conn, run, interval, duration, stop=stop),
+                connector=connector,
+                forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
+                label="monitor",
+            )
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+        finally:
+            done.set()
+
+    # An Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() wrong.
+    done = threading.Event()
+    threading.Thread(target=fleet, name="gpurig-monitor", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        stop.set()
+        if not done.wait(2 * interval + 10):  # a second Ctrl-C here ends gpurig at once
+            raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["report"]

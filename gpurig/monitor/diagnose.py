@@ -1,0 +1,193 @@
+"""Why is the GPU idle (or slow)? Rules over a run's samples, each finding with its evidence and the fix.
+
+Each rule looks at one GPU's series beside its host's CPU series and fires
+when its pattern holds for a large share of the samples, never on a single
+spike. Thresholds are module constants so the rules read as plain sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import mean
+
+from gpurig.monitor.model import HEAT_OR_POWER, GpuSample, Sample
+from gpurig.monitor.session import Run
+
+MIN_SAMPLES = 3
+IDLE_UTIL = 30.0  # % GPU utilisation under which the GPU is "mostly idle"
+BUSY_CORE = 90.0  # % of one core: saturated
+QUIET_CORE = 50.0  # % the busiest core stays under when the CPU is "idle" too
+QUIET_CPU = 20.0  # % of all cores
+BUSY_UTIL = 80.0
+LOW_SM_ACTIVE = 0.5
+MEM_FULL = 0.95
+SHARE = 0.5  # the share of samples a pattern must hold for
+THROTTLE_SHARE = 0.1
+HELD_MIB = 1024  # memory a job holds on a GPU it is using
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str  # input_bound | small_kernels | oom_risk | throttling | waiting | contention
+    host: str
+    gpu: int | None
+    title: str
+    evidence: str
+    fix: str
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def diagnose(run: Run) -> list[Finding]:
+    """Every finding of every rule, host by host, GPU by GPU."""
+    found: list[Finding] = []
+    for host in run.hosts():
+        series = run.series(host)
+        if len(series) < MIN_SAMPLES:
+            continue
+        indices = sorted({g.index for s in series for g in s.gpus})
+        for index in indices:
+            pairs = [(s, g) for s in series for g in s.gpus if g.index == index]
+            for rule in RULES:
+                finding = rule(host, index, pairs)
+                if finding:
+                    found.append(finding)
+    return found
+
+
+Pairs = list[tuple[Sample, GpuSample]]
+
+
+def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
+    known = [(s, g) for s, g in pairs if g.util_gpu is not None]
+    idle = [(s, g) for s, g in known if g.util_gpu < IDLE_UTIL]
+    if len(known) < MIN_SAMPLES or len(idle) / len(known) < SHARE:
+        return None
+    saturated = [s for s, _ in idle if s.max_core >= BUSY_CORE]
+    if len(saturated) / len(idle) < SHARE:
+        return None
+    return Finding(
+        "input_bound", host, index, "input-pipeline bound: the GPU waits for data the CPU prepares",
+        f"GPU {index} under {IDLE_UTIL:.0f}% utilisation in {_pct(len(idle) / len(known))} of {len(known)} samples "
+        f"(mean {mean(g.util_gpu for _, g in known):.0f}%), while one CPU core was at >= {BUSY_CORE:.0f}% in "
+        f"{_pct(len(saturated) / len(idle))} of those (busiest core mean {mean(s.max_core for s, _ in idle):.0f}%, "
+        f"all cores {mean(s.cpu_percent for s, _ in idle):.0f}%)",
+        "load data in parallel: DataLoader(num_workers=<cores>, pin_memory=True, persistent_workers=True, prefetch_factor=4); "
+        "move decoding/augmentation to the GPU; find the busy process with 'top -H'",
+    )  # fmt: skip
+
+
+def small_kernels(host: str, index: int, pairs: Pairs) -> Finding | None:
+    busy = [g for _, g in pairs if g.util_gpu is not None and g.util_gpu >= BUSY_UTIL and g.sm_active is not None]
+    if len(busy) < MIN_SAMPLES or len(busy) / len(pairs) < SHARE:
+        return None
+    low = [g for g in busy if g.sm_active < LOW_SM_ACTIVE]
+    if len(low) / len(busy) < SHARE:
+        return None
+    return Finding(
+        "small_kernels", host, index, "kernels too small: the GPU is 'busy' but most SMs idle",
+        f"GPU {index} utilisation >= {BUSY_UTIL:.0f}% in {_pct(len(busy) / len(pairs))} of samples, yet SM activity "
+        f"averaged {_pct(mean(g.sm_active for g in busy))} (under {_pct(LOW_SM_ACTIVE)} in {_pct(len(low) / len(busy))} of them)",
+        "give each kernel more work: raise the batch size, use AMP (torch.autocast), capture the step with CUDA graphs "
+        "or torch.compile(mode='reduce-overhead')",
+    )  # fmt: skip
+
+
+def oom_risk(host: str, index: int, pairs: Pairs) -> Finding | None:
+    full = [(g.mem_fraction, g) for _, g in pairs if g.mem_fraction is not None]
+    if not full:
+        return None
+    peak, g = max(full, key=lambda x: x[0])
+    if peak < MEM_FULL:
+        return None
+    return Finding(
+        "oom_risk", host, index, "GPU memory nearly full: out-of-memory risk",
+        f"GPU {index} memory peaked at {g.mem_used_mib / 1024:.1f} of {g.mem_total_mib / 1024:.1f} GiB ({_pct(peak)}); "
+        f">= {_pct(MEM_FULL)} in {_pct(_share([f >= MEM_FULL for f, _ in full]))} of samples",
+        "leave headroom: smaller batch, activation checkpointing, bf16/AMP, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or a GPU with more memory",
+    )  # fmt: skip
+
+
+def throttling(host: str, index: int, pairs: Pairs) -> Finding | None:
+    known = [g for _, g in pairs if g.throttle is not None]
+    hit = [g for g in known if HEAT_OR_POWER.intersection(g.throttle_reasons)]
+    if not known or len(hit) / len(known) < THROTTLE_SHARE:
+        return None
+    reasons = sorted({r for g in hit for r in g.throttle_reasons if r in HEAT_OR_POWER})
+    temps = [g.temp_c for g in known if g.temp_c is not None]
+    powers = [(g.power_w, g.power_limit_w) for g in known if g.power_w is not None and g.power_limit_w]
+    detail = f"; max {max(temps):.0f} C" if temps else ""
+    if powers:
+        draw, limit = max(powers)
+        detail += f"; power up to {draw:.0f} of {limit:.0f} W"
+    thermal = any("thermal" in r or r == "hw_slowdown" for r in reasons)
+    fix = (
+        "check cooling: fans, airflow, inlet temperature, dust (nvidia-smi -q -d TEMPERATURE,PERFORMANCE)"
+        if thermal
+        else "the GPU is power capped: check the limit (nvidia-smi -q -d POWER; nvidia-smi -pl) and PSU/BMC caps"
+    )
+    if thermal and any("power" in r for r in reasons):
+        fix += "; it is also power capped: check nvidia-smi -q -d POWER"
+    return Finding(
+        "throttling", host, index, "clocks throttled by heat or power",
+        f"GPU {index} throttled ({', '.join(reasons)}) in {_pct(len(hit) / len(known))} of samples{detail}", fix,
+    )  # fmt: skip
+
+
+def waiting(host: str, index: int, pairs: Pairs) -> Finding | None:
+    known = [(s, g) for s, g in pairs if g.util_gpu is not None]
+    held = [(s, g) for s, g in known if g.processes or (g.mem_used_mib or 0) >= HELD_MIB]
+    idle = [(s, g) for s, g in held if g.util_gpu < IDLE_UTIL]
+    if len(known) < MIN_SAMPLES or len(idle) / len(known) < SHARE:
+        return None
+    quiet = [s for s, _ in idle if s.max_core < QUIET_CORE and s.cpu_percent < QUIET_CPU]
+    if len(quiet) / len(idle) < SHARE:
+        return None
+    iowait = _iowait_share(quiet)
+    io = f"; iowait {_pct(iowait)} of CPU time" if iowait is not None else ""
+    return Finding(
+        "waiting", host, index, "GPU and CPU both idle: the job waits on I/O or synchronisation",
+        f"GPU {index} holds a job (memory {max(g.mem_used_mib or 0 for _, g in idle) / 1024:.1f} GiB) but is under "
+        f"{IDLE_UTIL:.0f}% utilisation in {_pct(len(idle) / len(known))} of samples while the CPU idles too "
+        f"(all cores {mean(s.cpu_percent for s in quiet):.0f}%, busiest {mean(s.max_core for s in quiet):.0f}%){io}",
+        "find what it waits for: storage or network reads (iostat -x 1; cache or prefetch the data set), a straggler rank "
+        "in a collective (NCCL_DEBUG=INFO), or host syncs in the loop (.item(), .cpu(), torch.cuda.synchronize)",
+    )  # fmt: skip
+
+
+def _iowait_share(samples: list[Sample]) -> float | None:
+    with_times = [s for s in samples if s.cpu_seconds.get("iowait")]
+    if len(with_times) < 2:
+        return None
+    first, last = with_times[0], with_times[-1]
+    spent = {m: sum(last.cpu_seconds.get(m, ())) - sum(first.cpu_seconds.get(m, ())) for m in last.cpu_seconds}
+    total = sum(spent.values())
+    return spent.get("iowait", 0.0) / total if total > 0 else None
+
+
+def contention(host: str, index: int, pairs: Pairs) -> Finding | None:
+    users: dict[str, tuple[int, int]] = {}  # user -> (pid, most MiB seen)
+    for _, g in pairs:
+        for p in g.processes:
+            if p.user:
+                pid, mib = users.get(p.user, (p.pid, 0))
+                users[p.user] = (pid, max(mib, p.used_mib or 0))
+    if len(users) < 2:
+        return None
+    shared = _share([len({p.user for p in g.processes if p.user}) >= 2 for _, g in pairs])
+    shown = ", ".join(f"{u} (pid {pid}, {mib / 1024:.1f} GiB)" for u, (pid, mib) in sorted(users.items()))
+    return Finding(
+        "contention", host, index, "GPU shared with another user's process",
+        f"GPU {index} ran processes of {len(users)} users: {shown}; shared at once in {_pct(shared)} of samples",
+        "give each job its own GPU: a scheduler (Slurm, Kubernetes), CUDA_VISIBLE_DEVICES per user, or MIG partitions",
+    )  # fmt: skip
+
+
+RULES = (input_bound, small_kernels, oom_risk, throttling, waiting, contention)
