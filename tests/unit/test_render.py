@@ -73,7 +73,7 @@ def test_every_variant_and_entry_renders_what_it_claims(rendered, entry, variant
         assert f'{key}="{value}"' in text
     for key in ("revision", "created"):  # this checkout is a git repository
         assert f"org.opencontainers.image.{key}=" in text
-    assert f'io.gpurig.project="pytorch"' in text
+    assert 'io.gpurig.project="pytorch"' in text
     assert "local:" not in text  # nothing from the directory the checkout happens to lie in
     # pip and apt leave no caches in layers; the CA bundle only as a secret
     for line in lines:
