@@ -214,7 +214,8 @@ def run_build(
         iidfile = Path(scratch) / "iid"
         argv = build_argv(context, iidfile, ca_bundle, labels)
         started = time.monotonic()
-        with open(log_path, "w") as log, client.stream(argv) as proc:
+        # line-buffered: `tail -f` on the log follows the build as it goes
+        with open(log_path, "w", buffering=1) as log, client.stream(argv) as proc:
             log.write("$ " + " ".join(redact(a) for a in [client.path, *argv]) + "\n")
             assert proc.stdout is not None
             for raw in proc.stdout:

@@ -61,6 +61,7 @@ def test_sigterm_stops_the_docker_build_and_removes_temp_folders(cli, base, whee
         wait_for("a RUN step under way", lambda: log.is_file() and re.search(r"^#\d+ \[.*\] RUN ", log.read_text(), re.M),
                  120, 0.1)
         assert proc.poll() is None, proc.communicate()
+        assert "naming to" not in log.read_text(), "the build ended before the test could stop it"
         assert list(scratch.glob("gpurig-build-*")), "the build's scratch folder is where TMPDIR says"
         os.kill(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
