@@ -1,4 +1,4 @@
-"""The one wrapper around the local docker CLI: find a BuildKit-capable client, check its daemon, inspect, tag, pull, push, list, run.
+"""The one wrapper around the local docker CLI: find a BuildKit-capable client, check its daemon, inspect, tag, pull, push, list, save, run.
 
 Every call is an argv list (nothing passes through a shell); every failure
 the user can meet is a DockerError with its fix. Long-running children
@@ -129,12 +129,6 @@ class DockerClient:
             )
         found = _PUSHED.search(proc.stdout)
         return found.group(1) if found else ""
-
-    def history(self, ref: str) -> list[dict]:
-        """``docker history`` of an image, newest layer first: {id, size, created_by} per entry."""
-        out = self.check("history", "--no-trunc", "--human=false", "--format", "{{json .}}", ref)
-        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-        return [{"id": r.get("ID", ""), "size": int(r.get("Size") or 0), "created_by": r.get("CreatedBy", "")} for r in rows]
 
     def layer_sizes(self, *refs: str) -> dict[str, int]:
         """Each layer of these images (by diff id) and its size: the uncompressed tar a host stores.
