@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build figures: warm rebuild after a checks/ edit, image size against its content, gpurig's slim beside a naive Dockerfile.
+"""Build figures: warm rebuild after a checks/ edit, image size against its content, what jupyter adds on a host with slim, gpurig's slim beside a naive Dockerfile.
 
     python bench/bench_build.py [--cuda cpu|13.0] [--runs 3] [--keep]
 
@@ -24,9 +24,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpurig.build import find_client, human_size, resolve_ca_bundle  # noqa: E402
+from gpurig.build import human_size, resolve_ca_bundle  # noqa: E402
+from gpurig.docker import find_client  # noqa: E402
 
 LABEL = "io.gpurig.bench"
+# The bench's own base name (bootstrapped, labelled, removed at the end): other users of the engine may
+# retag or remove debian:bookworm-slim while it runs.
+BASE = "gpurig-bench-base:bookworm"
 CPU_TORCH, CUDA_TORCH = "2.13.0", "2.14.1"
 
 SPEC = """\
@@ -36,7 +40,7 @@ matrix:
   - {{torch: "{cpu}", cuda: "cpu", default: true}}
   - {{torch: "{cuda_torch}", cuda: "13.0"}}
 base:
-  image: debian:bookworm-slim
+  image: {base}
   bootstrap: {{suite: bookworm, mirror: "http://deb.debian.org/debian"}}
 build:
   find_links: [{wheels}]
@@ -47,7 +51,7 @@ build:
 # What a hand-written Dockerfile often looks like: one stage, no cache mounts, the
 # wheelhouse copied in, pip's cache and apt's lists left in the layers.
 NAIVE = """\
-FROM debian:bookworm-slim
+FROM {base}
 RUN apt-get update && apt-get install -y python3 python3-venv python3-pip ca-certificates tini
 RUN python3 -m venv /opt/venv
 COPY wheelhouse /wheelhouse
@@ -86,6 +90,10 @@ def layer_bytes(client: str, ref: str, needle: str) -> int:
     return sum(int(size) for size, _, created in (line.partition("\t") for line in out.splitlines()) if needle in created)
 
 
+def rootfs(client, ref: str) -> list[str]:
+    return client.inspect_image(ref)["RootFS"]["Layers"]
+
+
 def image_bytes(client: str, ref: str) -> int:
     return int(json.loads(docker(client, "image", "inspect", ref))[0]["Size"])
 
@@ -107,7 +115,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the images built here")
     args = parser.parse_args()
-    client = find_client().path
+    docker_client = find_client()
+    client = docker_client.path
     wheels = wheel_dir()
     if args.cuda == "cpu" and not wheels:
         sys.exit("no find-links directory with the CPU torch wheel (pip config list / PIP_FIND_LINKS)")
@@ -121,7 +130,7 @@ def main() -> None:
         for name in ("templates", ".hadolint.yaml"):
             (project / name).symlink_to(REPO / name)
         shutil.copytree(REPO / "checks", project / "checks", ignore=shutil.ignore_patterns("__pycache__"))
-        (project / "images" / "pytorch.yaml").write_text(SPEC.format(cpu=CPU_TORCH, cuda_torch=CUDA_TORCH, wheels=wheels or "[]"))
+        (project / "images" / "pytorch.yaml").write_text(SPEC.format(base=BASE, cpu=CPU_TORCH, cuda_torch=CUDA_TORCH, wheels=wheels or "[]"))
         build = ("build", "--variant", "slim", "--cuda", args.cuda, "--label", f"{LABEL}=1")
         report_file = project / "reports/builds/gpurig-bench" / f"{tag}.json"
 
@@ -147,12 +156,26 @@ def main() -> None:
         print(f"   median: {statistics.median(walls):.1f} s wall, {statistics.median(builds):.1f} s build (target < 15 s)")
 
         print("== size against content")
-        parts = content_bytes(client, ref, "debian:bookworm-slim")
+        parts = content_bytes(client, ref, BASE)
         need, size = sum(parts.values()), image_bytes(client, ref)
         for name, value in parts.items():
             print(f"   {name:26} {human_size(value):>10}")
         print(f"   {'sum':26} {human_size(need):>10}")
         print(f"   {'gpurig slim image':26} {human_size(size):>10}  = {size / need:.3f} x the sum (target <= 1.10)")
+
+        print("== jupyter on a host that has slim (the layers they share are stored once)")
+        jupyter = ref.replace("-slim", "-jupyter")
+        started = time.monotonic()
+        gpurig(project, "build", "--variant", "jupyter", "--cuda", args.cuda, "--label", f"{LABEL}=1")
+        print(f"   jupyter built in {time.monotonic() - started:.1f} s wall")
+        sizes = docker_client.layer_sizes(ref, jupyter)
+        slim_layers, jupyter_layers = rootfs(docker_client, ref), rootfs(docker_client, jupyter)
+        shared = [layer for layer in jupyter_layers if layer in slim_layers]
+        torch_layer = max(slim_layers, key=sizes.__getitem__)
+        extra = sum(sizes[layer] for layer in set(jupyter_layers) - set(slim_layers))
+        print(f"   slim's torch layer ({human_size(sizes[torch_layer])}) in jupyter: {torch_layer in jupyter_layers}; "
+              f"{len(shared)} of jupyter's {len(jupyter_layers)} layers are slim's")
+        print(f"   jupyter needs {human_size(extra)} more than slim (uncompressed layer tars; target < 300 MB)")
 
         print("== the same content from a naive single-stage Dockerfile")
         naive = work / "naive"
@@ -161,7 +184,7 @@ def main() -> None:
             for wheel in Path(wheels).glob(f"torch-{CPU_TORCH}+cpu-*.whl"):
                 shutil.copy2(wheel, naive / "wheelhouse" / wheel.name)
         requirement = f"torch=={torch}+cpu" if args.cuda == "cpu" else f"torch=={torch}"
-        (naive / "Dockerfile").write_text(NAIVE.format(requirement=requirement))
+        (naive / "Dockerfile").write_text(NAIVE.format(base=BASE, requirement=requirement))
         argv = [client, "build", "--progress=plain", "--label", f"{LABEL}=1", "-t", f"gpurig-bench-naive:{tag}"]
         ca = resolve_ca_bundle("auto")
         if ca:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -165,15 +166,10 @@ def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels:
     work = Path(tempfile.mkdtemp(prefix="gpurig-rootfs-", dir="/var/tmp"))
     rootfs = work / "rootfs"
     try:
-        proc = subprocess.run(
-            [debootstrap, "--variant=minbase", bootstrap.suite, str(rootfs), bootstrap.mirror],
-            capture_output=True,
-            text=True,
-            timeout=DEBOOTSTRAP_TIMEOUT_S,
-        )
-        if proc.returncode != 0:
+        code, output = _run_group([debootstrap, "--variant=minbase", bootstrap.suite, str(rootfs), bootstrap.mirror])
+        if code != 0:
             raise DockerError(
-                f"{described} failed: {last_line(proc.stdout + proc.stderr, default='no output')}",
+                f"{described} failed: {last_line(output, default='no output')}",
                 "check that the mirror answers (plain HTTP works without a CA) or set base.bootstrap.mirror",
             )
         _slim_down(rootfs, bootstrap)
@@ -185,6 +181,23 @@ def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BaseImage(ref, "bootstrapped", image_id, (), described)
+
+
+def _run_group(argv: list[str]) -> tuple[int, str]:
+    """(exit code, output) of a command run in a process group of its own, which goes whole when gpurig is
+    interrupted or the command overruns: debootstrap's own children (dpkg, wget) must not outlive it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=DEBOOTSTRAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        output, code = f"no end within {DEBOOTSTRAP_TIMEOUT_S} s", -1
+    else:
+        return proc.returncode, output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return code, output
 
 
 def _label_value(value: str) -> str:

@@ -214,7 +214,8 @@ def run_build(
         iidfile = Path(scratch) / "iid"
         argv = build_argv(context, iidfile, ca_bundle, labels)
         started = time.monotonic()
-        with open(log_path, "w") as log, client.stream(argv) as proc:
+        # line-buffered: `tail -f` on the log follows the build as it goes
+        with open(log_path, "w", buffering=1) as log, client.stream(argv) as proc:
             log.write("$ " + " ".join(redact(a) for a in [client.path, *argv]) + "\n")
             assert proc.stdout is not None
             for raw in proc.stdout:
@@ -357,14 +358,14 @@ def record_push(path: Path, report: dict, refs: list[str], digest: str) -> dict:
 # --- listing ----------------------------------------------------------------------
 
 
-def project_images(client: DockerClient, repositories: Iterable[str]) -> list[dict]:
-    """The tagged local images of these repositories (by their io.gpurig.project label), newest first.
+def project_images(client: DockerClient, projects: Iterable[str]) -> list[dict]:
+    """The tagged local images of these projects (spec names, in their io.gpurig.project label), newest first.
 
     Not the dangling ones an earlier build left, not other projects' images on the same engine.
     """
     ids: list[str] = []
-    for repository in repositories:
-        ids += client.image_ids(f"label={PROJECT_LABEL}={repository}", "dangling=false")
+    for project in projects:
+        ids += client.image_ids(f"label={PROJECT_LABEL}={project}", "dangling=false")
     images = client.inspect_images(list(dict.fromkeys(ids)))
     return sorted(images, key=lambda i: i.get("Created", ""), reverse=True)
 

@@ -1,4 +1,4 @@
-"""The one wrapper around the local docker CLI: find a BuildKit-capable client, check its daemon, inspect, tag, pull, push, list, run.
+"""The one wrapper around the local docker CLI: find a BuildKit-capable client, check its daemon, inspect, tag, pull, push, list, save, run.
 
 Every call is an argv list (nothing passes through a shell); every failure
 the user can meet is a DockerError with its fix. Long-running children
@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import tarfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Iterator
@@ -56,18 +57,22 @@ class DockerClient:
         return proc.stdout
 
     @contextmanager
-    def stream(self, argv: list[str]) -> Iterator[subprocess.Popen]:
-        """Start ``docker ARGV`` with stdout+stderr merged into text lines; the child never outlives the block.
+    def stream(self, argv: list[str], binary: bool = False) -> Iterator[subprocess.Popen]:
+        """Start ``docker ARGV`` with stdout+stderr merged into text lines (``binary``: stdout as bytes, stderr
+        apart); the child never outlives the block.
 
         The child stays in gpurig's process group (a terminal's Ctrl-C or
         ``timeout`` reaches both); when the block ends early for any reason it
         is asked to stop (SIGTERM, which cancels a BuildKit build), and killed
         after STOP_GRACE_S.
         """
-        proc = subprocess.Popen(
-            [self.path, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-            env=self.env(),
-        )
+        if binary:  # stdout is data (a tar): docker's complaints stay apart, on stderr
+            proc = subprocess.Popen([self.path, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env())
+        else:
+            proc = subprocess.Popen(
+                [self.path, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                env=self.env(),
+            )
         try:
             yield proc
         finally:
@@ -120,11 +125,43 @@ class DockerClient:
         found = _PUSHED.search(proc.stdout)
         return found.group(1) if found else ""
 
-    def history(self, ref: str) -> list[dict]:
-        """``docker history`` of an image, newest layer first: {id, size, created_by} per entry."""
-        out = self.check("history", "--no-trunc", "--human=false", "--format", "{{json .}}", ref)
-        rows = [json.loads(line) for line in out.splitlines() if line.strip()]
-        return [{"id": r.get("ID", ""), "size": int(r.get("Size") or 0), "created_by": r.get("CreatedBy", "")} for r in rows]
+    def layer_sizes(self, *refs: str) -> dict[str, int]:
+        """Each layer of these images (by diff id) and its size: the uncompressed tar a host stores.
+
+        Read from `docker save` streamed (nothing is written to disk), as the
+        engine reports no size per layer; images that share a layer list it once.
+        """
+        sizes: dict[str, int] = {}
+        links: dict[str, str] = {}
+        manifest: list[dict] = []
+        configs: dict[str, dict] = {}
+        with self.stream(["save", *refs], binary=True) as proc:
+            try:
+                tar = tarfile.open(fileobj=proc.stdout, mode="r|")
+            except tarfile.ReadError:
+                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(proc.stderr.read().decode())})",
+                                  "check that the images exist") from None
+            with tar:
+                for member in tar:
+                    if member.name.endswith("/layer.tar"):
+                        if member.issym():  # the same layer, saved once already
+                            links[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+                        else:
+                            sizes[member.name] = member.size
+                    elif member.name == "manifest.json" or (member.name.endswith(".json") and "/" not in member.name):
+                        data = json.load(tar.extractfile(member))
+                        if member.name == "manifest.json":
+                            manifest = data
+                        else:
+                            configs[member.name] = data
+            if proc.wait() != 0:
+                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(proc.stderr.read().decode())})",
+                                  "check that the images exist")
+        by_diff_id = {}
+        for image in manifest:
+            for path, diff_id in zip(image["Layers"], configs[image["Config"]]["rootfs"]["diff_ids"]):
+                by_diff_id[diff_id] = sizes[links.get(path, path)]
+        return by_diff_id
 
     # --- containers ---------------------------------------------------------------
 
@@ -152,8 +189,9 @@ def stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait()
-    if proc.stdout:
-        proc.stdout.close()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe:
+            pipe.close()
 
 
 # --- finding a client -------------------------------------------------------------

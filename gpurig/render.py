@@ -19,7 +19,8 @@ from gpurig.spec import ImageSpec, MatrixEntry, Variant
 from gpurig.validate import excerpt, strip_userinfo
 
 CONTEXT_META = "gpurig-context.json"
-# Which project an image belongs to: its repository ([registry/]name), the same in every copy of the project.
+# Which project an image belongs to: the spec's name, the same in every copy of the project and with or
+# without a registry (a build for --push must give the image id of the local build).
 PROJECT_LABEL = "io.gpurig.project"
 # Variant files rendered from templates/files/<name>.j2 (or copied as they are), per feature.
 _FILES = {
@@ -156,7 +157,7 @@ def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project:
         "org.opencontainers.image.version": f"{entry.tag}-{variant.name}",
         **{key: value for key, value in optional.items() if value},
         "org.opencontainers.image.base.name": variant.base,
-        PROJECT_LABEL: spec.image_ref(entry, variant.name).rsplit(":", 1)[0],
+        PROJECT_LABEL: spec.name,
         "io.gpurig.variant": variant.name,
         "io.gpurig.torch": entry.torch,
         "io.gpurig.cuda": entry.cuda,

@@ -49,8 +49,7 @@ def task(*args, **kwargs):
             except GpurigError as err:
                 raise Exit(f"gpurig: {err}", code=err.exit_code) from None
             except Terminated:
-                raise Exit("gpurig: terminated (SIGTERM); stopped what was running and removed temporary files",
-                           code=128 + signal.SIGTERM) from None
+                raise Exit("gpurig: terminated (SIGTERM)", code=128 + signal.SIGTERM) from None
             except KeyboardInterrupt:
                 raise Exit("gpurig: interrupted", code=130) from None
             except BrokenPipeError:

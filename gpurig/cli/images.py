@@ -160,14 +160,15 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
         r = result.report
         rows.append((
             " ".join([r["image"], *r["aliases"]]),
-            r["torch_resolved"] or r["torch"],
+            r["torch"],
+            r["cuda"],
             human_size(r["size_bytes"]),
             str(r["layers"]),
             f"{r['steps']['ran']}/{r['steps']['total']}",
             f"{r['duration_s']:.1f}s",
             r["digest"] or "-",
         ))
-    print_rows("built", ("image", "torch", "size", "layers", "steps run", "time", "digest"), rows)
+    print_rows("built", ("image", "torch", "CUDA", "size", "layers", "steps run", "time", "digest"), rows)
 
 
 class BuildProgress(BuildObserver):
@@ -249,10 +250,10 @@ def images(c, spec=None, format=None):
     from gpurig.docker import find_client
 
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in find_specs(project_root(c) / "images")]
-    repositories = {s.image_ref(s.default, "x").rsplit(":", 1)[0] for s in specs}
-    found = project_images(find_client(), sorted(repositories))
+    projects = sorted({s.name for s in specs})
+    found = project_images(find_client(), projects)
     if not found and format in (None, "table"):
-        console.print(f"no images of {', '.join(sorted(repositories))} in the local store; build one with `gpurig build`")
+        console.print(f"no images of {', '.join(projects)} in the local store; build one with `gpurig build`")
         return
     columns = ("image", "variant", "torch", "CUDA", "size", "created", "base")
     rows = []
@@ -269,7 +270,7 @@ def images(c, spec=None, format=None):
             image.get("Created", "")[:10],
             f"{base} ({BASE_ORIGINS.get(origin, origin or 'unknown')})",
         ))
-    print_rows(f"images of {', '.join(sorted(repositories))}", columns, rows, format)
+    print_rows(f"images of {', '.join(projects)}", columns, rows, format)
     if any("bootstrapped" in row[-1] for row in rows) and console.is_terminal:
         console.print("bootstrapped stand-in: no registry answered, so the base was made here with debootstrap "
                       "under the registry's name; `docker rmi` it to build on the registry's image.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from gpurig.base import BaseImage, _slim_down, bootstrap_description, bootstrap_tag
@@ -45,3 +46,25 @@ def test_slim_down_keeps_apt_working_and_adds_updates(tmp_path: Path):
     assert not (root / "var/cache/apt/archives/x.deb").exists() and (root / "var/cache/apt/archives/partial").is_dir()
     assert not (root / "var/log/dpkg.log").exists() and (root / "etc/machine-id").read_text() == ""
     assert "path-exclude /usr/share/doc/*" in (root / "etc/dpkg/dpkg.cfg.d/gpurig-slim").read_text()
+
+
+def test_an_overrunning_bootstrap_goes_with_its_children(monkeypatch, tmp_path: Path):
+    import gpurig.base as base
+
+    monkeypatch.setattr(base, "DEBOOTSTRAP_TIMEOUT_S", 2)
+    pidfile = tmp_path / "child.pid"
+    code, output = base._run_group(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"])
+    assert code == -1 and "no end within 2 s" in output
+    state = Path(f"/proc/{int(pidfile.read_text())}/stat")
+
+    def gone() -> bool:  # SIGKILLed; a zombie until init reaps it
+        try:
+            return state.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    deadline = time.monotonic() + 10
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(), "debootstrap's child outlived it"
+    assert base._run_group(["sh", "-c", "echo made; exit 3"]) == (3, "made\n")

@@ -29,6 +29,9 @@ TEST_LABEL = "io.gpurig.test"
 SESSION = uuid.uuid4().hex[:12]
 # Per session, so that two sessions on one engine never move each other's tags.
 SPEC_NAME = f"gpurig-test-{SESSION[:8]}"
+# The base too: other sessions on the same engine bootstrap, retag and remove `debian:bookworm-slim` as they
+# come and go, which would pull the base from under this session's builds (and their cache hits).
+BASE = f"gpurig-test-base-{SESSION[:8]}:bookworm"
 CPU_TORCH = "2.13.0"
 CUDA_TORCH, CUDA = "2.14.1", "13.0"
 
@@ -84,7 +87,7 @@ build:
 """
 
 
-def write_spec(path: Path, wheels: str, registry: str = "", base: str = "debian:bookworm-slim",
+def write_spec(path: Path, wheels: str, registry: str = "", base: str = BASE,
                bootstrap: bool = True, slim: str = "") -> Path:
     boot = '  bootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian"}' if bootstrap else ""
     path.write_text(SPEC.format(name=SPEC_NAME, registry=registry, cpu_torch=CPU_TORCH, cuda_torch=CUDA_TORCH,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import CPU_TORCH, SESSION, SPEC_NAME, TEST_LABEL, docker, health_records, run_in
 
@@ -61,8 +62,31 @@ def test_rebuild_without_change_is_a_full_cache_hit(build, cli):
     assert "(full cache hit)" in proc.stdout
 
 
-def test_images_lists_what_was_built(build, cli):
-    build("slim")
+def test_images_lists_this_projects_images_only(build, cli, base, tmp_path):
+    """Not another project's image on the same engine, not a dangling one an earlier build left."""
+    slim = build("slim")
+    base_ref = base[0].ref
+
+    def tiny(tag: str, project: str, marker: str) -> str:
+        context = tmp_path / marker
+        context.mkdir()
+        (context / "Dockerfile").write_text(
+            f"FROM {base_ref}\nLABEL io.gpurig.project={project} io.gpurig.variant=slim gpurig.marker={marker}\n")
+        docker("build", "-q", "--label", f"{TEST_LABEL}={SESSION}", "-t", tag, str(context), env=dict(os.environ, DOCKER_BUILDKIT="1"))
+        return json.loads(docker("image", "inspect", tag).stdout)[0]["Id"]
+
+    other = tiny(f"{SPEC_NAME}-other:x", f"{SPEC_NAME}-other", "other")
+    dangling = tiny(f"{SPEC_NAME}:dangler", SPEC_NAME, "first")
+    tiny(f"{SPEC_NAME}:dangler", SPEC_NAME, "second")  # takes the tag: the first one is dangling now
     proc = cli("images")
     assert proc.returncode == 0, proc.stderr
-    assert f"{SPEC_NAME}:{CPU_TORCH}-cpu-slim" in proc.stdout and f"{CPU_TORCH}+cpu" in proc.stdout
+    header, *rows = [line.split("\t") for line in proc.stdout.splitlines()]
+    assert header == ["image", "variant", "torch", "CUDA", "size", "created", "base"]
+    images = {row[0]: row for row in rows}
+    assert f"{SPEC_NAME}:{CPU_TORCH}-cpu-slim {SPEC_NAME}:slim-cpu" in images
+    row = images[f"{SPEC_NAME}:{CPU_TORCH}-cpu-slim {SPEC_NAME}:slim-cpu"]
+    assert row[1:4] == ["slim", CPU_TORCH, "cpu"]  # torch as the matrix names it, the build in the CUDA column
+    origin = {"bootstrapped": "bootstrapped stand-in"}.get(slim.report["base"]["origin"], slim.report["base"]["origin"])
+    assert row[6] == f"{base_ref} ({origin})"
+    assert not any("-other" in name for name in images) and other[7:19] not in proc.stdout
+    assert len(rows) == len(images) and all(images) and dangling[7:19] not in proc.stdout  # no untagged row
