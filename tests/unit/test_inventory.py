@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig import inventory
+from gpurig.inventory import loader as inventory_loader
 from gpurig.errors import InventoryError
 from gpurig.inventory import expand_host_pattern, load_inventory
 
@@ -312,13 +312,13 @@ def test_ranges_like_ansible():
 
 
 def test_the_host_count_is_capped(tmp_path, monkeypatch):
-    monkeypatch.setattr(inventory, "MAX_HOSTS", 50)
+    monkeypatch.setattr(inventory_loader, "MAX_HOSTS", 50)
     message = _refused(tmp_path, "all:\n  children:\n    a:\n      hosts:\n        a[1:40]:\n    b:\n      hosts:\n        b[1:40]:\n")
     assert "the inventory defines more than 50 hosts" in message and "all.children.b.hosts.b[1:40]" in message
 
 
 def test_deep_group_graphs_are_capped(tmp_path, monkeypatch):
-    monkeypatch.setattr(inventory, "MAX_MEMBERSHIPS", 5_000)
+    monkeypatch.setattr(inventory_loader, "MAX_MEMBERSHIPS", 5_000)
     chain = "".join(f"g{i}:\n  children:\n    g{i + 1}:\n" for i in range(200))
     hosts = "g200:\n  hosts:\n    h[1:100]:\n"
     assert "groups in all (counting parents)" in _refused(tmp_path, chain + hosts)

@@ -22,7 +22,7 @@ from gpurig.errors import InventoryError, did_you_mean
 from gpurig.validate import excerpt
 
 if TYPE_CHECKING:
-    from gpurig.inventory import Host, Inventory
+    from gpurig.inventory.model import Host, Inventory
 
 _TERMS = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")  # ':'-separated, keeping [...] whole
 _SUBSCRIPT = re.compile(r"(.+)\[(?:(-?[0-9]+)|(-?[0-9]+)?\s*:\s*(-?[0-9]+)?)\]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpurig.errors import InventoryError, did_you_mean
-from gpurig.inventory import Host, Inventory
+from gpurig.inventory.model import Host, Inventory
 from gpurig.validate import excerpt
 
 # --graph prints a group once under each parent, so a lattice of groups could ask for billions of lines.

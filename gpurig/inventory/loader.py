@@ -1,23 +1,5 @@
-"""Ansible-format YAML inventory -> ``Host`` objects, loaded in bounded, linear work with strict values.
+"""Reading an inventory file (plus group_vars/ and host_vars/) into an Inventory, in bounded, linear work."""
 
-The file format is Ansible's YAML inventory (``all`` / ``children`` / ``hosts`` /
-``vars``), so an inventory a team already has works unchanged. Variables are
-merged with Ansible's precedence, lowest first:
-
-1. group vars from the inventory file: ``all``, then parents before children,
-   siblings by ``ansible_group_priority`` then name (the later wins);
-2. ``group_vars/all.yml`` beside the inventory, then ``group_vars/<group>.yml``
-   in the same group order;
-3. host vars from the inventory file;
-4. ``host_vars/<host>.yml`` beside the inventory.
-
-What Ansible would accept silently is refused here, each with one line naming
-the file, the key path and the rule: a host listed twice in one group (also
-through a range), one host given two different values for a var, a port that
-is ``true`` or ``22.9``, a host name, address or user that a shell or ssh could
-act on, ranges past ``hostrange.MAX_NAMES_PER_PATTERN`` names and inventories past
-``MAX_HOSTS``. Every file is read through :mod:`gpurig.yamlio`.
-"""
 
 from __future__ import annotations
 
@@ -29,11 +11,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from gpurig import patterns as host_patterns
 from gpurig import validate
 from gpurig.errors import InventoryError, did_you_mean
-from gpurig.hostrange import expand_host_pattern
-from gpurig.hostvars import CHECKS, as_boolean, as_port, connection_settings
+from gpurig.inventory.hostrange import expand_host_pattern
+from gpurig.inventory.hostvars import CHECKS, as_boolean, as_port, connection_settings
+from gpurig.inventory.model import Group, Host, Inventory
 from gpurig.yamlio import load_yaml
 
 MAX_HOSTS = 100_000
@@ -46,62 +28,6 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _PLAIN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,40}")  # shown as written in a key path; anything else as a short excerpt
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _VARS_SUFFIXES = (".yml", ".yaml", "")
-
-
-@dataclass(frozen=True)
-class Host:
-    """One inventory host with its merged vars and the connection settings read from them."""
-
-    name: str
-    groups: tuple[str, ...]
-    vars: Mapping[str, Any] = field(repr=False, compare=False)
-    address: str = ""
-    port: int | None = None
-    user: str | None = None
-    key_file: str | None = None
-    become: bool = False
-    connection: str = "ssh"
-
-    @property
-    def is_local(self) -> bool:
-        return self.connection == "local"
-
-    def var(self, name: str, default: Any = None) -> Any:
-        return self.vars.get(name, default)
-
-
-@dataclass(frozen=True)
-class Group:
-    """One group as the inventory defines it: its own hosts and child groups, and its vars (file, then group_vars/)."""
-
-    name: str
-    hosts: tuple[str, ...]
-    children: tuple[str, ...]
-    vars: Mapping[str, Any] = field(repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """All hosts and groups of one inventory file, in file order."""
-
-    path: Path
-    hosts: Mapping[str, Host]
-    groups: Mapping[str, tuple[str, ...]]  # group -> member host names (all descendants), in host order
-    tree: Mapping[str, Group] = field(default_factory=dict, repr=False, compare=False)
-
-    def select(self, *patterns: str | None, hosts: str | None = None, groups: str | None = None, pattern: str | None = None) -> list[Host]:
-        """Hosts matching every Ansible pattern given (each narrows: ``select('gpu', 'h100-01')`` is h100-01), in inventory order.
-
-        ``hosts=``, ``groups=`` and ``pattern=`` are the older spelling and
-        narrow the same way. No pattern at all selects every host. Every term
-        must match something: a typo is an error with a did-you-mean, never a
-        silently smaller fleet.
-        """
-        return host_patterns.select(self, [p for p in (*patterns, hosts, groups, pattern) if p])
-
-    def match(self, pattern: str) -> set[str]:
-        """Host names matching one Ansible pattern (``a:b`` union, ``a:&b`` intersection, ``a:!b`` exclusion)."""
-        return host_patterns.match(self, pattern)
 
 
 def load_inventory(path: str | Path) -> Inventory:
