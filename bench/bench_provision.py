@@ -23,16 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_facts import _stop_control_masters, drop_user, keygen, make_user, timed, write_inventories, SshdFarm  # noqa: E402
+from bench_facts import bench_hosts, run_interleaved, write_inventories  # noqa: E402
 from gpurig.facts import PROBES  # noqa: E402
 
 CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES
@@ -53,16 +50,7 @@ def main() -> None:
     if "ansible" in tools and not (venv_bin / "ansible-playbook").exists():
         sys.exit(f"{venv_bin / 'ansible-playbook'} missing: pip install ansible-core into {args.tools_venv}")
 
-    work = Path(tempfile.mkdtemp(prefix="gpurig-bench-prov-"))
-    key = keygen(work / "id_ed25519", "bench")
-    (work / "sshd").mkdir()
-    farm = SshdFarm(work / "sshd", key.with_suffix(".pub"))
-    drop_user()
-    make_user(key.with_suffix(".pub"))
-    try:
-        t = time.monotonic()
-        hosts = farm.start(args.hosts, prefix="gpu")
-        print(f"{len(hosts)} sshd hosts up in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs")
+    with bench_hosts(args.hosts, "gpurig-bench-prov-") as (work, key, hosts):
         yaml_inv, _, known = write_inventories(work, hosts, key)
         # gpurig refuses ssh options it does not honour (UserKnownHostsFile): it reads the known_hosts file beside
         # the inventory, which write_inventories fills; Ansible gets the same file through its own setting.
@@ -83,24 +71,9 @@ def main() -> None:
             "provision": [*gpurig, "provision", *common, "--json", str(work / "provision.json")],
             "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
         }
-        results: dict[str, list] = {name: [] for name in tools}
-        for run in range(args.runs):
-            for name in tools:
-                run_env = dict(env)
-                if name == "ansible":
-                    run_env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(work / f"cp-{run}")
-                    run_env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
-                    run_env["ANSIBLE_SSH_COMMON_ARGS"] = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
-                    run_env["PATH"] = f"{venv_bin}:{env['PATH']}"
-                results[name].append(timed(commands[name], run_env, work))
-                wall, cpu, rss, rc = results[name][-1]
-                print(f"run {run + 1} {name:9s} {wall:7.2f}s wall  {cpu:7.2f}s cpu  {rss:5d} MiB peak  exit {rc}", flush=True)
-                if rc != 0:
-                    sys.exit(f"{name} failed: its figures would not be comparable")
-                if name == "ansible":
-                    _stop_control_masters(work / f"cp-{run}")
-                if name == "provision":
-                    _all_ok(work / "provision.json")
+        ansible_env = {"ANSIBLE_SSH_COMMON_ARGS": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"}
+        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_env,
+                                  after=lambda name: name == "provision" and _all_ok(work / "provision.json"))
         print()
         print(f"{len(hosts)} hosts already provisioned, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS):")
         med = {name: statistics.median(r[0] for r in rs) for name, rs in results.items()}
@@ -112,10 +85,6 @@ def main() -> None:
         if "facts" in med and "provision" in med:
             ratio = med["provision"] / med["facts"]
             print(f"  target: provision <= 1.5x facts: {'met' if ratio <= 1.5 else 'MISSED'} ({ratio:.2f}x)")
-    finally:
-        farm.stop_all()
-        drop_user()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _all_ok(report: Path) -> None:

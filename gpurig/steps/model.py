@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpurig.connection import Command, CommandError, Connection, ConnectionLost, Result
+from gpurig.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
 from gpurig.errors import HostError
 from gpurig.facts import Facts
 from gpurig.profile import HostProfile
@@ -115,6 +115,8 @@ class Step:
     """
 
     name: str = ""
+    # One command's bound (a driver's DKMS build takes minutes); past it the command is killed on the host too.
+    timeout_s: float = 1800.0
 
     def plan(self, facts: Facts, wanted: HostProfile) -> Plan:
         raise NotImplementedError
@@ -126,7 +128,7 @@ class Step:
                 admin.conn.put(local, remote)
             for command in change.commands:
                 try:
-                    admin.run(command)
+                    admin.run(command, timeout=self.timeout_s)
                 except CommandError as err:
                     # The command line itself (a script, file content) means nothing to a reader: its last words do.
                     said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
@@ -135,6 +137,9 @@ class Step:
                     if "permission denied" in why.lower() and not admin.become:
                         fix = "set ansible_become: true for this host (the login user is not root)"
                     raise HostError(f"could not {change.summary}: {why}", fix) from None
+                except CommandTimeout:
+                    raise HostError(f"could not {change.summary}: no end within {self.timeout_s:.0f} s; it was stopped on the host",
+                                    "look at the host (a hung apt or DKMS build?) and run again") from None
                 except ConnectionLost:
                     raise HostError(f"could not {change.summary}: the connection to the host was lost mid-command",
                                     "check that the host is up; run again and the steps pick up where this one stopped") from None

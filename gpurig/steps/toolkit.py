@@ -76,10 +76,9 @@ class ToolkitStep(Step):
             digest = hashlib.sha256("".join(str(p) for p in debs).encode()).hexdigest()[:12]
             remote = f"/tmp/gpurig-toolkit-{digest}"
             uploads = tuple((str(p), f"{remote}/{p.name}") for p in debs)
-            paths = [f"{remote}/{p.name}" for p in debs]
             command = install_command(*[f"./{p.name}" for p in debs], update=False)
             return [Change(f"install {PACKAGE} from {len(debs)} .deb files in {wanted.toolkit.packages_dir} (pushed over SSH)",
-                           (f"cd {shlex.quote(remote)} && {command}", shlex.join(["rm", "-f", *paths])), uploads=uploads)]
+                           (f"cd {shlex.quote(remote)} && {command}", shlex.join(["rm", "-rf", "--", remote])), uploads=uploads)]
         changes = []
         if "nvidia-container-toolkit" not in facts.system.repositories:
             changes.append(Change(

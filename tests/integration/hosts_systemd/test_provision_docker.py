@@ -130,3 +130,38 @@ def test_toolkit_with_nvidia_repository_unreachable_fails_with_the_air_gapped_fi
     assert "nvidia.github.io" in reason  # the download's own last error line
     assert "fix: the host cannot reach NVIDIA's repository" in reason and "gpurig_toolkit.packages_dir" in reason
     assert host.sh("ls /etc/apt/sources.list.d/ /usr/share/keyrings/").stdout == before  # no list half-added
+
+
+def stand_in_toolkit(folder) -> None:
+    """A .deb named nvidia-container-toolkit 1.17.8-1 (NVIDIA's cannot be downloaded here): its nvidia-ctk prints the real version line."""
+    import subprocess
+
+    root = folder / "build"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: nvidia-container-toolkit\nVersion: 1.17.8-1\nArchitecture: all\nMaintainer: gpurig tests <t@example.com>\n"
+        "Description: stand-in for NVIDIA's package in gpurig's air-gapped test\n")
+    ctk = root / "usr" / "bin" / "nvidia-ctk"
+    ctk.write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\necho 'commit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d'\n")
+    ctk.chmod(0o755)
+    (folder / "debs").mkdir()
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(folder / "debs" / "nvidia-container-toolkit_1.17.8-1_all.deb")],
+                   check=True, capture_output=True)
+
+
+def test_air_gapped_toolkit_is_pushed_over_ssh_and_installed(systemd_hosts, provision_cli, tmp_path):
+    host = systemd_hosts.make("debian12")
+    host.write("/usr/local/bin/lspci", f"#!/bin/sh\necho '{A100_LSPCI}'\n", mode="0755")
+    stand_in_toolkit(tmp_path)
+    inventory = inventory_for(tmp_path / "inventory" / "hosts.yaml", host, {"gpurig_toolkit": {"packages_dir": str(tmp_path / "debs")}})
+    first = provision_cli(inventory, "--only", "gpus,container-toolkit", "--json", "first.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert steps_of(tmp_path / "first.json")["container-toolkit"] == ("changed", "nvidia-container-toolkit not installed")
+    assert host.sh("dpkg-query -W -f '${Status} ${Version}' nvidia-container-toolkit").stdout == "install ok installed 1.17.8-1"
+    assert json.loads(host.read("/etc/docker/daemon.json")) == {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+    assert host.sh("find /tmp -name 'gpurig-toolkit-*' -o -name '*.deb'").stdout == ""  # what was pushed is gone
+    second = provision_cli(inventory, "--only", "gpus,container-toolkit", "--json", "second.json")
+    assert second.returncode == 0
+    assert steps_of(tmp_path / "second.json")["container-toolkit"] == (
+        "ok", "nvidia-container-toolkit 1.17.8-1 installed; Docker knows the nvidia runtime")
