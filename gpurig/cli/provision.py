@@ -22,7 +22,7 @@ from gpurig.report import console, err_console
 from gpurig.report.fleet import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.spec import find_specs, load_spec
-from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge
+from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
 
 __all__ = ["provision"]
 
@@ -45,12 +45,7 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     steps = make_steps(names, default_cuda(c) if "driver" in names else None, bool(reboot))
 
     def work(conn: Connection) -> Outcome:
-        wanted = profiles[conn.name]
-        results = converge(conn, steps, wanted, check=opts.check, diff=opts.diff)
-        if any(r.step == "reboot" and r.status == "changed" for r in results) and not opts.check:
-            # The host came back: what it is now decides the rest (the driver it loaded, nouveau gone).
-            again = converge(conn, [s for s in steps if s.name != "reboot"], wanted, diff=opts.diff)
-            results = again + [r for r in results if r.step == "reboot"]
+        results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
         statuses = {r.status for r in results}
         status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
         failed = "; ".join(f"step {r.step} failed: {r.reason}" for r in results if r.status == "failed")

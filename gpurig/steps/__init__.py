@@ -9,7 +9,7 @@ name, in the order they run.
 
 from __future__ import annotations
 
-from gpurig.steps.converge import converge
+from gpurig.steps.converge import converge, converge_rebooting
 from gpurig.steps.daemon import DaemonStep
 from gpurig.steps.docker import DockerStep
 from gpurig.steps.driver import DriverStep
@@ -25,5 +25,5 @@ STEPS: dict[str, type[Step]] = {
 
 __all__ = [
     "STEPS", "STEP_STATUSES", "Admin", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
-    "PersistenceStep", "Plan", "RebootStep", "Step", "StepResult", "ToolkitStep", "converge",
+    "PersistenceStep", "Plan", "RebootStep", "Step", "StepResult", "ToolkitStep", "converge", "converge_rebooting",
 ]

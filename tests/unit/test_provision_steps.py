@@ -109,3 +109,32 @@ def test_install_finishes_interrupted_dpkg_first_and_quotes_names():
     assert line.index("dpkg --configure -a") < line.index(" update") < line.index("install --no-install-recommends")
     assert "'nvidia-container-toolkit=1.17.8*'" in line
     assert "if apt-cache show docker-cli" in line
+
+
+def test_after_a_reboot_every_other_step_is_planned_again_from_fresh_facts(monkeypatch):
+    """Before: module 550.54.15 with library 550.90.07 (mismatch). After the reboot: the A100 with module and library agreeing."""
+    from gpurig.steps import DriverStep, GpusStep, converge_rebooting
+
+    monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
+    seen = [facts("a100-driver-mismatch"), facts("a100-driver550-open-docker-stopped"), facts("a100-driver550-open-docker-stopped")]
+    gathered = []
+
+    def gather(conn):
+        gathered.append(seen[len(gathered)])
+        return gathered[-1]
+
+    steps = [GpusStep(), DriverStep(reboot=True), RebootStep(allowed=True, wait_s=30)]
+    results = converge_rebooting(RebootingHost(["back", "back"]), steps, host_profile(Host("h", (), {})), gather=gather)
+    assert [(r.step, r.status) for r in results] == [("gpus", "ok"), ("driver", "ok"), ("reboot", "changed")]
+    assert results[1].reason.startswith("driver 550.54.15 loaded")  # planned from the host as it came back
+    assert len(gathered) == 3  # before, after the reboot (converge's own re-gather), and the second pass
+
+
+def test_check_mode_never_reboots():
+    from gpurig.steps import converge_rebooting
+
+    host = RebootingHost([])
+    results = converge_rebooting(host, [RebootStep(allowed=True)], host_profile(Host("h", (), {})), check=True,
+                                 gather=lambda conn: facts("a100-driver-mismatch"))
+    assert results[0].status == "changed" and results[0].reason.startswith("would change (check mode)")
+    assert host.commands == []
