@@ -80,7 +80,6 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
         f"    ansible_user: {BENCH_USER}",
         f"    ansible_ssh_private_key_file: {key}",
         "    ansible_python_interpreter: /usr/bin/python3",
-        f"    ansible_ssh_common_args: '-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes'",
         "  hosts:",
     ]
     lines += [f"    {h.name}: {{ansible_host: 127.0.0.1, ansible_port: {h.port}}}" for h in hosts]
@@ -128,7 +127,7 @@ def main() -> None:
                         "server.Command", f"command={GPU_PROBE}"],
             "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
         }
-        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin)
+        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_ssh_env(known))
         gp = json.loads((work / "gpurig.json").read_text()) if "gpurig" in tools else None
         print()
         print(f"facts from {len(hosts)} hosts, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS of the main process):")
@@ -140,6 +139,11 @@ def main() -> None:
             print(line)
         if gp:
             print(f"  gpurig report: {gp['summary']}")
+
+
+def ansible_ssh_env(known: Path) -> dict[str, str]:
+    """Ansible's ssh options pointing at gpurig's known_hosts (gpurig refuses UserKnownHostsFile in the inventory)."""
+    return {"ANSIBLE_SSH_COMMON_ARGS": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"}
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_facts import bench_hosts, run_interleaved, write_inventories  # noqa: E402
+from bench_facts import ansible_ssh_env, bench_hosts, run_interleaved, write_inventories  # noqa: E402
 from gpurig.facts import PROBES  # noqa: E402
 
 CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES
@@ -52,10 +52,6 @@ def main() -> None:
 
     with bench_hosts(args.hosts, "gpurig-bench-prov-") as (work, key, hosts):
         yaml_inv, _, known = write_inventories(work, hosts, key)
-        # gpurig refuses ssh options it does not honour (UserKnownHostsFile): it reads the known_hosts file beside
-        # the inventory, which write_inventories fills; Ansible gets the same file through its own setting.
-        lines = yaml_inv.read_text().splitlines()
-        yaml_inv.write_text("\n".join(line for line in lines if "ansible_ssh_common_args" not in line) + "\n")
         playbook = work / "checks.yml"
         playbook.write_text(
             "- hosts: all\n  gather_facts: true\n  tasks:\n"
@@ -71,8 +67,7 @@ def main() -> None:
             "provision": [*gpurig, "provision", *common, "--json", str(work / "provision.json")],
             "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
         }
-        ansible_env = {"ANSIBLE_SSH_COMMON_ARGS": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"}
-        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_env,
+        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_ssh_env(known),
                                   after=lambda name: name == "provision" and _all_ok(work / "provision.json"))
         print()
         print(f"{len(hosts)} hosts already provisioned, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS):")

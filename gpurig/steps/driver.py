@@ -82,7 +82,7 @@ class DriverStep(Step):
             return Plan.fail(f"{differ}; fix: reboot the host (gpurig provision --reboot) so the new module loads")
         if loaded and (not minimum or upstream(loaded) >= upstream(minimum)):
             return Plan.ok(f"driver {loaded} loaded ({facts.driver_flavour or 'unknown'} module); {need}")
-        installed = _installed_driver(facts)
+        installed = installed_driver(facts)
         if installed and (not minimum or upstream(installed[1]) >= upstream(minimum)) and not loaded:
             return Plan.ok(f"{installed[0]} {installed[1]} installed, not loaded yet: reboot required (the reboot step, with --reboot)")
         what = f"driver {loaded} is too old: {need}" if loaded else f"no NVIDIA driver loaded; {need}"
@@ -120,7 +120,7 @@ class DriverStep(Step):
         return Plan.change(f"{what}; reboot required afterwards (the reboot step, with --reboot)", *changes)
 
 
-def _installed_driver(facts: Facts) -> tuple[str, str] | None:
+def installed_driver(facts: Facts) -> tuple[str, str] | None:
     for name, version in facts.system.installed.items():
         if name == "nvidia-driver" or name == "cuda-drivers" or re.fullmatch(r"nvidia-driver-\d+(-server|-open)?", name):
             return name, version
@@ -134,12 +134,12 @@ def _package(facts: Facts, wanted: HostProfile) -> str:
     if facts.os.id == "ubuntu":
         if branch:
             return f"nvidia-driver-{branch}-server"
-        offered = sorted((n for n in facts.system.candidates if re.fullmatch(r"nvidia-driver-\d+-server", n)), key=upstream_branch)
+        offered = sorted((n for n in facts.system.candidates if re.fullmatch(r"nvidia-driver-\d+-server", n)), key=_branch_number)
         return offered[-1] if offered else "nvidia-driver-580-server"
     return "nvidia-driver"
 
 
-def upstream_branch(name: str) -> int:
+def _branch_number(name: str) -> int:
     return int(re.search(r"\d+", name).group())
 
 

@@ -16,7 +16,7 @@ from gpurig.connection import CommandError
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
 from gpurig.profile import HostProfile
-from gpurig.steps.driver import _installed_driver, mismatch
+from gpurig.steps.driver import installed_driver, mismatch
 from gpurig.steps.model import Admin, Change, Plan, Step
 
 # Detached, so the command returns before sshd goes down with the host.
@@ -31,7 +31,7 @@ def reboot_reasons(facts: Facts) -> list[str]:
         reasons.append("packages asked for one (/var/run/reboot-required)")
     if facts.nouveau_loaded and facts.system.nouveau_blacklisted:
         reasons.append("nouveau is blacklisted but still loaded")
-    if facts.pci_gpus and not facts.driver_version and _installed_driver(facts):
+    if facts.pci_gpus and not facts.driver_version and installed_driver(facts):
         reasons.append("the NVIDIA driver is installed but not loaded")
     if mismatch(facts):
         reasons.append(mismatch(facts))
