@@ -96,19 +96,7 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", type=int, default=100)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
-    ap.add_argument("--only", default="gpurig,pyinfra,ansible")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench_facts.py must run as root: it starts sshd hosts and creates a throwaway login user")
-    tools = args.only.split(",")
-    venv_bin = args.tools_venv / "bin"
-    for tool in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
-        if tool[0] in tools and not (venv_bin / tool[1]).exists():
-            sys.exit(f"{venv_bin / tool[1]} missing: pip install ansible-core pyinfra into {args.tools_venv}")
+    args, tools, venv_bin = bench_args(__doc__, "bench_facts.py", "gpurig,pyinfra,ansible")
 
     with bench_hosts(args.hosts, "gpurig-bench-") as (work, key, hosts):
         yaml_inv, py_inv, known = write_inventories(work, hosts, key)
@@ -139,6 +127,24 @@ def main() -> None:
             print(line)
         if gp:
             print(f"  gpurig report: {gp['summary']}")
+
+
+def bench_args(doc: str, script: str, tools: str) -> tuple[argparse.Namespace, list[str], Path]:
+    """(flags, the tools to run, the tools venv's bin): the flags both benches take; root and the tools' venv checked."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
+    ap.add_argument("--only", default=tools)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit(f"{script} must run as root: it starts sshd hosts and creates a throwaway login user")
+    chosen = args.only.split(",")
+    venv_bin = args.tools_venv / "bin"
+    for tool, binary in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
+        if tool in chosen and not (venv_bin / binary).exists():
+            sys.exit(f"{venv_bin / binary} missing: pip install ansible-core pyinfra into {args.tools_venv}")
+    return args, chosen, venv_bin
 
 
 def ansible_ssh_env(known: Path) -> dict[str, str]:

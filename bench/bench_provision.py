@@ -20,7 +20,6 @@ services, apt candidates).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_facts import ansible_ssh_env, bench_hosts, run_interleaved, write_inventories  # noqa: E402
+from bench_facts import ansible_ssh_env, bench_args, bench_hosts, run_interleaved, write_inventories  # noqa: E402
 from gpurig.facts import PROBES  # noqa: E402
 
 CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES
@@ -37,18 +36,7 @@ CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" fo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", type=int, default=100)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
-    ap.add_argument("--only", default="facts,provision,ansible")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench_provision.py must run as root: it starts sshd hosts and creates a throwaway login user")
-    tools = args.only.split(",")
-    venv_bin = args.tools_venv / "bin"
-    if "ansible" in tools and not (venv_bin / "ansible-playbook").exists():
-        sys.exit(f"{venv_bin / 'ansible-playbook'} missing: pip install ansible-core into {args.tools_venv}")
+    args, tools, venv_bin = bench_args(__doc__, "bench_provision.py", "facts,provision,ansible")
 
     with bench_hosts(args.hosts, "gpurig-bench-prov-") as (work, key, hosts):
         yaml_inv, _, known = write_inventories(work, hosts, key)
