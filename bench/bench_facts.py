@@ -18,6 +18,7 @@ time is the whole command, interpreter start-up included. The login user has
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -79,7 +80,6 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
         f"    ansible_user: {BENCH_USER}",
         f"    ansible_ssh_private_key_file: {key}",
         "    ansible_python_interpreter: /usr/bin/python3",
-        f"    ansible_ssh_common_args: '-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes'",
         "  hosts:",
     ]
     lines += [f"    {h.name}: {{ansible_host: 127.0.0.1, ansible_port: {h.port}}}" for h in hosts]
@@ -96,30 +96,9 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", type=int, default=100)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
-    ap.add_argument("--only", default="gpurig,pyinfra,ansible")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench_facts.py must run as root: it starts sshd hosts and creates a throwaway login user")
-    tools = args.only.split(",")
-    venv_bin = args.tools_venv / "bin"
-    for tool in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
-        if tool[0] in tools and not (venv_bin / tool[1]).exists():
-            sys.exit(f"{venv_bin / tool[1]} missing: pip install ansible-core pyinfra into {args.tools_venv}")
+    args, tools, venv_bin = bench_args(__doc__, "bench_facts.py", "gpurig,pyinfra,ansible")
 
-    work = Path(tempfile.mkdtemp(prefix="gpurig-bench-"))
-    key = keygen(work / "id_ed25519", "bench")
-    (work / "sshd").mkdir()
-    farm = SshdFarm(work / "sshd", key.with_suffix(".pub"))
-    drop_user()
-    make_user(key.with_suffix(".pub"))
-    try:
-        t = time.monotonic()
-        hosts = farm.start(args.hosts, prefix="gpu")
-        print(f"{len(hosts)} sshd hosts up in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs")
+    with bench_hosts(args.hosts, "gpurig-bench-") as (work, key, hosts):
         yaml_inv, py_inv, known = write_inventories(work, hosts, key)
         playbook = work / "facts.yml"
         playbook.write_text(
@@ -136,22 +115,7 @@ def main() -> None:
                         "server.Command", f"command={GPU_PROBE}"],
             "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
         }
-        results: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in tools}
-        for run in range(args.runs):
-            for name in tools:
-                run_env = dict(env)
-                if name == "ansible":
-                    # A fresh ControlMaster directory per run: every run starts cold, like the others.
-                    run_env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(work / f"cp-{run}")
-                    run_env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
-                    run_env["PATH"] = f"{venv_bin}:{env['PATH']}"
-                results[name].append(timed(commands[name], run_env, work))
-                wall, cpu, rss, rc = results[name][-1]
-                print(f"run {run + 1} {name:8s} {wall:7.2f}s wall  {cpu:7.2f}s cpu  {rss:5d} MiB peak  exit {rc}", flush=True)
-                if rc != 0:
-                    sys.exit(f"{name} failed: its figures would not be comparable")
-                if name == "ansible":
-                    _stop_control_masters(work / f"cp-{run}")
+        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_ssh_env(known))
         gp = json.loads((work / "gpurig.json").read_text()) if "gpurig" in tools else None
         print()
         print(f"facts from {len(hosts)} hosts, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS of the main process):")
@@ -163,10 +127,76 @@ def main() -> None:
             print(line)
         if gp:
             print(f"  gpurig report: {gp['summary']}")
+
+
+def bench_args(doc: str, script: str, tools: str) -> tuple[argparse.Namespace, list[str], Path]:
+    """(flags, the tools to run, the tools venv's bin): the flags both benches take; root and the tools' venv checked."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
+    ap.add_argument("--only", default=tools)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit(f"{script} must run as root: it starts sshd hosts and creates a throwaway login user")
+    chosen = args.only.split(",")
+    venv_bin = args.tools_venv / "bin"
+    for tool, binary in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
+        if tool in chosen and not (venv_bin / binary).exists():
+            sys.exit(f"{venv_bin / binary} missing: pip install ansible-core pyinfra into {args.tools_venv}")
+    return args, chosen, venv_bin
+
+
+def ansible_ssh_env(known: Path) -> dict[str, str]:
+    """Ansible's ssh options pointing at gpurig's known_hosts (gpurig refuses UserKnownHostsFile in the inventory)."""
+    return {"ANSIBLE_SSH_COMMON_ARGS": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"}
+
+
+@contextlib.contextmanager
+def bench_hosts(count: int, prefix: str):
+    """(work dir, client key, hosts): ``count`` sshd hosts on loopback and the throwaway login user, all gone afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    key = keygen(work / "id_ed25519", "bench")
+    (work / "sshd").mkdir()
+    farm = SshdFarm(work / "sshd", key.with_suffix(".pub"))
+    drop_user()
+    make_user(key.with_suffix(".pub"))
+    try:
+        t = time.monotonic()
+        hosts = farm.start(count, prefix="gpu")
+        print(f"{len(hosts)} sshd hosts up in {time.monotonic() - t:.1f}s; {os.cpu_count()} CPUs")
+        yield work, key, hosts
     finally:
         farm.stop_all()
         drop_user()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def run_interleaved(names, commands, env, work: Path, runs: int, venv_bin: Path, ansible_env=None, after=None) -> dict[str, list]:
+    """Each tool once per round, rounds repeated: {tool: [(wall, cpu, peak MiB, exit)]}; a failing tool ends the bench.
+
+    ``ansible_env`` adds settings to Ansible's environment; ``after(name)`` checks a run's output.
+    """
+    results: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in names}
+    for run in range(runs):
+        for name in names:
+            run_env = dict(env)
+            if name == "ansible":
+                # A fresh ControlMaster directory per run: every run starts cold, like the others.
+                run_env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(work / f"cp-{run}")
+                run_env["ANSIBLE_HOST_KEY_CHECKING"] = "True"
+                run_env["PATH"] = f"{venv_bin}:{env['PATH']}"
+                run_env.update(ansible_env or {})
+            results[name].append(timed(commands[name], run_env, work))
+            wall, cpu, rss, rc = results[name][-1]
+            print(f"run {run + 1} {name:9s} {wall:7.2f}s wall  {cpu:7.2f}s cpu  {rss:5d} MiB peak  exit {rc}", flush=True)
+            if rc != 0:
+                sys.exit(f"{name} failed: its figures would not be comparable")
+            if name == "ansible":
+                _stop_control_masters(work / f"cp-{run}")
+            if after:
+                after(name)
+    return results
 
 
 def _stop_control_masters(directory: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpurig.connection import Connection, last_line
 from gpurig.errors import HostError
+from gpurig.facts_system import SYSTEM_PROBES, SystemFacts, parse_system
 from gpurig.validate import excerpt
 
 # Each probe: (section name, shell line). Lines are fixed text, never built from host data.
@@ -38,6 +39,7 @@ PROBES: tuple[tuple[str, str], ...] = (
     ("daemon_json", "f=/etc/docker/daemon.json; if [ -e $f ] && [ ! -r $f ]; then sudo -n cat $f 2>/dev/null || cat $f; else cat $f; fi"),
     ("nvidia_ctk", "nvidia-ctk --version"),
     ("cgroup", "stat -fc %T /sys/fs/cgroup"),
+    *SYSTEM_PROBES,
 )
 
 MARK = "@@gpurig-fact"
@@ -179,6 +181,7 @@ class Facts:
     daemon_json: DaemonConfig
     toolkit_version: str | None
     cgroup_version: int | None
+    system: SystemFacts = field(default_factory=SystemFacts)  # packages, apt candidates, services, identity
     missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,6 +421,7 @@ def parse_facts(output: str) -> Facts:
         daemon_json=parse_daemon_json(get("daemon_json")),
         toolkit_version=parse_nvidia_ctk(get("nvidia_ctk")),
         cgroup_version=parse_cgroup(get("cgroup")),
+        system=parse_system({name: (s.rc, s.text) for name, s in sec.items()}),
         missing=tuple(name for name, _ in PROBES if name not in sec),
     )
 

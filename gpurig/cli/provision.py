@@ -1,37 +1,51 @@
-"""The ``provision`` task: converge hosts to their inventory profile, step by step (for now: the daemon step).
+"""The ``provision`` task: converge hosts to their inventory profile, step by step.
 
-Thin on purpose: select hosts, validate every host's profile before any
-connection, run ``gpurig.steps.converge`` over the fleet, then present a
-per-host per-step table, the diffs when asked, and the recap.
+Thin on purpose: select hosts and steps (--only, --skip), validate every
+host's profile before any connection, run ``gpurig.steps.converge`` over the
+fleet (once more after a --reboot), then present a per-host per-step table,
+the diffs when asked, and the recap.
 """
 
 from __future__ import annotations
 
 from rich.markup import escape
 
+from pathlib import Path
+
+from gpurig.cli.base import project_root
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connection import Connection
+from gpurig.errors import ConfigError, GpurigError
 from gpurig.fleet import FleetReport, HostResult, Outcome
 from gpurig.profile import host_profile
 from gpurig.report import console, err_console
 from gpurig.report.fleet import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.steps import STEPS, StepResult, converge
+from gpurig.spec import find_specs, load_spec
+from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
 
 __all__ = ["provision"]
 
 SCHEMA = "gpurig.provision/1"
 
 
-@host_task(changes=True)
-def provision(c, opts: HostOptions):
-    """Bring hosts to the state their inventory vars ask for (today: gpurig_daemon into /etc/docker/daemon.json)."""
+HELP = {
+    "only": "run only these steps, comma-separated (" + ", ".join(STEPS) + ")",
+    "skip": "leave out these steps, comma-separated",
+    "reboot": "let the reboot step reboot hosts that need it (never the machine gpurig runs on), then plan again",
+}
+
+
+@host_task(help=HELP, changes=True)
+def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
+    """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, reboot."""
+    names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
-    steps = [cls() for cls in STEPS.values()]
+    steps = make_steps(names, default_cuda(c) if "driver" in names else None, bool(reboot))
 
     def work(conn: Connection) -> Outcome:
-        results = converge(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
+        results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
         statuses = {r.status for r in results}
         status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
         failed = "; ".join(f"step {r.step} failed: {r.reason}" for r in results if r.status == "failed")
@@ -46,6 +60,52 @@ def provision(c, opts: HostOptions):
     if opts.diff and opts.format == "table":
         print_diffs(report, err_console if opts.json == "-" else console)
     exit_for(report)
+
+
+def pick_steps(only: str | None, skip: str | None) -> list[str]:
+    """Step names in run order, narrowed by --only and --skip; an unknown name is a usage error."""
+    def names(flag: str, value: str | None) -> list[str]:
+        given = [n.strip() for n in (value or "").split(",") if n.strip()]
+        for n in given:
+            if n not in STEPS:
+                raise ConfigError(f"{flag} {n}: no such step", f"steps: {', '.join(STEPS)}")
+        return given
+
+    wanted, left_out = names("--only", only), names("--skip", skip)
+    picked = [n for n in STEPS if (not wanted or n in wanted) and n not in left_out]
+    if not picked:
+        raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(STEPS)}")
+    return picked
+
+
+def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:
+    made: list[Step] = []
+    for name in names:
+        if name == "driver":
+            made.append(DriverStep(default_cuda=cuda, reboot=reboot))
+        elif name == "reboot":
+            made.append(RebootStep(allowed=reboot, local_machine_id=local_machine_id()))
+        else:
+            made.append(STEPS[name]())
+    return made
+
+
+def default_cuda(c) -> str | None:
+    """The CUDA of the spec's default image, for hosts whose gpurig_images names none; None without a spec."""
+    try:
+        files = find_specs(project_root(c) / "images")
+    except GpurigError:
+        return None
+    spec = load_spec(files[0])  # a broken spec is one clear error, not a silently missing minimum
+    return None if spec.default.cuda == "cpu" else spec.default.cuda
+
+
+def local_machine_id() -> str | None:
+    """This machine's id, so the reboot step can refuse to reboot the machine gpurig runs on."""
+    try:
+        return Path("/etc/machine-id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def host_steps(r: HostResult) -> tuple[StepResult, ...]:

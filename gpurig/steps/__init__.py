@@ -1,16 +1,29 @@
 """What a host should be: steps that plan from facts and apply only the difference, and ``converge`` over them.
 
-One module per concern (``daemon``...); the model (``Step``, ``Plan``,
-``Change``, ``StepResult``) in ``model``, the file helper every step writes
-with in ``files``. ``STEPS`` lists the steps by name, in the order they run.
+One module per concern (``gpus``, ``driver``, ``docker``, ``toolkit``,
+``daemon``, ``reboot``...); the model (``Step``, ``Plan``, ``Change``,
+``StepResult``) in ``model``, the file helper every step writes with in
+``files``, the package commands in ``apt``. ``STEPS`` lists the steps by
+name, in the order they run.
 """
 
 from __future__ import annotations
 
-from gpurig.steps.converge import converge
+from gpurig.steps.converge import converge, converge_rebooting
 from gpurig.steps.daemon import DaemonStep
+from gpurig.steps.docker import DockerStep
+from gpurig.steps.driver import DriverStep
+from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
 from gpurig.steps.model import STEP_STATUSES, Admin, Change, Plan, Step, StepResult
+from gpurig.steps.reboot import RebootStep
+from gpurig.steps.toolkit import ToolkitStep
 
-STEPS: dict[str, type[Step]] = {"daemon": DaemonStep}
+STEPS: dict[str, type[Step]] = {
+    s.name: s
+    for s in (GpusStep, NouveauStep, DriverStep, DockerStep, ToolkitStep, DaemonStep, PersistenceStep, RebootStep)
+}
 
-__all__ = ["STEPS", "STEP_STATUSES", "Admin", "Change", "DaemonStep", "Plan", "Step", "StepResult", "converge"]
+__all__ = [
+    "STEPS", "STEP_STATUSES", "Admin", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
+    "PersistenceStep", "Plan", "RebootStep", "Step", "StepResult", "ToolkitStep", "converge", "converge_rebooting",
+]

@@ -67,6 +67,28 @@ def converge(
     return results
 
 
+def converge_rebooting(
+    conn: Connection,
+    steps: Sequence[Step],
+    wanted: HostProfile,
+    *,
+    check: bool = False,
+    diff: bool = False,
+    gather: Callable[[Connection], Facts] = gather_facts,
+) -> list[StepResult]:
+    """``converge``; when its ``reboot`` step rebooted the host, once more over the other steps from what the host is now.
+
+    The second pass's results stand for those steps (the driver it loaded,
+    nouveau gone), followed by the reboot's own result.
+    """
+    results = converge(conn, steps, wanted, check=check, diff=diff, gather=gather)
+    rebooted = [r for r in results if r.step == "reboot" and r.status == "changed"]
+    if not rebooted or check:
+        return results
+    again = converge(conn, [s for s in steps if s.name != "reboot"], wanted, diff=diff, gather=gather)
+    return again + rebooted
+
+
 def _run_step(step: Step, facts: Facts, wanted: HostProfile, admin: Admin, check: bool) -> tuple[StepResult, bool]:
     """(result, whether the host changed)."""
     try:

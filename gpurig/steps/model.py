@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpurig.connection import Command, CommandError, Connection, Result
+from gpurig.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
 from gpurig.errors import HostError
 from gpurig.facts import Facts
 from gpurig.profile import HostProfile
@@ -31,6 +31,8 @@ class Change:
     diff: str = ""
     path: str | None = None
     content: str | None = field(default=None, repr=False)
+    fix: str = ""  # what to do when one of its commands fails (else the command error's own fix)
+    uploads: tuple[tuple[str, str], ...] = ()  # (local file, path on the host) put over SSH before the commands
 
     def to_dict(self, diff: bool = False) -> dict[str, Any]:
         """The change for a report; the diff only when asked (a file may hold what a report should not)."""
@@ -113,20 +115,31 @@ class Step:
     """
 
     name: str = ""
+    # One command's bound (a driver's DKMS build takes minutes); past it the command is killed on the host too.
+    timeout_s: float = 1800.0
 
     def plan(self, facts: Facts, wanted: HostProfile) -> Plan:
         raise NotImplementedError
 
     def apply(self, admin: Admin, plan: Plan) -> None:
         for change in plan.changes:
+            for local, remote in change.uploads:
+                admin.conn.run(["mkdir", "-p", "-m", "0700", remote.rsplit("/", 1)[0]])
+                admin.conn.put(local, remote)
             for command in change.commands:
                 try:
-                    admin.run(command)
+                    admin.run(command, timeout=self.timeout_s)
                 except CommandError as err:
                     # The command line itself (a script, file content) means nothing to a reader: its last words do.
                     said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
                     why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
-                    fix = err.fix
+                    fix = change.fix or err.fix
                     if "permission denied" in why.lower() and not admin.become:
                         fix = "set ansible_become: true for this host (the login user is not root)"
                     raise HostError(f"could not {change.summary}: {why}", fix) from None
+                except CommandTimeout:
+                    raise HostError(f"could not {change.summary}: no end within {self.timeout_s:.0f} s; it was stopped on the host",
+                                    "look at the host (a hung apt or DKMS build?) and run again") from None
+                except ConnectionLost:
+                    raise HostError(f"could not {change.summary}: the connection to the host was lost mid-command",
+                                    "check that the host is up; run again and the steps pick up where this one stopped") from None

@@ -51,6 +51,7 @@ CMD ["/bin/sh", "-c", "ssh-keygen -A -q && exec /usr/sbin/sshd -D -e"]
 @dataclass(frozen=True)
 class Docker:
     path: str
+    client: object = None  # gpurig.docker.DockerClient, for gpurig.base
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
         proc = subprocess.run([self.path, *args], capture_output=True, text=True, timeout=timeout, **kw)
@@ -83,8 +84,16 @@ class ContainerHost:
 
 
 @pytest.fixture(scope="session")
+def container_kit():
+    """This module's session, label, login and helpers for conftests further down (a conftest is not importable)."""
+    import types
+
+    return types.SimpleNamespace(session=SESSION, label=TEST_LABEL, login=LOGIN, mirror=MIRROR, host=ContainerHost, banner=_banner)
+
+
+@pytest.fixture(scope="session")
 def docker_engine():
-    from gpurig.build import find_client
+    from gpurig.docker import find_client
     from gpurig.errors import DockerError
 
     if os.geteuid() != 0:
@@ -93,7 +102,7 @@ def docker_engine():
         client = find_client()
     except DockerError as err:
         pytest.skip(f"no usable Docker engine: {err}")
-    return Docker(client.path)
+    return Docker(client.path, client)
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +111,7 @@ def host_image(docker_engine) -> str:
     from gpurig.base import ensure_base
     from gpurig.spec import Bootstrap
 
-    base = ensure_base(docker_engine.path, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
+    base = ensure_base(docker_engine.client, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
     tag = f"gpurig-test-host:{SESSION}"
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     try:

@@ -165,5 +165,7 @@ def test_secure_boot_states(text, rc, state):
 
 def test_script_is_one_posix_sh_exec_with_fixed_text():
     # Nothing host-specific is interpolated into the script: it is a constant.
-    assert "{" not in FACTS_SCRIPT.replace("{{json .}}", "").replace("${d##*/}", "")
+    dpkg_format = "${Package}\\t${db:Status-Abbrev}\\t${Version}"  # dpkg-query's own field syntax
+    assert dpkg_format in FACTS_SCRIPT
+    assert "{" not in FACTS_SCRIPT.replace("{{json .}}", "").replace("${d##*/}", "").replace(dpkg_format, "")
     assert FACTS_SCRIPT.count("@@gpurig-fact") == len(PROBES)

@@ -2,7 +2,8 @@
 
 Each ``tests/operations/<step>/<case>.json`` names a recorded facts file
 (tests/fixtures/facts/<name>.txt), the inventory vars the host has
-(``wanted``), and what the plan must be: its status, a fragment of its
+(``wanted``), the step's own arguments where it takes some (``step_args``:
+--reboot, the spec's default CUDA), and what the plan must be: its status, a fragment of its
 reason, the human line of each change, and for a file the new content and
 the exact unified diff.
 """
@@ -27,14 +28,15 @@ CASES = sorted((TESTS / "operations").glob("*/*.json"))
 def test_plan_from_recorded_facts(case_file: Path):
     case = json.loads(case_file.read_text())
     facts = parse_facts((TESTS / "fixtures" / "facts" / f"{case['facts']}.txt").read_text())
-    step = STEPS[case_file.parent.name]()
+    step = STEPS[case_file.parent.name](**case.get("step_args", {}))
     plan = step.plan(facts, host_profile(Host("h", (), case["wanted"]), case_file))
     assert plan.status == case["status"]
     assert case["reason"] in plan.reason
     assert [c.summary for c in plan.changes] == case["changes"]
     written = [c for c in plan.changes if c.content is not None]
     if "content" in case:
-        assert json.loads(written[0].content) == case["content"]
+        expected = case["content"]
+        assert (json.loads(written[0].content) if isinstance(expected, dict) else written[0].content) == expected
         assert written[0].diff.splitlines() == case["diff"]
     else:
         assert not written

@@ -1,4 +1,4 @@
-"""`gpurig provision` (the daemon step) against fresh container hosts over real SSH and sudo.
+"""`gpurig provision --only daemon` against fresh container hosts over real SSH and sudo.
 
 Converging twice: first `changed` with a diff, then `ok` with no changing
 command; an existing daemon.json keeps the user's keys and is backed up;
@@ -31,11 +31,15 @@ ETC_SUM = "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha2
 
 
 def provision(cwd: Path, inventory: Path, *flags: str) -> subprocess.CompletedProcess:
-    """`gpurig provision` as a user runs it (HOME empty so the user's ~/.ssh stays out)."""
+    """`gpurig provision --only daemon` as a user runs it (HOME empty so the user's ~/.ssh stays out).
+
+    These hosts run sshd without systemd or room for a Docker engine: the docker step is
+    tested on the systemd hosts of tests/integration/hosts_systemd.
+    """
     code = "import sys; from gpurig.cli import main; main(sys.argv)"
     env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("SSH_AUTH_SOCK", None)
-    argv = [sys.executable, "-c", code, "provision", "--inventory", str(inventory), *flags]
+    argv = [sys.executable, "-c", code, "provision", "--only", "daemon", "--inventory", str(inventory), *flags]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -1,0 +1,60 @@
+"""Package commands every step installs with (apt on Debian and Ubuntu), and Debian version comparison for plans.
+
+Each install first lets dpkg finish what a host lost mid-install left half
+done (``dpkg --configure -a``), waits for another apt holding the lock
+instead of failing, and never asks a question.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+LOCK_WAIT_S = 120
+_APT = f"apt-get -q -y -o DPkg::Lock::Timeout={LOCK_WAIT_S} -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+# A repository that cannot be reached fails fast, once, instead of retrying for minutes.
+_FETCH = "-o Acquire::Retries=0 -o Acquire::http::Timeout=20 -o Acquire::https::Timeout=20"
+
+
+def install_command(*packages: str, update: bool = True, guard: str = "", optional: tuple[str, ...] = ()) -> str:
+    """One shell line: finish interrupted installs, refresh the lists, check ``guard`` (a shell test), install.
+
+    ``optional`` packages are installed too where this release's apt knows
+    them (Debian 13 splits docker-cli out of docker.io; Debian 12 has none).
+    """
+    words = " ".join(shlex.quote(p) for p in packages)
+    steps = ["export DEBIAN_FRONTEND=noninteractive", "dpkg --configure -a"]
+    if update:
+        steps.append(f"{_APT} {_FETCH} update")
+    if guard:
+        steps.append(guard)
+    steps.append(f"{_APT} {_FETCH} install --no-install-recommends {words}")
+    for extra in optional:
+        q = shlex.quote(extra)
+        steps.append(f"if apt-cache show {q} >/dev/null 2>&1; then {_APT} {_FETCH} install --no-install-recommends {q}; fi")
+    return " && ".join(steps)
+
+
+def download_command(url: str, path: str) -> str:
+    """Fetch ``url`` to ``path`` with apt's own HTTP(S) client (no curl or wget needed on a bare host)."""
+    return (f"install -m 0755 -d {shlex.quote(path.rsplit('/', 1)[0])} && "
+            f"/usr/lib/apt/apt-helper {_FETCH} download-file {shlex.quote(url)} {shlex.quote(path)} && chmod 0644 {shlex.quote(path)}")
+
+
+def candidate_guard(package: str, minimum: str, why: str) -> str:
+    """A shell test run after ``apt-get update``: fail with one line when apt would install a version below ``minimum``."""
+    p, m = shlex.quote(package), shlex.quote(minimum)
+    said, why_q = shlex.quote(f"apt would install {package}"), shlex.quote(f"older than {minimum} ({why})")
+    return (f'v=$(apt-cache policy {p} | sed -n "s/^ *Candidate: //p"); '
+            f'{{ [ -n "$v" ] && [ "$v" != "(none)" ] && dpkg --compare-versions "$v" ge {m}; }} '
+            f'|| {{ echo {said} "${{v:-(none)}}," {why_q} >&2; exit 1; }}')
+
+
+def upstream(version: str) -> tuple[int, ...]:
+    """The numeric upstream part of a Debian version: '1:535.247.01-1~deb12u1' -> (535, 247, 1)."""
+    m = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", version)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def dpkg_arch(machine: str | None) -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64el"}.get(machine or "", machine or "amd64")

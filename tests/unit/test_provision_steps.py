@@ -1,0 +1,140 @@
+"""What the operation cases cannot show: step selection flags, the air-gapped toolkit plan, the reboot's bounded wait, the apt guard."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpurig.cli.provision import pick_steps
+from gpurig.connection import CommandError, ConnectionLost, Result
+from gpurig.errors import ConfigError, HostError, InventoryError
+from gpurig.facts import parse_facts
+from gpurig.inventory import Host
+from gpurig.profile import host_profile
+from gpurig.steps import Admin, RebootStep, ToolkitStep
+from gpurig.steps.apt import candidate_guard, install_command
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+
+
+def facts(name: str):
+    return parse_facts((FIXTURES / f"{name}.txt").read_text())
+
+
+def test_only_and_skip_keep_the_run_order():
+    assert pick_steps("daemon,docker", None) == ["docker", "daemon"]
+    assert pick_steps(None, "reboot,driver") == ["gpus", "nouveau", "docker", "container-toolkit", "daemon", "persistence"]
+    with pytest.raises(ConfigError, match="--skip dockr: no such step"):
+        pick_steps(None, "dockr")
+    with pytest.raises(ConfigError, match="leave no step"):
+        pick_steps("docker", "docker")
+
+
+def test_air_gapped_toolkit_pushes_the_local_debs(tmp_path):
+    for name in ("nvidia-container-toolkit_1.17.8-1_amd64.deb", "libnvidia-container1_1.17.8-1_amd64.deb"):
+        (tmp_path / name).write_bytes(b"!<arch>\n")
+    wanted = host_profile(Host("h", (), {"gpurig_toolkit": {"packages_dir": str(tmp_path)}}))
+    plan = ToolkitStep().plan(facts("a100-fresh-secure-boot-off"), wanted)
+    install = plan.changes[0]
+    assert install.summary == f"install nvidia-container-toolkit from 2 .deb files in {tmp_path} (pushed over SSH)"
+    assert [local for local, _ in install.uploads] == sorted(str(p) for p in tmp_path.iterdir())
+    remote = install.uploads[0][1].rsplit("/", 1)[0]
+    assert install.commands[0].startswith(f"cd {remote} && ") and "./libnvidia-container1_1.17.8-1_amd64.deb" in install.commands[0]
+    assert "apt-get -q -y" in install.commands[0] and " update" not in install.commands[0]  # no repository is asked
+    assert not any("nvidia.github.io" in c for change in plan.changes for c in change.commands)
+
+
+def test_air_gapped_toolkit_without_debs_is_one_clear_error(tmp_path):
+    wanted = host_profile(Host("h", (), {"gpurig_toolkit": {"packages_dir": str(tmp_path)}}))
+    with pytest.raises(InventoryError, match="holds no .deb files"):
+        ToolkitStep().plan(facts("a100-fresh-secure-boot-off"), wanted)
+
+
+class RebootingHost:
+    """A host that reboots (what no machine here may do): the old boot a while, then gone, then back."""
+
+    name = "gpu-01"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.commands: list[str] = []
+
+    def run(self, command, **kw):
+        self.commands.append(command)
+        answer = self.answers.pop(0) if self.answers else "back"
+        result = Result(self.name, command, 0 if answer == "back" else 1, "", "")
+        if answer == "old":
+            raise CommandError(result)
+        if answer == "down":
+            raise ConnectionLost("gpu-01: connection lost", "check the host")
+        return result
+
+    sudo = run
+
+
+def test_reboot_waits_for_a_new_boot_id(monkeypatch):
+    monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
+    step = RebootStep(allowed=True, wait_s=30)
+    plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
+    host = RebootingHost(["back", "old", "down", "down", "back"])
+    step.apply(Admin(host, become=True), plan)
+    assert "systemctl reboot" in host.commands[0]
+    assert host.commands[1:] == ['test "$(cat /proc/sys/kernel/random/boot_id)" != c0ffee00-1b2c-4d3e-8f4a-5b6c7d8e9f01'] * 4
+
+
+def test_reboot_gives_up_after_its_bound(monkeypatch):
+    monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
+    step = RebootStep(allowed=True, wait_s=0.05)
+    plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
+    with pytest.raises(HostError, match="did not come back within 0 s"):
+        step.apply(Admin(RebootingHost(["back"] + ["down"] * 10_000), become=True), plan)
+
+
+def test_candidate_guard_refuses_an_old_candidate_on_the_host(tmp_path):
+    """The guard runs after apt-get update on the host: here against a fake apt-cache printing Debian 12's answer."""
+    (tmp_path / "apt-cache").write_text("#!/bin/sh\nprintf 'nvidia-driver:\\n  Installed: (none)\\n  Candidate: 535.309.01-0+deb12u1\\n'\n")
+    (tmp_path / "apt-cache").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    old = subprocess.run(["sh", "-c", candidate_guard("nvidia-driver", "580.65.06", "CUDA 13.0")], env=env, capture_output=True, text=True)
+    assert old.returncode == 1
+    assert old.stderr.strip() == "apt would install nvidia-driver 535.309.01-0+deb12u1, older than 580.65.06 (CUDA 13.0)"
+    ok = subprocess.run(["sh", "-c", candidate_guard("nvidia-driver", "535.54.03", "CUDA 12.2")], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0
+
+
+def test_install_finishes_interrupted_dpkg_first_and_quotes_names():
+    line = install_command("docker.io", "nvidia-container-toolkit=1.17.8*", optional=("docker-cli",))
+    assert line.index("dpkg --configure -a") < line.index(" update") < line.index("install --no-install-recommends")
+    assert "'nvidia-container-toolkit=1.17.8*'" in line
+    assert "if apt-cache show docker-cli" in line
+
+
+def test_after_a_reboot_every_other_step_is_planned_again_from_fresh_facts(monkeypatch):
+    """Before: module 550.54.15 with library 550.90.07 (mismatch). After the reboot: the A100 with module and library agreeing."""
+    from gpurig.steps import DriverStep, GpusStep, converge_rebooting
+
+    monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
+    seen = [facts("a100-driver-mismatch"), facts("a100-driver550-open-docker-stopped"), facts("a100-driver550-open-docker-stopped")]
+    gathered = []
+
+    def gather(conn):
+        gathered.append(seen[len(gathered)])
+        return gathered[-1]
+
+    steps = [GpusStep(), DriverStep(reboot=True), RebootStep(allowed=True, wait_s=30)]
+    results = converge_rebooting(RebootingHost(["back", "back"]), steps, host_profile(Host("h", (), {})), gather=gather)
+    assert [(r.step, r.status) for r in results] == [("gpus", "ok"), ("driver", "ok"), ("reboot", "changed")]
+    assert results[1].reason.startswith("driver 550.54.15 loaded")  # planned from the host as it came back
+    assert len(gathered) == 3  # before, after the reboot (converge's own re-gather), and the second pass
+
+
+def test_check_mode_never_reboots():
+    from gpurig.steps import converge_rebooting
+
+    host = RebootingHost([])
+    results = converge_rebooting(host, [RebootStep(allowed=True)], host_profile(Host("h", (), {})), check=True,
+                                 gather=lambda conn: facts("a100-driver-mismatch"))
+    assert results[0].status == "changed" and results[0].reason.startswith("would change (check mode)")
+    assert host.commands == []
