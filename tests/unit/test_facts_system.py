@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpurig.facts import FACTS_SCRIPT, parse_facts
-from gpurig.facts_system import parse_apt_policy, parse_packages, parse_services
+from gpurig.facts.system import parse_apt_policy, parse_packages, parse_services
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 

@@ -1,100 +1,14 @@
-"""What a host is, gathered in one round trip: one shell script, sections between markers, pure parsers.
-
-``FACTS_SCRIPT`` runs every probe in a single exec and prints each one's
-output between ``@@gpurig-fact NAME`` and ``@@gpurig-rc CODE`` lines.
-``split_sections`` cuts that output apart and one pure ``parse_*`` function
-per section turns it into data, so every parser is tested from recorded
-output with no host at all. A command that is missing or fails gives an
-"absent" value (None, False, empty tuple), never an exception.
-"""
+"""Pure parsers, one per section of the facts script's output, tested from recorded output with no host."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gpurig.connection import Connection, last_line
-from gpurig.errors import HostError
-from gpurig.facts_system import SYSTEM_PROBES, SystemFacts, parse_system
-from gpurig.validate import excerpt
-
-# Each probe: (section name, shell line). Lines are fixed text, never built from host data.
-PROBES: tuple[tuple[str, str], ...] = (
-    ("os_release", "cat /etc/os-release"),
-    ("uname", "uname -srm"),
-    ("nproc", "getconf _NPROCESSORS_ONLN"),
-    ("meminfo", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
-    ("df", "df -Pk / /var/lib/docker"),
-    ("lspci", "lspci -nn -d 10de:"),
-    # Fallback when pciutils is absent: vendor/class/device ids straight from sysfs.
-    ("pci_sysfs", "for d in /sys/bus/pci/devices/*; do [ \"$(cat $d/vendor)\" = 0x10de ] && echo \"${d##*/} $(cat $d/class) $(cat $d/device)\"; done; true"),
-    ("nvidia_version", "cat /proc/driver/nvidia/version"),
-    ("nvidia_smi", "nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits"),
-    ("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules"),
-    ("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c; else echo legacy-bios; fi"),
-    ("docker_info", "timeout -k 5 15 docker info --format '{{json .}}'"),
-    # Root-only daemon.json (0600/0640): read through passwordless sudo when it is there, else cat's own error.
-    ("daemon_json", "f=/etc/docker/daemon.json; if [ -e $f ] && [ ! -r $f ]; then sudo -n cat $f 2>/dev/null || cat $f; else cat $f; fi"),
-    ("nvidia_ctk", "nvidia-ctk --version"),
-    ("cgroup", "stat -fc %T /sys/fs/cgroup"),
-    *SYSTEM_PROBES,
-)
-
-MARK = "@@gpurig-fact"
-RC_MARK = "@@gpurig-rc"
-
-
-def facts_script() -> str:
-    """The whole probe as one POSIX sh script (stdin closed, C locale, stderr folded into each section)."""
-    lines = ["export LC_ALL=C PATH=\"$PATH:/usr/sbin:/sbin:/usr/local/bin\"", "exec </dev/null"]
-    for name, cmd in PROBES:
-        lines.append(f"printf '\\n{MARK} {name}\\n'; ( {cmd} ) 2>&1; printf '\\n{RC_MARK} %s\\n' \"$?\"")
-    return "\n".join(lines) + "\n"
-
-
-FACTS_SCRIPT = facts_script()
-
-
-@dataclass(frozen=True)
-class Section:
-    """One probe's output and exit code. 127 means the command does not exist."""
-
-    rc: int
-    text: str
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-
-ABSENT = Section(127, "")
-
-
-def split_sections(output: str) -> dict[str, Section]:
-    """Cut the script's output into sections by marker; a section cut short (host died) is left out."""
-    sections: dict[str, Section] = {}
-    name: str | None = None
-    body: list[str] = []
-    for line in output.splitlines():
-        if line.startswith(MARK + " "):
-            name, body = line[len(MARK) + 1:].strip(), []
-        elif line.startswith(RC_MARK + " ") and name is not None:
-            try:
-                rc = int(line[len(RC_MARK) + 1:].strip())
-            except ValueError:
-                rc = 1
-            # The script prints a newline before the rc marker; a command whose output
-            # ended with its own newline leaves one empty line, which is not output.
-            sections[name] = Section(rc, "\n".join(body[:-1] if body and body[-1] == "" else body))
-            name = None
-        elif name is not None:
-            body.append(line)
-    return sections
-
-
-# --- data -------------------------------------------------------------------------------------
+from gpurig.connection import last_line
+from gpurig.facts.probes import Section
 
 
 @dataclass(frozen=True)
@@ -157,40 +71,6 @@ class DaemonConfig:
     text: str = ""
     problem: str | None = None
 
-
-
-@dataclass(frozen=True)
-class Facts:
-    """Everything gpurig needs to know about a host before changing it."""
-
-    os: OsInfo
-    kernel: str | None
-    arch: str | None
-    cpus: int | None
-    mem_total_bytes: int | None
-    mem_available_bytes: int | None
-    disks: tuple[Disk, ...]
-    pci_gpus: tuple[PciGpu, ...]
-    driver_version: str | None
-    driver_flavour: str | None  # "proprietary" | "open" kernel module
-    gpus: tuple[Gpu, ...]
-    nouveau_loaded: bool
-    nvidia_loaded: bool
-    secure_boot: str  # enabled | disabled | not-efi | unknown
-    docker: DockerInfo
-    daemon_json: DaemonConfig
-    toolkit_version: str | None
-    cgroup_version: int | None
-    system: SystemFacts = field(default_factory=SystemFacts)  # packages, apt candidates, services, identity
-    missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["daemon_json"].pop("text")  # the parsed content says it all; the raw text is for diffs
-        return data
-
-
-# --- parsers (pure) ---------------------------------------------------------------------------
 
 
 def parse_os_release(s: Section) -> OsInfo:
@@ -392,48 +272,3 @@ def parse_cgroup(s: Section) -> int | None:
     return {"cgroup2fs": 2, "tmpfs": 1}.get(fs)
 
 
-def parse_facts(output: str) -> Facts:
-    """Facts from the whole script output; sections that never arrived are listed in ``missing``."""
-    sec = split_sections(output)
-    get = lambda name: sec.get(name, ABSENT)  # noqa: E731
-    kernel, arch = parse_uname(get("uname"))
-    total, available = parse_meminfo(get("meminfo"))
-    driver, flavour = parse_nvidia_version(get("nvidia_version"))
-    gpus, smi_driver = parse_nvidia_smi(get("nvidia_smi"))
-    nouveau, nvidia = parse_modules(get("modules"))
-    pci = parse_lspci(get("lspci")) if get("lspci").rc != 127 else parse_pci_sysfs(get("pci_sysfs"))
-    return Facts(
-        os=parse_os_release(get("os_release")),
-        kernel=kernel,
-        arch=arch,
-        cpus=parse_int(get("nproc")),
-        mem_total_bytes=total,
-        mem_available_bytes=available,
-        disks=parse_df(get("df")),
-        pci_gpus=pci,
-        driver_version=driver or smi_driver,
-        driver_flavour=flavour,
-        gpus=gpus,
-        nouveau_loaded=nouveau,
-        nvidia_loaded=nvidia,
-        secure_boot=parse_secure_boot(get("secure_boot")),
-        docker=parse_docker(get("docker_info"), get("daemon_json")),
-        daemon_json=parse_daemon_json(get("daemon_json")),
-        toolkit_version=parse_nvidia_ctk(get("nvidia_ctk")),
-        cgroup_version=parse_cgroup(get("cgroup")),
-        system=parse_system({name: (s.rc, s.text) for name, s in sec.items()}),
-        missing=tuple(name for name, _ in PROBES if name not in sec),
-    )
-
-
-def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
-    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error."""
-    result = conn.run(["sh", "-c", FACTS_SCRIPT], warn=True, timeout=timeout)
-    facts = parse_facts(result.stdout)
-    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place
-        said = excerpt(last_line(result.stdout, result.stderr), 60) if last_line(result.stdout, result.stderr) else "nothing"
-        raise HostError(
-            f"{conn.name}: the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
-            "run 'ssh HOST true' by hand and check the user's login shell and any ForceCommand in the host's sshd_config",
-        )
-    return facts
