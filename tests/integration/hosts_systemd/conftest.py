@@ -55,12 +55,13 @@ RUN_FLAGS = (
 )
 
 
-def _build(docker, kit, key: str, suite: str) -> str:
+def _build(docker, kit, key: str, suite: str, bases: list) -> str:
     from gpurig.base import bootstrap_base
     from gpurig.spec import Bootstrap
 
     base = f"gpurig-test-base-{suite}:{kit.session}"
-    bootstrap_base(docker.client, base, Bootstrap(suite, kit.mirror), {kit.label: kit.session})
+    # Removed by id at teardown: the bootstrap also tags it gpurig-base:<suite>-minbase, which a tag removal would leave.
+    bases.append(bootstrap_base(docker.client, base, Bootstrap(suite, kit.mirror), {kit.label: kit.session}).image_id)
     tag = f"gpurig-test-systemd-host-{key}:{kit.session}"
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     docker("build", "-q", "-t", tag, "--label", f"{kit.label}={kit.session}", "-",
@@ -72,15 +73,18 @@ def _build(docker, kit, key: str, suite: str) -> str:
 def systemd_images(docker_engine, container_kit):
     """{"debian12": image, "debian13": image}, built once, in parallel; removed with their bases at teardown."""
     session = container_kit.session
+    bases: list[str] = []
     try:
         with ThreadPoolExecutor(len(SUITES)) as pool:
-            futures = {key: pool.submit(_build, docker_engine, container_kit, key, suite) for key, suite in SUITES.items()}
+            futures = {key: pool.submit(_build, docker_engine, container_kit, key, suite, bases) for key, suite in SUITES.items()}
             images = {key: f.result() for key, f in futures.items()}
         yield images
     finally:
         for key, suite in SUITES.items():
             docker_engine("image", "rm", "-f", f"gpurig-test-systemd-host-{key}:{session}", check=False)
             docker_engine("image", "rm", "-f", f"gpurig-test-base-{suite}:{session}", check=False)
+        for image_id in bases:
+            docker_engine("image", "rm", "-f", image_id, check=False)
 
 
 @dataclass
