@@ -22,6 +22,7 @@ from typing import Callable
 from gpurig.connection import last_line
 from gpurig.docker import DockerClient, stop
 from gpurig.errors import DockerError
+from gpurig.quoting import dq
 from gpurig.spec import Bootstrap
 
 BOOTSTRAP_LABEL = "io.gpurig.bootstrap"
@@ -173,8 +174,8 @@ def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels:
                 "check that the mirror answers (plain HTTP works without a CA) or set base.bootstrap.mirror",
             )
         _slim_down(rootfs, bootstrap)
-        changes = [f"LABEL {BOOTSTRAP_LABEL}={_label_value(described)}"]
-        changes += [f"LABEL {key}={_label_value(value)}" for key, value in labels.items()]
+        changes = [f"LABEL {BOOTSTRAP_LABEL}={dq(described)}"]
+        changes += [f"LABEL {key}={dq(value)}" for key, value in labels.items()]
         changes += ['CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
         image_id = _import(client, rootfs, ref, changes)
         client.tag(image_id, bootstrap_tag(bootstrap))
@@ -198,10 +199,6 @@ def _run_group(argv: list[str]) -> tuple[int, str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     return code, output
-
-
-def _label_value(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _slim_down(rootfs: Path, bootstrap: Bootstrap) -> None:

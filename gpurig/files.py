@@ -48,6 +48,9 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
     A special file that exists (a terminal, /dev/stdout, a FIFO) is opened and
     written, so ``--json /dev/stdout`` as root never replaces the symlink; a
     symlink to a regular file keeps pointing there, and its target is replaced.
+    A link is followed only when it belongs to this user or to root (as the
+    kernel's protected_symlinks does): a link planted by someone else in /tmp
+    must not make root overwrite /etc/sudoers. Block devices are never written.
     """
     text = to_json(data, default)
     if str(target) == "-":
@@ -56,6 +59,12 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
         return
     path = Path(target)
     if path.is_symlink():
+        owner = path.lstat().st_uid
+        if owner not in (os.geteuid(), 0):
+            raise GpurigError(
+                f"report path {path} is a symlink owned by another user (uid {owner})",
+                "remove it or choose another --json path",
+            )
         # replace what the link points to, not the link (a report path the user linked somewhere)
         path = Path(os.path.realpath(path))
     try:
@@ -67,6 +76,8 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
     try:
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise GpurigError(f"report path {path} is a directory", "give a file name, or - for stdout")
+        if st is not None and stat.S_ISBLK(st.st_mode):
+            raise GpurigError(f"report path {path} is a block device", "give a file name, or - for stdout")
         if st is not None and not stat.S_ISREG(st.st_mode):
             with open(path, "w") as f:
                 f.write(text)

@@ -116,7 +116,10 @@ class FleetReport:
             "duration_s": round(self.duration_s, 3),
             "interrupted": self.interrupted,
             "summary": self.summary,
-            "hosts": [dataclasses.asdict(r) | {"duration_s": round(r.duration_s, 3)} for r in self.results],
+            "hosts": [
+                {f.name: getattr(r, f.name) for f in dataclasses.fields(r)} | {"data": _data(r.data), "duration_s": round(r.duration_s, 3)}
+                for r in self.results
+            ],
         }
 
     def write_json(self, path: str | Path) -> None:
@@ -234,7 +237,14 @@ def _reason(host: Host, err: Exception) -> str:
     return text.removeprefix(f"{host.name}: ")
 
 
+def _data(value: Any) -> Any:
+    """A host's data for a report: its own ``to_dict`` where it has one (it decides what may be shown)."""
+    return value.to_dict() if hasattr(value, "to_dict") and not isinstance(value, type) else value
+
+
 def jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict") and not isinstance(value, type):
+        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (set, frozenset, tuple)):

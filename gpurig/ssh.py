@@ -107,6 +107,11 @@ class SSHConnection(Connection):
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        """True once close() ran (the fleet closes every connection on Ctrl-C)."""
+        return self._closed
+
+    @property
     def target(self) -> SSHTarget:
         """Where this connection goes; resolved (and validated) on first use."""
         if self._target is None:
@@ -282,6 +287,23 @@ class _RemotePid:
 # --- connector --------------------------------------------------------------------------------
 
 
+_ENV_PASSWORD: dict[str, str | None] = {"value": None}
+_ENV_LOCK = threading.Lock()
+
+
+def env_sudo_password() -> str | None:
+    """$GPURIG_SUDO_PASSWORD, taken OUT of the environment the first time it is seen.
+
+    Every child gpurig starts (local commands, docker, hadolint, git) inherits
+    os.environ: a password left there would reach ``gpurig exec -- env`` and
+    its report. It is kept here instead, for the connectors of this process.
+    """
+    with _ENV_LOCK:
+        if SUDO_PASSWORD_ENV in os.environ:
+            _ENV_PASSWORD["value"] = os.environ.pop(SUDO_PASSWORD_ENV)
+        return _ENV_PASSWORD["value"]
+
+
 class Connector:
     """Opens connections with shared settings, known_hosts, ssh config and jump-host transports."""
 
@@ -293,6 +315,7 @@ class Connector:
         self._ssh_config = load_ssh_config(self.settings.ssh_config)
         self._sudo = sudo_password
         self._sudo_lock = threading.Lock()
+        env_sudo_password()  # out of the environment before any child is started
         self._jumps: dict[tuple, paramiko.Transport] = {}
         self._jump_lock = threading.Lock()
         self._stop = threading.Event()
@@ -315,7 +338,7 @@ class Connector:
             if callable(self._sudo):
                 self._sudo = self._sudo()
             if self._sudo is None:
-                return os.environ.get(SUDO_PASSWORD_ENV)
+                return env_sudo_password()
             return self._sudo
 
     def stop(self) -> None:

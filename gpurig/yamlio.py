@@ -74,6 +74,7 @@ def load_yaml(path: str | Path, *, error: type[GpurigError], what: str = "file",
 def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> Any:
     loader = _Loader(text)
     try:
+        _check_depth(text)  # before composing: libyaml's composer recurses in C and crashes past ~20,000 levels
         node = loader.get_single_node()
         if node is None:
             return None
@@ -105,6 +106,18 @@ class _Refused(Exception):
         self.where = f" line {mark.line + 1}" if mark is not None else ""
         self.rule = rule
         self.fix = fix
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting past MAX_DEPTH from the event stream, which libyaml produces without recursing."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Base):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _Refused(event.start_mark, f"nested deeper than {MAX_DEPTH} levels", "flatten the structure")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
 
 
 def _check_graph(root: yaml.Node) -> None:

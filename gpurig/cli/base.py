@@ -95,3 +95,9 @@ def terminate_as_exception():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def refuse_dry(c, what: str, fix: str) -> None:
+    """Invoke's --dry means --check for tasks that change hosts; a task with no check mode says so instead of acting."""
+    if c.config.get("run", {}).get("dry"):
+        raise GpurigError(f"--dry: {what} has no check mode and was not run", fix)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpurig import compat
-from gpurig.cli.base import project_root, task
+from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.errors import LintError, SpecError
 from gpurig.build import shorten
 from gpurig.lint import failing, lint as run_hadolint
@@ -137,6 +137,7 @@ BUILD_HELP = {
 @task(help=BUILD_HELP, iterable=["label"])
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
+    refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
     from gpurig.build import human_size, refuse_credentials, resolve_ca_bundle
     from gpurig.docker import find_client
     from gpurig.pipeline import build_all

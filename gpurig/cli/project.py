@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig.cli.base import task
+from gpurig.cli.base import refuse_dry, task
 from gpurig.config import DEFAULTS
 from gpurig.report import console
 from gpurig.skeleton import scaffold
@@ -26,6 +26,7 @@ def config_template() -> str:
 @task(help={"directory": "where to create the project (created if missing; must not hold its files yet)"})
 def init(c, directory):
     """Start a project: images/, templates/, checks/, inventory/, .hadolint.yaml and gpurig.yaml, from gpurig's own copies."""
+    refuse_dry(c, "init", "run it without --dry: it only writes into a new or empty DIRECTORY")
     written = scaffold(directory, config_template())
     target = Path(directory)
     console.print(f"created {', '.join(written)} in {target}")

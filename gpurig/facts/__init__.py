@@ -40,7 +40,7 @@ from gpurig.facts.parsers import (  # the parsers and their data classes are thi
 )
 from gpurig.facts.probes import ABSENT, FACTS_SCRIPT, MARK, PROBES, RC_MARK, Section, facts_script, split_sections
 from gpurig.facts.system import SystemFacts, parse_system
-from gpurig.validate import excerpt
+from gpurig.validate import excerpt, strip_userinfo
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,19 @@ class Facts:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["daemon_json"].pop("text")  # the parsed content says it all; the raw text is for diffs
+        # daemon.json is root-only for a reason: proxies there may carry user:password@
+        data["daemon_json"]["content"] = _without_userinfo(data["daemon_json"]["content"])
         return data
+
+
+def _without_userinfo(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_userinfo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_userinfo(v) for v in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return strip_userinfo(value)
+    return value
 
 
 # --- parsers (pure) ---------------------------------------------------------------------------

@@ -11,11 +11,12 @@ touches the host, so every plan is tested from recorded facts alone.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpurig.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
-from gpurig.errors import HostError
+from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
 from gpurig.profile import HostProfile
 
@@ -123,23 +124,41 @@ class Step:
 
     def apply(self, admin: Admin, plan: Plan) -> None:
         for change in plan.changes:
-            for local, remote in change.uploads:
-                admin.conn.run(["mkdir", "-p", "-m", "0700", remote.rsplit("/", 1)[0]])
-                admin.conn.put(local, remote)
-            for command in change.commands:
-                try:
-                    admin.run(command, timeout=self.timeout_s)
-                except CommandError as err:
-                    # The command line itself (a script, file content) means nothing to a reader: its last words do.
-                    said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
-                    why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
-                    fix = change.fix or err.fix
-                    if "permission denied" in why.lower() and not admin.become:
-                        fix = "set ansible_become: true for this host (the login user is not root)"
-                    raise HostError(f"could not {change.summary}: {why}", fix) from None
-                except CommandTimeout:
-                    raise HostError(f"could not {change.summary}: no end within {self.timeout_s:.0f} s; it was stopped on the host",
-                                    "look at the host (a hung apt or DKMS build?) and run again") from None
-                except ConnectionLost:
-                    raise HostError(f"could not {change.summary}: the connection to the host was lost mid-command",
-                                    "check that the host is up; run again and the steps pick up where this one stopped") from None
+            folders = sorted({remote.rsplit("/", 1)[0] for _, remote in change.uploads})
+            try:
+                self._upload(admin, change, folders)
+                self._run_commands(admin, change)
+            finally:
+                for folder in folders:  # on failure too: nothing of ours stays in /tmp
+                    try:
+                        admin.conn.run(["rm", "-rf", "--", folder], warn=True)
+                    except GpurigError:
+                        pass
+
+    @staticmethod
+    def _upload(admin: Admin, change: Change, folders: list[str]) -> None:
+        for folder in folders:
+            # A fresh 0700 folder of the login user's, never one found there: in a shared /tmp another user could
+            # have made it first and swap a .deb that root then installs. mkdir without -p fails on anything there.
+            admin.conn.run(f"rm -rf -- {shlex.quote(folder)} 2>/dev/null; mkdir -m 0700 -- {shlex.quote(folder)}")
+        for local, remote in change.uploads:
+            admin.conn.put(local, remote)
+
+    def _run_commands(self, admin: Admin, change: Change) -> None:
+        for command in change.commands:
+            try:
+                admin.run(command, timeout=self.timeout_s)
+            except CommandError as err:
+                # The command line itself (a script, file content) means nothing to a reader: its last words do.
+                said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
+                why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
+                fix = change.fix or err.fix
+                if "permission denied" in why.lower() and not admin.become:
+                    fix = "set ansible_become: true for this host (the login user is not root)"
+                raise HostError(f"could not {change.summary}: {why}", fix) from None
+            except CommandTimeout:
+                raise HostError(f"could not {change.summary}: no end within {self.timeout_s:.0f} s; it was stopped on the host",
+                                "look at the host (a hung apt or DKMS build?) and run again") from None
+            except ConnectionLost:
+                raise HostError(f"could not {change.summary}: the connection to the host was lost mid-command",
+                                "check that the host is up; run again and the steps pick up where this one stopped") from None

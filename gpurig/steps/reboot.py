@@ -15,6 +15,7 @@ import time
 from gpurig.connection import CommandError
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
+from gpurig.local import LocalConnection
 from gpurig.profile import HostProfile
 from gpurig.steps.driver import installed_driver, mismatch
 from gpurig.steps.model import Admin, Change, Plan, Step
@@ -55,7 +56,8 @@ class RebootStep(Step):
         why = "; ".join(reasons)
         if not self.allowed:
             return Plan.skip(f"reboot needed ({why}); run again with --reboot to let gpurig reboot it")
-        if facts.system.machine_id and facts.system.machine_id == self.local_machine_id:
+        if not facts.system.machine_id or not self.local_machine_id or facts.system.machine_id == self.local_machine_id:
+            # Unknown on either side (no /etc/machine-id in a container or minimal image) cannot prove it is another machine.
             return Plan.fail(f"reboot needed ({why}), but this is the machine gpurig runs on and gpurig never reboots it; "
                              "fix: reboot it by hand")
         if not facts.system.boot_id:
@@ -67,9 +69,12 @@ class RebootStep(Step):
 
     def apply(self, admin: Admin, plan: Plan) -> None:
         reboot, came_back = plan.changes[0].commands
+        if isinstance(admin.conn, LocalConnection):
+            raise HostError("this is the machine gpurig runs on (ansible_connection: local); gpurig never reboots it",
+                            "reboot it by hand")
         admin.run(reboot)
         end = time.monotonic() + self.wait_s
-        while time.monotonic() < end:
+        while time.monotonic() < end and not getattr(admin.conn, "closed", False):  # closed: Ctrl-C, stop waiting
             try:
                 admin.conn.run(came_back, timeout=15)
                 return

@@ -139,6 +139,14 @@ def test_check_and_dry_run_nothing(example):
         assert "skipped" in proc.stdout and not marker.exists()
 
 
+def test_dry_is_refused_by_tasks_without_a_check_mode(example):
+    # `--dry build` used to build (and --push to push): a task that cannot dry-run says so and does nothing.
+    proc = run(example, "--dry", "build", "--push")
+    assert proc.returncode != 0 and "--dry: build has no check mode" in proc.stderr
+    assert not (example / "build-contexts").exists()
+    assert run(example, "--dry", "init", "newproj").returncode != 0 and not (example / "newproj").exists()
+
+
 def test_verbosity_levels_are_flags(example):
     inv = local_inventory(example / "local.yaml", ("l1",))
     assert run(example, "exec", "-vv", "-i", str(inv), "--", "true").returncode == 0

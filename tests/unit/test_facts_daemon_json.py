@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,17 @@ def test_facts_report_holds_the_parsed_content_not_the_raw_text():
                     "runtimes": {"custom": {"path": "/usr/local/bin/custom-runc"}}},
         "problem": None,
     }
+
+
+def test_reports_carry_no_raw_daemon_json_and_no_proxy_credentials():
+    from gpurig.fleet import FleetReport, HostResult
+
+    text = (FIXTURES / "debian12-root.txt").read_text()
+    secret = '{"proxies": {"http-proxy": "http://user:hunter2@proxy.example.invalid:3128"}}'
+    start = text.index("@@gpurig-fact daemon_json")
+    end = text.index("@@gpurig-rc", start)
+    facts = parse_facts(text[:start] + "@@gpurig-fact daemon_json\n" + secret + "\n" + text[end:].replace("@@gpurig-rc 1", "@@gpurig-rc 0", 1))
+    assert facts.daemon_json.content["proxies"]["http-proxy"].startswith("http://user:hunter2@")  # steps still see it
+    report = FleetReport((HostResult("h", "ok", data=facts),), "now", 1.0).to_dict()
+    assert "hunter2" not in json.dumps(report)
+    assert report["hosts"][0]["data"]["daemon_json"]["content"]["proxies"]["http-proxy"] == "http://proxy.example.invalid:3128"

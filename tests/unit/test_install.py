@@ -42,9 +42,9 @@ def test_init_then_render_from_the_installed_wheel(wheel, tmp_path):
     # system site-packages give the dependencies; the wheel itself goes into the venv
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("GPURIG_")}
     env["HOME"] = str(tmp_path)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300, env=env)
     where = subprocess.run([str(py), "-c", "import gpurig; print(gpurig.__file__)"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert where.stdout.startswith(str(venv)), where.stdout  # the installed copy, not the checkout
 

@@ -19,6 +19,8 @@ from gpurig.steps.apt import candidate_guard, install_command
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
 
+OTHER_MACHINE = "00000000000000000000000000000001"  # the machine gpurig runs on, in these tests: not the host
+
 def facts(name: str):
     return parse_facts((FIXTURES / f"{name}.txt").read_text())
 
@@ -76,7 +78,7 @@ class RebootingHost:
 
 def test_reboot_waits_for_a_new_boot_id(monkeypatch):
     monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
-    step = RebootStep(allowed=True, wait_s=30)
+    step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     host = RebootingHost(["back", "old", "down", "down", "back"])
     step.apply(Admin(host, become=True), plan)
@@ -86,7 +88,7 @@ def test_reboot_waits_for_a_new_boot_id(monkeypatch):
 
 def test_reboot_gives_up_after_its_bound(monkeypatch):
     monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
-    step = RebootStep(allowed=True, wait_s=0.05)
+    step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=0.05)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     with pytest.raises(HostError, match="did not come back within 0 s"):
         step.apply(Admin(RebootingHost(["back"] + ["down"] * 10_000), become=True), plan)
@@ -123,7 +125,7 @@ def test_after_a_reboot_every_other_step_is_planned_again_from_fresh_facts(monke
         gathered.append(seen[len(gathered)])
         return gathered[-1]
 
-    steps = [GpusStep(), DriverStep(reboot=True), RebootStep(allowed=True, wait_s=30)]
+    steps = [GpusStep(), DriverStep(reboot=True), RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)]
     results = converge_rebooting(RebootingHost(["back", "back"]), steps, host_profile(Host("h", (), {})), gather=gather)
     assert [(r.step, r.status) for r in results] == [("gpus", "ok"), ("driver", "ok"), ("reboot", "changed")]
     assert results[1].reason.startswith("driver 550.54.15 loaded")  # planned from the host as it came back
@@ -134,7 +136,16 @@ def test_check_mode_never_reboots():
     from gpurig.steps import converge_rebooting
 
     host = RebootingHost([])
-    results = converge_rebooting(host, [RebootStep(allowed=True)], host_profile(Host("h", (), {})), check=True,
+    results = converge_rebooting(host, [RebootStep(allowed=True, local_machine_id=OTHER_MACHINE)], host_profile(Host("h", (), {})), check=True,
                                  gather=lambda conn: facts("a100-driver-mismatch"))
     assert results[0].status == "changed" and results[0].reason.startswith("would change (check mode)")
     assert host.commands == []
+
+
+def test_reboot_never_runs_over_a_local_connection():
+    from gpurig.local import LocalConnection
+
+    step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
+    plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
+    with pytest.raises(HostError, match="never reboots it"):
+        step.apply(Admin(LocalConnection("here"), become=True), plan)

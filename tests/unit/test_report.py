@@ -170,3 +170,17 @@ def test_a_directory_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(GpurigError, match="is a directory"):
         write_report(tmp_path, {"a": 1})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a link owned by another user")
+def test_a_symlink_planted_by_another_user_is_never_followed(tmp_path):
+    from gpurig.errors import GpurigError
+
+    victim = tmp_path / "sudoers"
+    victim.write_text("root ALL=(ALL) ALL\n")
+    link = tmp_path / "r.json"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # as if nobody planted it in a shared /tmp
+    with pytest.raises(GpurigError, match="symlink owned by another user"):
+        write_report(link, {"a": 1})
+    assert victim.read_text() == "root ALL=(ALL) ALL\n"

@@ -41,3 +41,16 @@ def test_the_remote_pid_line_is_taken_off_stderr_wherever_it_arrives():
     silent = _RemotePid()  # a shell that never printed it: everything comes through at the end
     assert silent.strip(b"no marker ") + silent.strip(b"", final=True) == b"no marker "
     assert silent.pid is None
+
+
+def test_the_sudo_password_leaves_the_environment_before_any_child_starts(monkeypatch, tmp_path):
+    import gpurig.ssh
+    from gpurig.inventory import Host
+    from gpurig.ssh import Connector, SSHSettings
+
+    monkeypatch.setattr(gpurig.ssh, "_ENV_PASSWORD", {"value": None})
+    monkeypatch.setenv("GPURIG_SUDO_PASSWORD", "s3cret-pw")
+    connector = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))
+    local = connector.open(Host("here", ("ungrouped",), {}, connection="local"))
+    assert "s3cret-pw" not in local.run("env").stdout  # `gpurig exec -- env` cannot show it
+    assert connector.sudo_password() == "s3cret-pw"  # still there for sudo's prompt

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -161,3 +163,13 @@ def test_non_utf8_names_the_byte(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes(b"name: caf\xe9\n")
     assert "byte 9 is not UTF-8" in _error_of(lambda: load(path))
+
+
+@pytest.mark.parametrize("text", ["a: " + "[" * 30000 + "]" * 30000, "- " * 30000 + "x\n"])
+def test_nesting_past_what_libyaml_can_compose_is_refused_not_a_crash(text):
+    # libyaml's composer recurses in C: 30,000 levels in 60 KB used to end gpurig with SIGSEGV.
+    code = "import sys; from gpurig.yamlio import parse_yaml; from gpurig.errors import SpecError\n" \
+           "try:\n    parse_yaml(sys.stdin.read(), 'deep.yaml', error=SpecError)\nexcept SpecError as e:\n    print(e)\n"
+    proc = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert "nested deeper than 64 levels" in proc.stdout

@@ -80,6 +80,10 @@ def systemd_images(docker_engine, container_kit):
             images = {key: f.result() for key, f in futures.items()}
         yield images
     finally:
+        # Also a container that `docker run` created but failed to start (its id never came back to the test).
+        left = docker_engine("ps", "-aq", "--filter", f"label={container_kit.label}={session}", check=False).stdout.split()
+        if left:
+            docker_engine("rm", "-f", "-v", *left, check=False)
         for key, suite in SUITES.items():
             docker_engine("image", "rm", "-f", f"gpurig-test-systemd-host-{key}:{session}", check=False)
             docker_engine("image", "rm", "-f", f"gpurig-test-base-{suite}:{session}", check=False)
