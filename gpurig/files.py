@@ -65,10 +65,8 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
                 f"report path {path} is a symlink owned by another user (uid {owner})",
                 "remove it or choose another --json path",
             )
-        # replace what the link points to, not the link (a report path the user linked somewhere)
-        path = Path(os.path.realpath(path))
     try:
-        st = path.stat()
+        st = path.stat()  # what the path leads to, through links
     except FileNotFoundError:
         st = None
     except OSError as err:
@@ -79,9 +77,11 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
         if st is not None and stat.S_ISBLK(st.st_mode):
             raise GpurigError(f"report path {path} is a block device", "give a file name, or - for stdout")
         if st is not None and not stat.S_ISREG(st.st_mode):
-            with open(path, "w") as f:
+            with open(path, "w") as f:  # /dev/stdout -> /proc/self/fd/1 -> a pipe: opened through the links
                 f.write(text)
             return
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))  # replace what the link points to, not the link
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, text, 0o644)
     except OSError as err:

@@ -6,6 +6,8 @@ import io
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,3 +186,11 @@ def test_a_symlink_planted_by_another_user_is_never_followed(tmp_path):
     with pytest.raises(GpurigError, match="symlink owned by another user"):
         write_report(link, {"a": 1})
     assert victim.read_text() == "root ALL=(ALL) ALL\n"
+
+
+def test_json_to_dev_stdout_reaches_a_pipe_through_its_links():
+    # /dev/stdout -> /proc/self/fd/1 -> pipe:[N]: resolving the links to a path named nothing that exists
+    code = "from gpurig.files import write_report; write_report('/dev/stdout', {'a': 1})"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"a": 1}
