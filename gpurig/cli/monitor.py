@@ -15,8 +15,6 @@ from gpurig.monitor import MonitorError
 from gpurig.monitor.agent import monitor_fleet
 from gpurig.monitor.csvfile import CsvWriter, write_csv
 from gpurig.monitor.diagnose import diagnose
-from gpurig.monitor.exporter import parse_listen, serve
-from gpurig.monitor.plot import plot as draw_plot
 from gpurig.monitor.record import Recorder, load_run
 from gpurig.monitor.session import Run
 from gpurig.monitor.view import findings_view, live_table, summary_table
@@ -69,6 +67,8 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
     findings = diagnose(run)
     _present(run, findings, report, err_console if opts.json == "-" else console)  # --json -: stdout is the JSON
     if plot:
+        from gpurig.monitor.plot import plot as draw_plot  # matplotlib: ~1 s to import, only when a plot is asked for
+
         draw_plot(run, plot)
         err_console.print(f"plot: {plot}")
     if opts.json:
@@ -81,7 +81,11 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     hosts = select_hosts(opts)
     run = Run()
     # Everything that can refuse to start does so before any file is created.
-    exporter = serve(run, *parse_listen(prometheus), stale_after=max(10.0, 3 * interval)) if prometheus else None
+    exporter = None
+    if prometheus:
+        from gpurig.monitor.exporter import parse_listen, serve  # prometheus_client only when asked for
+
+        exporter = serve(run, *parse_listen(prometheus), stale_after=max(10.0, 3 * interval))
     writer = recorder = live = None
     try:
         writer = CsvWriter(csv) if csv else None  # a temporary file until the run ends
