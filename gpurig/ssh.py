@@ -139,9 +139,12 @@ class SSHConnection(Connection):
 
     def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
         self.connect()
+        transport = self._transport  # close() from another thread (Ctrl-C) may set the attribute to None meanwhile
+        if transport is None:
+            raise ConnectionLost(f"{self.name}: connection closed before the command started", "")
         started = time.monotonic()
         try:
-            chan = self._transport.open_session(timeout=self.settings.connect_timeout)
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(f"printf '{_PID_MARK.decode()}%s\\n' \"$$\" >&2\n{line}")
         except (paramiko.SSHException, OSError, EOFError) as err:
             raise ConnectionLost(f"{self.name}: could not start a command: {err or type(err).__name__}", "check that the host is up and retry") from None
@@ -163,7 +166,7 @@ class SSHConnection(Connection):
                     self._answer(chan, collect.add("stderr", pid.strip(chan.recv_stderr(65536))))
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
-                if chan.closed or (chan.eof_received and not got and not self._transport.is_active()):
+                if chan.closed or (chan.eof_received and not got and not transport.is_active()):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     chan.close()

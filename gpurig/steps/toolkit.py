@@ -51,7 +51,7 @@ class ToolkitStep(Step):
         pin = wanted.toolkit.version
         have = system.installed.get(PACKAGE)
         changes: list[Change] = []
-        if have is None or (pin and not have.startswith(pin)):
+        if have is None or (pin and not _pinned(have, pin)):
             changes += self._install(facts, wanted, have)
         if "nvidia" not in facts.docker.runtimes and "nvidia" not in ((facts.daemon_json.content or {}).get("runtimes") or {}):
             if facts.daemon_json.state not in ("present", "absent"):
@@ -66,7 +66,7 @@ class ToolkitStep(Step):
                 changes.append(Change("restart Docker so that it knows the nvidia runtime", (RESTART_DOCKER,)))
         if not changes:
             return Plan.ok(f"{PACKAGE} {have} installed; Docker knows the nvidia runtime")
-        state = "not installed" if have is None else f"{have} installed" + (f", {pin} wanted" if pin and not have.startswith(pin) else "")
+        state = "not installed" if have is None else f"{have} installed" + (f", {pin} wanted" if pin and not _pinned(have, pin) else "")
         return Plan.change(f"{PACKAGE} {state}", *changes)
 
     def _install(self, facts: Facts, wanted: HostProfile, have: str | None) -> list[Change]:
@@ -91,6 +91,11 @@ class ToolkitStep(Step):
         changes.append(Change(f"install {PACKAGE}{' ' + pin if pin else ''} from NVIDIA's repository",
                               (install_command(*packages),), fix=AIR_GAPPED_FIX))
         return changes
+
+
+def _pinned(have: str, pin: str) -> bool:
+    """The installed version is the pinned one: equal, or the pin plus a Debian revision (1.17.8 -> 1.17.8-1, not 1.17.80)."""
+    return have == pin or any(have.startswith(pin + sep) for sep in "-~+")
 
 
 def _local_debs(directory: str, host: str) -> list[Path]:

@@ -149,3 +149,10 @@ def test_reboot_never_runs_over_a_local_connection():
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     with pytest.raises(HostError, match="never reboots it"):
         step.apply(Admin(LocalConnection("here"), become=True), plan)
+
+
+def test_a_toolkit_pin_is_a_version_not_a_prefix():
+    from gpurig.steps.toolkit import _pinned
+
+    assert _pinned("1.17.8-1", "1.17.8") and _pinned("1.17.8", "1.17.8") and _pinned("1.17.8-1", "1.17.8-1")
+    assert not _pinned("1.17.80-1", "1.17.8")  # a prefix match took this for the pinned version
