@@ -97,7 +97,12 @@ def terminate_as_exception():
         signal.signal(signal.SIGTERM, previous)
 
 
+def dry_run(c) -> bool:
+    """Invoke's core --dry flag: --check for tasks that change hosts."""
+    return bool(c.config.get("run", {}).get("dry"))
+
+
 def refuse_dry(c, what: str, fix: str) -> None:
-    """Invoke's --dry means --check for tasks that change hosts; a task with no check mode says so instead of acting."""
-    if c.config.get("run", {}).get("dry"):
+    """A task with no check mode says so under --dry instead of acting."""
+    if dry_run(c):
         raise GpurigError(f"--dry: {what} has no check mode and was not run", fix)

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import task
+from gpurig.cli.base import dry_run, task
 from gpurig.config import Settings, choice, settings
 from gpurig.connection import Connection
 from gpurig.ssh import Connector, SSHSettings
@@ -98,12 +98,11 @@ def host_options(c, **flags: Any) -> HostOptions:
         host_key_policy=flags.get("host_key_policy"),
     )
     limit = tuple(p for p in (*(flags.get("limit") or ()), flags.get("pattern"), flags.get("host"), flags.get("group")) if p)
-    dry = bool(c.config.get("run", {}).get("dry"))
     return HostOptions(
         settings=layered,
         limit=limit,
         verbose=int(flags.get("verbose") or 0),
-        check=bool(flags.get("check")) or dry,
+        check=bool(flags.get("check")) or dry_run(c),
         diff=bool(flags.get("diff")),
         json=flags.get("json") or None,
         format=choice(flags.get("format") or "table", FORMATS, "--format"),
