@@ -15,7 +15,7 @@ from invoke import Collection, Program
 
 from gpurig import __version__
 from gpurig.config import GpurigConfig, find_project_root
-from gpurig.report import configure_logging, silence_broken_pipe
+from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
 
 def build_collection() -> Collection:
@@ -60,3 +60,5 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         silence_broken_pipe()
         sys.exit(141)
+    finally:
+        flush_stdout()  # --help and small outputs are still buffered when the reader has gone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +46,9 @@ def task(*args, **kwargs):
             configure_logging(kw.get("verbose") or 0)
             try:
                 with terminate_as_exception():
-                    return fn(c, *a, **kw)
+                    result = fn(c, *a, **kw)
+                sys.stdout.flush()  # inside the try: a reader gone before the buffer was written is a BrokenPipeError here
+                return result
             except GpurigError as err:
                 raise Exit(f"gpurig: {err}", code=err.exit_code) from None
             except Terminated:

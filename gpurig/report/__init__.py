@@ -72,3 +72,13 @@ def silence_broken_pipe() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+def flush_stdout() -> None:
+    """Flush what is still buffered for stdout now, where a closed pipe can be handled quietly (exit 141),
+    not at interpreter exit, where Python can only print "Exception ignored ... BrokenPipeError"."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_broken_pipe()
+        raise SystemExit(141) from None
