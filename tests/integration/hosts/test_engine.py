@@ -13,7 +13,6 @@ import uuid
 import pytest
 
 from gpurig.engine import EngineError, open_engine
-from gpurig.ssh import Connector
 
 
 @pytest.fixture
