@@ -1,0 +1,1 @@
+"""Deploy: run the built images on inventory hosts with the right GPUs, ports, volumes, keys and limits."""
