@@ -98,6 +98,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?) ?([kKmMgGtTpP])?[iI]?[bB]?")
 _GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 MAX_ENV_VALUE = 32 * KiB
+MAX_SIZE = 2**62  # an int64 for the Engine API, with room
 _BIND_FIX = "write e.g. bind: 127.0.0.1 (or 0.0.0.0, ::1)"
 
 
@@ -105,7 +106,7 @@ def size(node: Node, example: str) -> int:
     """Bytes from a whole number of bytes or a Docker size string ("16g", "8GiB", "512m")."""
     value = node.value
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
+        if not 0 < value < MAX_SIZE:
             raise node.fail(f"{value} is not a size", f"write e.g. {example}")
         return value
     if not isinstance(value, str):
@@ -115,7 +116,10 @@ def size(node: Node, example: str) -> int:
         raise node.fail(f"{validate.excerpt(value)} is not a size (a number with k, m, g or t)", f"write e.g. {example}")
     unit = (match.group(2) or "b").lower()
     scale = {"b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024**4, "p": 1024**5}[unit]
-    return int(float(match.group(1)) * scale)
+    nbytes = int(float(match.group(1)) * scale)
+    if nbytes >= MAX_SIZE:
+        raise node.fail(f"{validate.excerpt(value)} is more than any host has", f"write e.g. {example}")
+    return nbytes
 
 
 def human(nbytes: int) -> str:

@@ -232,6 +232,7 @@ def test_unknown_key_names_it_the_host_and_suggests():
         ({"variant": "slim", "env": {"THREADS": 8}}, "env.THREADS: is a number, not a string; fix: quote the value"),
         ({"variant": "slim", "env": {"X": None}}, 'an empty one is ""'),
         ({"variant": "slim", "shm_size": "lots"}, "is not a size"),
+        ({"variant": "slim", "shm_size": "99999999p"}, "is more than any host has"),
         ({"variant": "slim", "ipc": "hots"}, "did you mean 'host'?"),
         ({"variant": "slim", "ulimits": {"memlok": -1}}, "did you mean 'memlock'?"),
         ({"variant": "slim", "ulimits": {"nofile": {"soft": 10, "hard": 5}}}, "soft limit 10 is above the hard limit 5"),
