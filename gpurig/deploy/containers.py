@@ -35,7 +35,7 @@ from gpurig.spec import ImageSpec, MatrixEntry
 from gpurig.yamlnode import Node
 
 KEYS = ("name", "user", "variant", "torch", "cuda", "image", "gpus", "share", "ports", "volumes", "datasets", "env",
-        "shm_size", "ipc", "ulimits", "cpus", "memory", "restart", "ssh_keys")
+        "shm_size", "ipc", "ulimits", "cpus", "memory", "restart", "ssh_keys", "command")
 IPC_MODES = ("private", "shareable", "host")
 DEFAULT_SHM = 16 * fields.GiB  # never Docker's 64 MB for a torch image (DataLoader workers pass tensors through it)
 MIN_SHM, WARN_SHM = 64 * fields.MiB, fields.GiB
@@ -66,6 +66,7 @@ class ContainerSpec:
     memory: int | None = None
     restart: str = "unless-stopped"  # no | always | unless-stopped | on-failure[:N]
     ssh_keys: tuple[str, ...] = field(default=(), repr=False)
+    cmd: tuple[str, ...] | None = None  # command: the image's CMD replaced (argv, no shell)
 
     @property
     def init(self) -> bool:
@@ -74,7 +75,10 @@ class ContainerSpec:
 
     @property
     def command(self) -> tuple[str, ...] | None:
-        """slim's entrypoint serves an interactive bash, which exits at once without a terminal: keep it alive instead."""
+        """The command given; else for slim, whose entrypoint serves an interactive bash that exits at once
+        without a terminal, one that keeps it alive; else the image's own."""
+        if self.cmd is not None:
+            return self.cmd
         return ("sleep", "infinity") if self.variant == "slim" else None
 
     def settings(self) -> dict[str, Any]:
@@ -119,9 +123,8 @@ class ContainerSpec:
         ``device_ids``: what ``assign_gpus`` gave this container (None for gpus: all
         or none; an explicit id list is used as written when None).
         """
+        # ssh_keys are not here: deploy puts them at the image's secrets path (/run/secrets/authorized_keys) before start.
         env = [f"{name}={value}" for name, value in self.env]
-        if self.ssh_keys:
-            env.append("SSH_AUTHORIZED_KEYS=" + "\n".join(self.ssh_keys))  # public keys; the entrypoint writes and unsets it
         ours = {
             f"{LABEL}.hash": self.config_hash(),
             f"{LABEL}.name": self.name,
@@ -241,6 +244,7 @@ class _Entry:
             memory=memory,
             restart=fields.restart(keys["restart"]) if "restart" in keys else "unless-stopped",
             ssh_keys=ssh_keys,
+            cmd=self._command(keys["command"]) if "command" in keys else None,
         )
 
     def warn(self, name: str, text: str) -> None:
@@ -305,6 +309,14 @@ class _Entry:
             self.warn(name, f"shm_size {fields.human(shm)} is under 1g: "
                       "DataLoader workers may fail with 'No space left on device'")
         return shm
+
+    def _command(self, node: Node) -> tuple[str, ...]:
+        """An argv list, passed to the engine as is (no shell): ["python", "train.py", "--epochs", "3"]."""
+        example = 'command: ["python", "/workspace/train.py"]'
+        args = [item.value for item in node.items(example)]
+        if not args or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise node.fail("expected a non-empty list of strings (the argv, run without a shell)", f"write e.g. {example}")
+        return tuple(args)
 
     def _cpus(self, node: Node) -> float:
         value = node.value

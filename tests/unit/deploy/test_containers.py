@@ -404,7 +404,7 @@ def test_create_body_is_the_engine_api_request():
         "io.gpurig.deploy.settings": json.dumps(spec.settings(), sort_keys=True, separators=(",", ":")),
     }
     assert body["ExposedPorts"] == {"22/tcp": {}, "8888/tcp": {}}
-    assert body["Env"] == ["SSH_AUTHORIZED_KEYS=" + pubkey("a")]  # the image's entrypoint installs and unsets it
+    assert body["Env"] == []  # the keys go to /run/secrets/authorized_keys before start, not into the environment
     assert "Cmd" not in body
     host = body["HostConfig"]
     assert host["PortBindings"] == {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "2222"}], "8888/tcp": [{"HostIp": "::1", "HostPort": "8888"}]}
@@ -450,3 +450,13 @@ def test_example_inventory_hosts_load_and_its_commented_example_is_valid(tmp_pat
     specs, warnings = load_containers(host, SPEC, source=tmp_path / "hosts.yaml")
     devices = assign_gpus(specs, [(i, f"GPU-00000000-0000-0000-0000-00000000000{i}") for i in range(8)])
     assert len(specs) >= 2 and all(devices[s.name] != () for s in specs if not s.gpus.none)
+
+
+def test_command_replaces_the_images_argv_without_a_shell():
+    spec = one({"variant": "slim", "cuda": "cpu", "command": ["sh", "-c", "echo $(id); exit 3"]})
+    assert spec.create_body("img")["Cmd"] == ["sh", "-c", "echo $(id); exit 3"]
+    assert one({"variant": "slim", "cuda": "cpu"}).create_body("img")["Cmd"] == ["sleep", "infinity"]
+    assert spec.config_hash() != one({"variant": "slim", "cuda": "cpu"}).config_hash()
+    for bad in ([], "python train.py", [1, 2]):
+        with pytest.raises(InventoryError, match="command"):
+            one({"variant": "slim", "cuda": "cpu", "command": bad})
