@@ -15,7 +15,7 @@ CAP_SYS_RESOURCE = 24
 _MARK = "@@gpurig-deploy"
 # $@ are the volume sources; one y/n line each, in order (a path may hold anything but NUL, so no path is echoed).
 SCRIPT = f"""\
-ss -Hltn 2>/dev/null
+cat /proc/net/tcp /proc/net/tcp6 2>/dev/null
 echo {_MARK} paths
 for p in "$@"; do if [ -e "$p" ]; then echo y; else echo n; fi; done
 echo {_MARK} dockerd
@@ -39,8 +39,8 @@ def read_host(conn: Connection, sources: list[str]) -> HostState:
 
 
 def parse_host_state(output: str, sources: list[str]) -> HostState:
-    sections = {"ss": [], "paths": [], "dockerd": []}
-    current = "ss"
+    sections = {"tcp": [], "paths": [], "dockerd": []}
+    current = "tcp"
     for line in output.splitlines():
         if line.startswith(_MARK):
             current = line.split()[-1]
@@ -59,7 +59,7 @@ def parse_host_state(output: str, sources: list[str]) -> HostState:
                 capable = bool(int(words[1], 16) >> CAP_SYS_RESOURCE & 1)
             except ValueError:
                 pass
-    return HostState(parse_listening("\n".join(sections["ss"])), exists, memlock, capable)
+    return HostState(parse_listening("\n".join(sections["tcp"])), exists, memlock, capable)
 
 
 def check_memlock(spec, state: HostState) -> list[Refusal]:

@@ -28,6 +28,21 @@ def run(gpurig_cli, cpu_images, inventory, *args, check_rc: int | None = 0):
     return proc
 
 
+# dockerd here may not raise RLIMIT_MEMLOCK above its own 8 MiB (no CAP_SYS_RESOURCE): pre-flight refuses
+# NVIDIA's memlock -1 with that fix, so the tests' containers ask for what the host allows.
+HOST_ULIMITS = {"memlock": 8388608}
+
+
+def entries(*containers: dict) -> dict:
+    return {"gpurig_containers": [{"ulimits": HOST_ULIMITS, **c} for c in containers]}
+
+
+def reasons(proc) -> str:
+    """Every container's reason from `--json -` on stdout, one per line."""
+    doc = json.loads(proc.stdout)
+    return "\n".join([c["reason"] for h in doc["hosts"] for c in h["containers"]] + [h["reason"] for h in doc["hosts"] if not h["containers"]])
+
+
 def report(tmp_path, name="deploy.json") -> dict:
     return json.loads((tmp_path / name).read_text())
 
@@ -38,7 +53,7 @@ def containers_of(doc: dict) -> dict:
 
 def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, tmp_path):
     cpu_images["slim"]
-    inv = deploy_inventory({"gpurig_containers": [{"variant": "slim", "cuda": "cpu", "shm_size": "2g"}]})
+    inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "shm_size": "2g"}))
     first = run(gpurig_cli, cpu_images, inv, "deploy", "--json", str(tmp_path / "deploy.json"))
     made = containers_of(report(tmp_path))["gpurig-slim"]
     assert made["status"] == "changed" and made["action"] == "create" and made["bytes_moved"] > 0
@@ -54,7 +69,7 @@ def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_invento
     assert (again["status"], again["action"], again["bytes_moved"]) == ("ok", "none", 0)
     assert clean_deploy_host.inspect("gpurig-slim")["Id"] == cid
     # a changed setting: --check --diff says so and changes nothing; then deploy recreates
-    inv = deploy_inventory({"gpurig_containers": [{"variant": "slim", "cuda": "cpu", "shm_size": "4g"}]})
+    inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "shm_size": "4g"}))
     dry = run(gpurig_cli, cpu_images, inv, "deploy", "--check", "--diff")
     assert "would recreate" in dry.stdout and "2g" in dry.stdout and "4g" in dry.stdout
     assert clean_deploy_host.inspect("gpurig-slim")["Id"] == cid
@@ -77,10 +92,10 @@ def test_env_values_and_volume_paths_arrive_literally(deploy_inventory, clean_de
     cpu_images["slim"]
     source = "/srv/odd dir/$(id) 'q'"
     clean_deploy_host.sh(f"mkdir -p \"$(printf '%s' {json.dumps(source)})\" && echo data > \"{source.replace('$', chr(92) + '$')}/f\"")
-    inv = deploy_inventory({"gpurig_containers": [{
+    inv = deploy_inventory(entries({
         "variant": "slim", "cuda": "cpu", "env": {"ODD": HOSTILE},
         "volumes": [{"source": source, "target": "/data/odd dir", "read_only": True}],
-    }]})
+    }))
     run(gpurig_cli, cpu_images, inv, "deploy")
     env = clean_deploy_host.docker("exec", "gpurig-slim", "printenv", "ODD").stdout
     assert env == HOSTILE + "\n"
@@ -91,7 +106,7 @@ def test_env_values_and_volume_paths_arrive_literally(deploy_inventory, clean_de
 
 def test_jupyter_answers_with_the_printed_token_and_refuses_without(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images):
     cpu_images["slim"], cpu_images["jupyter"]
-    inv = deploy_inventory({"gpurig_containers": [{"variant": "jupyter", "cuda": "cpu", "ports": ["0.0.0.0:8888:8888"]}]})
+    inv = deploy_inventory(entries({"variant": "jupyter", "cuda": "cpu", "ports": ["0.0.0.0:8888:8888"]}))
     out = run(gpurig_cli, cpu_images, inv, "deploy").stdout
     url = next(word for word in out.split() if "/lab?token=" in word)
     token = url.split("token=", 1)[1]
@@ -107,7 +122,7 @@ def test_jupyter_answers_with_the_printed_token_and_refuses_without(deploy_inven
 def test_ssh_container_takes_the_inventorys_key(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, host_key):
     cpu_images["slim"], cpu_images["ssh"]
     pub = host_key.with_suffix(".pub").read_text().strip()
-    inv = deploy_inventory({"gpurig_containers": [{"variant": "ssh", "cuda": "cpu", "ssh_keys": [pub], "ports": ["0.0.0.0:2222:22"]}]})
+    inv = deploy_inventory(entries({"variant": "ssh", "cuda": "cpu", "ssh_keys": [pub], "ports": ["0.0.0.0:2222:22"]}))
     out = run(gpurig_cli, cpu_images, inv, "deploy").stdout
     assert "ssh -p 2222 gpurig@" in out and "HostName" in out
     client = paramiko.SSHClient()
@@ -133,16 +148,16 @@ def gpu_image(cpu_images, docker_engine) -> str:
 def test_two_users_each_get_only_their_gpus_and_overlaps_are_refused(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, docker_engine):
     image = gpu_image(cpu_images, docker_engine)
     two = [{"image": image, "variant": "slim", "user": "alice", "gpus": [0]}, {"image": image, "variant": "slim", "user": "bob", "gpus": [1]}]
-    run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": two}), "deploy")
+    run(gpurig_cli, cpu_images, deploy_inventory(entries(*two)), "deploy")
     for name, ids in (("gpurig-slim-alice", ["0"]), ("gpurig-slim-bob", ["1"])):
         [request] = clean_deploy_host.inspect(name)["HostConfig"]["DeviceRequests"]
         assert request["DeviceIDs"] == ids and request["Capabilities"] == [["gpu"]]
     overlap = [{**two[0], "gpus": [0, 1]}, two[1]]
-    proc = run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": overlap}), "deploy", check_rc=None)
-    assert proc.returncode != 0 and "share" in (proc.stdout + proc.stderr)
+    proc = run(gpurig_cli, cpu_images, deploy_inventory(entries(*overlap)), "deploy", check_rc=2)
+    assert "share: true" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     missing = [{**two[0], "gpus": [7]}]
-    proc = run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": missing}), "deploy", check_rc=None)
-    assert proc.returncode != 0 and "7" in proc.stdout + proc.stderr
+    proc = run(gpurig_cli, cpu_images, deploy_inventory(entries(*missing)), "deploy", "--json", "-", check_rc=1)
+    assert "7" in reasons(proc) and clean_deploy_host.inspect("gpurig-slim-alice") is not None
 
 
 def test_preflight_refusals_leave_the_host_untouched(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, docker_engine, tmp_path):
@@ -150,22 +165,23 @@ def test_preflight_refusals_leave_the_host_untouched(deploy_inventory, clean_dep
     before = set(clean_deploy_host.containers())
     # an old driver: both versions named, and the fix
     clean_deploy_host.set_driver("535.216.01")
-    proc = run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": [{"image": image, "variant": "slim"}]}), "deploy", check_rc=1)
-    assert "535.216.01" in proc.stdout and "580.65.06" in proc.stdout and "upgrade the driver" in proc.stdout
+    proc = run(gpurig_cli, cpu_images, deploy_inventory(entries({"image": image, "variant": "slim"})), "deploy", "--json", "-", check_rc=1)
+    why = reasons(proc)
+    assert "535.216.01" in why and "580.65.06" in why and "upgrade the driver to >= 580.65.06" in why
     assert clean_deploy_host.image_id(image) is None  # nothing moved
     clean_deploy_host.set_driver("580.95.05")
     # a busy host port (sshd holds 22 on every address)
-    proc = run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": [{"variant": "slim", "cuda": "cpu", "ports": ["0.0.0.0:22:22"]}]}), "deploy", check_rc=1)
-    assert "host port 22 is in use" in proc.stdout
+    proc = run(gpurig_cli, cpu_images, deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "ports": ["0.0.0.0:22:22"]})), "deploy", "--json", "-", check_rc=1)
+    assert "host port 22 is in use" in reasons(proc)
     # no nvidia runtime
     with clean_deploy_host.without_nvidia_runtime():
-        proc = run(gpurig_cli, cpu_images, deploy_inventory({"gpurig_containers": [{"image": image, "variant": "slim"}]}), "deploy", check_rc=1)
-    assert "no nvidia runtime" in proc.stdout and "invoke provision" in proc.stdout
+        proc = run(gpurig_cli, cpu_images, deploy_inventory(entries({"image": image, "variant": "slim"})), "deploy", "--json", "-", check_rc=1)
+    assert "no nvidia runtime" in reasons(proc) and "invoke provision" in reasons(proc)
     assert set(clean_deploy_host.containers()) == before
 
 
 def test_a_container_that_exits_at_start_reports_its_code_and_last_lines(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images):
     cpu_images["slim"]
-    inv = deploy_inventory({"gpurig_containers": [{"variant": "slim", "cuda": "cpu", "command": ["sh", "-c", "echo cannot find /data/train; exit 3"]}]})
-    proc = run(gpurig_cli, cpu_images, inv, "deploy", check_rc=1)
-    assert "exited with code 3" in proc.stdout and "cannot find /data/train" in proc.stdout
+    inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "command": ["sh", "-c", "echo cannot find /data/train; exit 3"]}))
+    proc = run(gpurig_cli, cpu_images, inv, "deploy", "--json", "-", check_rc=1)
+    assert "exited with code 3" in reasons(proc) and "cannot find /data/train" in reasons(proc)
