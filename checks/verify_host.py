@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -314,26 +315,23 @@ def kernel_log(args):
 # ---------------------------------------------------------------- rules
 
 def driver_record(snap):
-    rid = "host.driver"
     if snap.kind == "mismatch":
-        module = f"kernel module {snap.module}" if snap.module else "the loaded kernel module"
-        return record(rid, "fail", snap.module, "module and library of one version", None,
-                      f"Driver/library version mismatch: {module} differs from the userspace NVML library "
-                      f"({snap.problem})", MISMATCH_FIX)
+        library = re.search(r"NVML library version: (\S+)", snap.problem)
+        return record("host.driver", "fail", snap.module, "module and library of one version", None,
+                      f"Driver/library version mismatch: kernel module {snap.module or '(version unknown)'}, userspace "
+                      f"library {library.group(1) if library else 'of another version'} ({snap.problem})", MISMATCH_FIX)
     if snap.kind == "no_driver" or (snap.module is None and not snap.gpus and snap.problem):
-        said = f" ({snap.problem})" if snap.problem else ""
-        return record(rid, "fail", None, "loaded", None,
-                      f"no NVIDIA driver loaded: /proc/driver/nvidia/version is absent{said}", NO_DRIVER_FIX)
+        return record("host.driver", "fail", None, "loaded", None, "no NVIDIA driver loaded: "
+                      f"/proc/driver/nvidia/version is absent ({snap.problem})", NO_DRIVER_FIX)
     if snap.kind == "no_tool":
-        return record(rid, "fail", snap.module, "loaded and queryable", None,
-                      f"kernel module {snap.module} is loaded but {snap.problem}",
-                      "install the driver's utilities (nvidia-utils-<branch>, which has nvidia-smi) "
-                      "or `pip install nvidia-ml-py`")
+        return record("host.driver", "fail", snap.module, "loaded and queryable", None,
+                      f"kernel module {snap.module} is loaded but {snap.problem}", "install the driver's utilities "
+                      "(nvidia-utils-<branch>, which has nvidia-smi) or `pip install nvidia-ml-py`")
     if snap.problem:
-        return record(rid, "fail", snap.module, "loaded", None, f"{snap.source}: {snap.problem}",
+        return record("host.driver", "fail", snap.module, "loaded", None, f"{snap.source}: {snap.problem}",
                       "check `nvidia-smi` and `dmesg | grep NVRM` on the host")
     module = f"kernel module {snap.module}" if snap.module else "kernel module version not readable"
-    return record(rid, "pass", snap.driver, None, None, f"{module}; read through {snap.source}")
+    return record("host.driver", "pass", snap.driver, None, None, f"{module}; read through {snap.source}")
 
 
 def why_skipped(snap):
@@ -347,137 +345,125 @@ def same_model(expected, name):
 
 
 def fleet_records(snap, args):
-    count = len(snap.gpus)
-    notes = f"; {snap.notes}" if snap.notes else ""
-    if args.expect_gpus is None:
-        out = [record("host.gpu_count", "pass", count, None, "GPUs", f"no expectation given (gpurig_gpus.count){notes}")]
-    elif count == args.expect_gpus:
-        out = [record("host.gpu_count", "pass", count, args.expect_gpus, "GPUs", notes.lstrip("; "))]
+    count, names, notes = len(snap.gpus), sorted({g["name"] for g in snap.gpus}), snap.notes
+    if args.expect_gpus is None or count == args.expect_gpus:
+        out = [record("host.gpu_count", "pass", count, args.expect_gpus, None,
+                      notes or ("" if args.expect_gpus is not None else "no expectation given (gpurig_gpus.count)"))]
     else:
-        out = [record("host.gpu_count", "fail", count, args.expect_gpus, "GPUs",
-                      f"the driver sees {count} GPU(s), the inventory expects {args.expect_gpus}{notes}",
+        out = [record("host.gpu_count", "fail", count, args.expect_gpus, None,
+                      f"the driver sees {count} GPU(s), the inventory expects {args.expect_gpus}. {notes}".strip(),
                       "check the hardware (`nvidia-smi -L`, `lspci -d 10de:`; a GPU fallen off the bus logs Xid 79) "
                       "or correct gpurig_gpus.count")]
-    names = [g["name"] for g in snap.gpus]
     if not args.expect_model:
-        out.append(record("host.gpu_model", "pass", sorted(set(names)), None, None, "no expectation given (gpurig_gpus.model)"))
-    else:
-        wrong = [f"GPU {g['index']} is {g['name']}" for g in snap.gpus if not same_model(args.expect_model, g["name"])]
-        status = "fail" if wrong or not names else "pass"
-        out.append(record("host.gpu_model", status, sorted(set(names)), args.expect_model, None,
-                          "; ".join(wrong) + (f", the inventory expects {args.expect_model}" if wrong else ""),
-                          "correct gpurig_gpus.model, or check this is the host you meant" if status == "fail" else None))
-    return out
+        return out + [record("host.gpu_model", "pass", names, None, None, "no expectation given (gpurig_gpus.model)")]
+    wrong = [f"GPU {g['index']} is {g['name']}" for g in snap.gpus if not same_model(args.expect_model, g["name"])]
+    if wrong or not names:
+        return out + [record("host.gpu_model", "fail", names, args.expect_model, None,
+                             f"{'; '.join(wrong) or 'no GPU'}: the inventory expects {args.expect_model}",
+                             "correct gpurig_gpus.model, or check this is the host you meant")]
+    return out + [record("host.gpu_model", "pass", names, args.expect_model)]
 
 
-def gpu_records(g):
-    i, p = g["index"], f"host.gpu{g['index']}."
-    name = f"GPU {i} ({g['name']})"
-    out = []
+# Each per-GPU rule: (gpu dict, "GPU i (name)") -> (status, measured, expected, unit, detail, fix).
+
+def persistence(g, name):
     if g["persistence"] is None:
-        out.append(record(p + "persistence", "skip", None, "on", None, f"{name}: persistence mode not supported here"))
-    elif g["persistence"]:
-        out.append(record(p + "persistence", "pass", "on", "on"))
-    else:
-        out.append(record(p + "persistence", "warn", "off", "on", None,
-                          f"{name}: persistence mode is off: every CUDA start re-initialises the GPU (seconds), "
-                          "and settings are lost when it goes idle",
-                          "`sudo nvidia-smi -pm 1`, or `invoke provision` (enables nvidia-persistenced)"))
+        return "skip", None, "on", None, f"{name}: persistence mode not supported here", None
+    if g["persistence"]:
+        return "pass", "on", "on", None, "", None
+    return ("warn", "off", "on", None, f"{name}: persistence mode is off: every CUDA start re-initialises the GPU "
+            "(seconds) and settings are lost when it idles", "`sudo nvidia-smi -pm 1`, or `invoke provision` "
+            "(enables nvidia-persistenced)")
+
+
+def ecc_uncorrected(g, name):
     errors = g["ecc_uncorrected"]
-    if g["ecc_enabled"] is False:
-        out.append(record(p + "ecc_uncorrected", "skip", None, 0, "errors", f"{name}: ECC is disabled on this GPU"))
-    elif errors is None:
-        out.append(record(p + "ecc_uncorrected", "skip", None, 0, "errors", f"{name}: ECC counters not supported here"))
-    elif errors > 0:
-        out.append(record(p + "ecc_uncorrected", "fail", errors, 0, "errors",
-                          f"{name}: {errors} volatile uncorrected ECC error(s) since the last driver load",
-                          RESET_FIX.format(i=i) + "; if errors come back, RMA the GPU"))
-    else:
-        out.append(record(p + "ecc_uncorrected", "pass", 0, 0, "errors"))
+    if g["ecc_enabled"] is False or errors is None:
+        why = "ECC is disabled on this GPU" if g["ecc_enabled"] is False else "ECC counters not supported here"
+        return "skip", None, 0, "errors", f"{name}: {why}", None
+    if errors:
+        return ("fail", errors, 0, "errors", f"{name}: {errors} volatile uncorrected ECC error(s) since the driver "
+                "loaded", RESET_FIX.format(i=g["index"]) + "; if errors come back, RMA the GPU")
+    return "pass", 0, 0, "errors", "", None
+
+
+def retired_pages(g, name):
     sbe, dbe, pending = g["retired_sbe"], g["retired_dbe"], g["retired_pending"]
     if sbe is None and dbe is None and pending is None:
-        out.append(record(p + "retired_pages", "skip", None, None, "pages",
-                          f"{name}: page retirement not supported (Ampere and newer remap rows instead)"))
-    else:
-        total = (sbe or 0) + (dbe or 0)
-        detail = f"{name}: {total} page(s) retired ({sbe or 0} multiple single-bit, {dbe or 0} double-bit)"
-        if pending:
-            out.append(record(p + "retired_pages", "fail", total, "none pending", "pages",
-                              detail + "; a retirement is pending until the GPU is reset", RESET_FIX.format(i=i)))
-        elif total >= 60:
-            out.append(record(p + "retired_pages", "fail", total, "< 60", "pages",
-                              detail + ": at NVIDIA's replacement threshold", "drain the GPU and RMA it"))
-        else:
-            out.append(record(p + "retired_pages", "pass", total, "none pending", "pages", detail))
+        return ("skip", None, None, "pages", f"{name}: page retirement not reported "
+                "(Ampere and newer remap rows instead)", None)
+    total = (sbe or 0) + (dbe or 0)
+    detail = f"{name}: {total} page(s) retired ({sbe or 0} multiple single-bit, {dbe or 0} double-bit)"
+    if pending:
+        return ("fail", total, "none pending", "pages", detail + "; a retirement is pending until the GPU is reset",
+                RESET_FIX.format(i=g["index"]))
+    if total >= 60:
+        return "fail", total, "< 60", "pages", detail + ": NVIDIA's replacement threshold", "drain the GPU and RMA it"
+    return "pass", total, "none pending", "pages", detail, None
+
+
+def remapped_rows(g, name):
     if g["remap_pending"] is None and g["remap_failure"] is None:
-        out.append(record(p + "remapped_rows", "skip", None, None, "rows",
-                          f"{name}: row remapping not reported (older than Ampere, MIG mode, or a vGPU)"))
-    elif g["remap_failure"]:
-        out.append(record(p + "remapped_rows", "fail", g["remap_unc"], "no failure", "rows",
-                          f"{name}: row remapping failed: the memory cannot be repaired", "drain the GPU and RMA it"))
-    elif g["remap_pending"]:
-        out.append(record(p + "remapped_rows", "fail", g["remap_unc"], "none pending", "rows",
-                          f"{name}: a row remap is pending until the GPU is reset", RESET_FIX.format(i=i)))
-    else:
-        out.append(record(p + "remapped_rows", "pass", g["remap_unc"], "none pending", "rows",
-                          f"{name}: {g['remap_unc'] or 0} row(s) remapped for uncorrectable errors"))
-    out.append(throttle_record(g, p, name))
-    out.append(pcie_record(g, p, name))
-    out.append(temperature_record(g, p, name))
-    procs = g["processes"]
-    if procs:
-        listed = ", ".join(f"pid {q['pid']} {q['name']} ({'?' if q['used_mib'] is None else q['used_mib']} MiB)"
-                           for q in procs[:5]) + (f" and {len(procs) - 5} more" if len(procs) > 5 else "")
-        out.append(record(p + "processes", "warn", procs, [], None,
-                          f"{name}: {len(procs)} compute process(es) already use this GPU: {listed}",
-                          "stop them, or expect shared memory and speed (`nvidia-smi` lists them)"))
-    else:
-        out.append(record(p + "processes", "pass", [], [], None, f"{name}: no compute processes"))
-    return out
+        return ("skip", None, None, "rows", f"{name}: row remapping not reported "
+                "(older than Ampere, MIG mode, or a vGPU)", None)
+    if g["remap_failure"]:
+        return ("fail", g["remap_unc"], "no failure", "rows", f"{name}: row remapping failed: the memory cannot be "
+                "repaired", "drain the GPU and RMA it")
+    if g["remap_pending"]:
+        return ("fail", g["remap_unc"], "none pending", "rows", f"{name}: a row remap is pending until the GPU is "
+                "reset", RESET_FIX.format(i=g["index"]))
+    return "pass", g["remap_unc"], "none pending", "rows", f"{name}: {g['remap_unc'] or 0} row(s) remapped", None
 
 
-def throttle_record(g, p, name):
-    active = g["throttle"]
-    if active is None:
-        return record(p + "throttle", "skip", None, None, None, f"{name}: clock throttle reasons not supported here")
-    hits = [(status, meaning, fix) for reason, _, status, meaning, fix in THROTTLE if reason in active]
+def throttle(g, name):
+    if g["throttle"] is None:
+        return "skip", None, None, None, f"{name}: clock throttle reasons not supported here", None
+    hits = [(status, meaning, fix) for reason, _, status, meaning, fix in THROTTLE if reason in g["throttle"]]
     worst = "fail" if any(h[0] == "fail" for h in hits) else "warn" if any(h[0] == "warn" for h in hits) else "pass"
-    detail = f"{name}: " + ("; ".join(h[1] for h in hits) if hits else "no clock throttling")
-    fixes = "; ".join(h[2] for h in hits if h[0] == worst and h[2]) or None
-    return record(p + "throttle", worst, sorted(active), [], None, detail, fixes if worst != "pass" else None)
+    fixes = "; ".join(dict.fromkeys(h[2] for h in hits if h[0] == worst and h[2])) or None
+    return (worst, sorted(g["throttle"]), [], None, f"{name}: " + ("; ".join(h[1] for h in hits) or "not throttled"),
+            fixes)
 
 
-def pcie_record(g, p, name):
+def pcie(g, name):
     gen, gmax, width, wmax = g["pcie_gen"], g["pcie_gen_max"], g["pcie_width"], g["pcie_width_max"]
     if None in (gen, gmax, width, wmax):
-        return record(p + "pcie", "skip", None, None, None, f"{name}: PCIe link not reported (a vGPU or virtual link)")
+        return "skip", None, None, None, f"{name}: PCIe link not reported (a vGPU or a virtual link)", None
     measured, expected = f"gen{gen} x{width}", f"gen{gmax} x{wmax}"
     if gen >= gmax and width >= wmax:
-        return record(p + "pcie", "pass", measured, expected, None, f"{name}: link at its maximum")
-    idle = "gpu_idle" in (g["throttle"] or ()) or (g["pstate"] or "P0") not in ("P0", "P1", "P2")
-    if idle:
-        return record(p + "pcie", "pass", measured, expected, None,
-                      f"{name}: link below its maximum while the GPU is idle ({g['pstate']}): "
-                      "idle GPUs downshift the link; judge it under load")
-    return record(p + "pcie", "warn", measured, expected, None,
-                  f"{name}: link below its maximum while not idle ({g['pstate'] or 'P-state unknown'}); "
-                  "idle GPUs downshift, so recheck under load: a lasting shortfall is a slot, riser or BIOS limit",
-                  "check the slot and riser (`lspci -vv -s <bus id>`: LnkSta vs LnkCap) and the BIOS PCIe settings")
+        return "pass", measured, expected, None, f"{name}: link at its maximum", None
+    if "gpu_idle" in (g["throttle"] or ()) or (g["pstate"] or "P0") not in ("P0", "P1", "P2"):
+        return ("pass", measured, expected, None, f"{name}: below its maximum while idle ({g['pstate']}): idle "
+                "GPUs downshift the link, so judge it under load", None)
+    return ("warn", measured, expected, None, f"{name}: below its maximum while not idle ({g['pstate'] or 'P-state unknown'}); idle GPUs downshift, so recheck under load: a lasting shortfall is a slot, riser or BIOS "
+            "limit", "check the slot and riser (`lspci -vv`: LnkSta vs LnkCap) and the BIOS PCIe settings")
 
 
-def temperature_record(g, p, name):
+def temperature(g, name):
     temp, slow = g["temp"], g["temp_slowdown"]
     if temp is None:
-        return record(p + "temperature", "skip", None, None, "C", f"{name}: temperature not reported")
+        return "skip", None, None, "C", f"{name}: temperature not reported", None
     limit = min(TEMP_WARN_C, slow - 5) if slow else TEMP_WARN_C
     where = f"slowdown at {slow} C" if slow else "slowdown threshold not reported"
+    fix = "check cooling: airflow, fans, inlet temperature"
     if slow and temp >= slow:
-        return record(p + "temperature", "fail", temp, f"< {limit}", "C", f"{name}: at its slowdown threshold ({where})",
-                      "check cooling: airflow, fans, inlet temperature")
+        return "fail", temp, f"< {limit}", "C", f"{name}: at its slowdown threshold ({where})", fix
     if temp >= limit:
-        return record(p + "temperature", "warn", temp, f"< {limit}", "C", f"{name}: running hot ({where})",
-                      "check cooling: airflow, fans, inlet temperature")
-    return record(p + "temperature", "pass", temp, f"< {limit}", "C", f"{name}: {where}")
+        return "warn", temp, f"< {limit}", "C", f"{name}: running hot ({where})", fix
+    return "pass", temp, f"< {limit}", "C", f"{name}: {where}", None
+
+
+def processes(g, name):
+    procs = g["processes"]
+    if not procs:
+        return "pass", [], [], None, f"{name}: no compute processes", None
+    listed = ", ".join(f"pid {q['pid']} {q['name']} ({'?' if q['used_mib'] is None else q['used_mib']} MiB)"
+                       for q in procs[:5]) + (f" and {len(procs) - 5} more" if len(procs) > 5 else "")
+    return ("warn", procs, [], None, f"{name}: {len(procs)} compute process(es) already on this GPU: {listed}",
+            "stop them, or expect to share its memory and speed (`nvidia-smi` lists them)")
+
+
+GPU_RULES = (persistence, ecc_uncorrected, retired_pages, remapped_rows, throttle, pcie, temperature, processes)
 
 
 def xid_record(args, snap):
@@ -485,23 +471,20 @@ def xid_record(args, snap):
         return record("host.xid", "skip", None, None, None, f"skipped: {why_skipped(snap)}")
     text, why = kernel_log(args)
     if text is None:
-        who = os.environ.get("USER") or str(os.getuid())
-        return record("host.xid", "skip", None, None, None,
-                      f"kernel log not readable as {who} ({why}): Xid errors are visible to root only",
+        return record("host.xid", "skip", None, None, None, f"kernel log not readable as "
+                      f"{pwd.getpwuid(os.getuid()).pw_name} ({why}): Xid errors are visible to root only",
                       "run the host probe as root (`sudo python3 verify_host.py`), or set kernel.dmesg_restrict=0")
     seen = {}
     for bus, xid in XID_LINE.findall(text):
         seen.setdefault(int(xid), set()).add(bus.lower())
     if not seen:
         return record("host.xid", "pass", {}, {}, None, "no Xid errors in the kernel log since boot")
-    parts, fixes, worst = [], [], "warn"
-    for xid in sorted(seen):
-        meaning, status, fix = XID.get(xid, ("see NVIDIA's Xid catalogue", "fail", "look the Xid up in NVIDIA's Xid catalogue"))
-        worst = "fail" if status == "fail" else worst
-        parts.append(f"Xid {xid} ({meaning}) on {', '.join(sorted(seen[xid]))}")
-        fixes += [fix] if fix not in fixes else []
-    return record("host.xid", worst, {str(x): sorted(b) for x, b in seen.items()}, {}, None,
-                  "kernel log since boot: " + "; ".join(parts), "; ".join(fixes))
+    found = [(xid, *XID.get(xid, ("see NVIDIA's Xid catalogue", "fail", "look it up in NVIDIA's Xid catalogue")))
+             for xid in sorted(seen)]
+    worst = "fail" if any(f[2] == "fail" for f in found) else "warn"
+    return record("host.xid", worst, {str(x): sorted(b) for x, b in seen.items()}, {}, None, "kernel log since boot: "
+                  + "; ".join(f"Xid {x} ({meaning}) on {', '.join(sorted(seen[x]))}" for x, meaning, _, _ in found),
+                  "; ".join(dict.fromkeys(fix for _, _, status, fix in found if status == worst)))
 
 
 def probe(args):
@@ -513,8 +496,9 @@ def probe(args):
                     record("host.gpu_model", "skip", None, args.expect_model, None, why)]
     else:
         records += fleet_records(snap, args)
-        for gpu in snap.gpus:
-            records += gpu_records(gpu)
+        for g in snap.gpus:
+            records += [record(f"host.gpu{g['index']}.{rule.__name__}", *rule(g, f"GPU {g['index']} ({g['name']})"))
+                        for rule in GPU_RULES]
     records.append(xid_record(args, snap))
     return records
 
