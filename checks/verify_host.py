@@ -31,19 +31,16 @@ NO_DRIVER_FIX = ("install the NVIDIA driver (`invoke provision` with gpurig_driv
 RESET_FIX = "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot"
 
 # Clock throttle ("event") reasons: (name, NVML bit, status when active, what it means, fix).
+HW_FIX = "check cooling (airflow, fans, inlet temperature) and the power supplies"
 THROTTLE = (
     ("gpu_idle", 0x1, "pass", "idle", None),
     ("applications_clocks_setting", 0x2, "pass", "application clocks set", None),
     ("sw_power_cap", 0x4, "pass", "at its power limit (normal under full load)", None),
-    ("hw_slowdown", 0x8, "fail", "HW slowdown (clocks cut by half or more)",
-     "check cooling and power supplies; `nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`"),
+    ("hw_slowdown", 0x8, "fail", "HW slowdown (clocks cut by half or more)", HW_FIX),
     ("sync_boost", 0x10, "pass", "sync boost", None),
-    ("sw_thermal_slowdown", 0x20, "warn", "SW thermal slowdown (too hot for full clocks)",
-     "check cooling: airflow, fans, inlet temperature"),
-    ("hw_thermal_slowdown", 0x40, "fail", "HW thermal slowdown",
-     "check cooling: airflow, fans, inlet temperature, heatsink contact"),
-    ("hw_power_brake_slowdown", 0x80, "fail", "HW power brake (external power brake signal)",
-     "check the chassis power supplies and the BMC event log"),
+    ("sw_thermal_slowdown", 0x20, "warn", "SW thermal slowdown", "check cooling: airflow, fans, inlet temperature"),
+    ("hw_thermal_slowdown", 0x40, "fail", "HW thermal slowdown", "check cooling: airflow, fans, inlet temperature"),
+    ("hw_power_brake_slowdown", 0x80, "fail", "HW power brake", "check the power supplies and the BMC event log"),
     ("display_clocks_setting", 0x100, "pass", "display clock setting", None),
 )
 
@@ -145,7 +142,8 @@ def gpu_from_xml(index, gpu):
         "ecc_uncorrected": _uncorrected(gpu.find("ecc_errors/volatile")),
         "retired_sbe": _int(retired, "multiple_single_bit_retirement/retired_count"),
         "retired_dbe": _int(retired, "double_bit_retirement/retired_count"),
-        "retired_pending": _flag(retired, "pending_retirement"),
+        "retired_pending": _flag(retired, "pending_retirement") if _flag(retired, "pending_retirement") is not None
+        else _flag(retired, "pending_blacklist"),  # the older name
         "remap_unc": _int(rows, "remapped_row_unc"),
         "remap_pending": _flag(rows, "remapped_row_pending"),
         "remap_failure": _flag(rows, "remapped_row_failure"),
@@ -240,9 +238,16 @@ def from_nvml(nv, module):
             return Snapshot(module, "NVML", problem=f"NVML_ERROR_LIB_RM_VERSION_MISMATCH: {err}", kind="mismatch")
         kind = "no_driver" if code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", 9) else "error"
         return Snapshot(module, "NVML", problem=f"NVML init failed: {err}", kind=kind)
+    gpus, lost = [], []
     try:
-        gpus = [gpu_from_nvml(nv, i) for i in range(nv.nvmlDeviceGetCount())]
-        return Snapshot(module, "NVML", _s(nv.nvmlSystemGetDriverVersion()), gpus)
+        for index in range(nv.nvmlDeviceGetCount()):
+            try:
+                gpus.append(gpu_from_nvml(nv, index))
+            except nv.NVMLError as err:  # e.g. GPU is lost: nvidia-smi prints "Unable to determine the device handle"
+                lost.append(f"GPU {index}: {err}")
+        return Snapshot(module, "NVML", _s(nv.nvmlSystemGetDriverVersion()), gpus, notes="; ".join(lost))
+    except nv.NVMLError as err:
+        return Snapshot(module, "NVML", problem=f"NVML failed: {err}", kind="error")
     finally:
         nv.nvmlShutdown()
 
@@ -334,24 +339,33 @@ def driver_record(snap):
     return record("host.driver", "pass", snap.driver, None, None, f"{module}; read through {snap.source}")
 
 
+def user():
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry, as in some containers
+        return f"uid {os.getuid()}"
+
+
 def why_skipped(snap):
     return {"mismatch": "driver/library version mismatch", "no_tool": "no NVML or nvidia-smi to query the GPUs"}.get(
         snap.kind, "driver not loaded" if snap.kind == "no_driver" or snap.module is None else "the driver did not answer")
 
 
 def same_model(expected, name):
-    e, n = (s.lower().removeprefix("nvidia ").strip() for s in (expected, name))
+    e, n = (re.sub(r"^nvidia ", "", s.lower().strip()) for s in (expected, name))
     return e in n or n in e
 
 
 def fleet_records(snap, args):
-    count, names, notes = len(snap.gpus), sorted({g["name"] for g in snap.gpus}), snap.notes
+    count, names = len(snap.gpus), sorted({g["name"] for g in snap.gpus})
+    uuids = "UUIDs: " + ", ".join(g["uuid"] or "?" for g in snap.gpus) if snap.gpus else ""
+    notes = "; ".join(x for x in (snap.notes, uuids) if x)
     if args.expect_gpus is None or count == args.expect_gpus:
-        out = [record("host.gpu_count", "pass", count, args.expect_gpus, None,
-                      notes or ("" if args.expect_gpus is not None else "no expectation given (gpurig_gpus.count)"))]
+        unset = "" if args.expect_gpus is not None else "no expectation given (gpurig_gpus.count); "
+        out = [record("host.gpu_count", "pass", count, args.expect_gpus, None, unset + notes)]
     else:
         out = [record("host.gpu_count", "fail", count, args.expect_gpus, None,
-                      f"the driver sees {count} GPU(s), the inventory expects {args.expect_gpus}. {notes}".strip(),
+                      f"the driver sees {count} GPU(s), the inventory expects {args.expect_gpus}; {notes}",
                       "check the hardware (`nvidia-smi -L`, `lspci -d 10de:`; a GPU fallen off the bus logs Xid 79) "
                       "or correct gpurig_gpus.count")]
     if not args.expect_model:
@@ -466,17 +480,23 @@ def processes(g, name):
 GPU_RULES = (persistence, ecc_uncorrected, retired_pages, remapped_rows, throttle, pcie, temperature, processes)
 
 
+def _slot(bus):
+    return ":".join(bus.lower().split(":")[-2:]).split(".")[0]  # "00000000:3B:00.0" and "0000:3b:00" -> "3b:00"
+
+
 def xid_record(args, snap):
     if snap.module is None and not snap.gpus:
         return record("host.xid", "skip", None, None, None, f"skipped: {why_skipped(snap)}")
     text, why = kernel_log(args)
     if text is None:
         return record("host.xid", "skip", None, None, None, f"kernel log not readable as "
-                      f"{pwd.getpwuid(os.getuid()).pw_name} ({why}): Xid errors are visible to root only",
+                      f"{user()} ({why}): Xid errors are visible to root only",
                       "run the host probe as root (`sudo python3 verify_host.py`), or set kernel.dmesg_restrict=0")
+    index = {_slot(g["bus_id"]): g["index"] for g in snap.gpus if g["bus_id"]}
     seen = {}
     for bus, xid in XID_LINE.findall(text):
-        seen.setdefault(int(xid), set()).add(bus.lower())
+        where = f"GPU {index[_slot(bus)]} ({bus.lower()})" if _slot(bus) in index else bus.lower()
+        seen.setdefault(int(xid), set()).add(where)
     if not seen:
         return record("host.xid", "pass", {}, {}, None, "no Xid errors in the kernel log since boot")
     found = [(xid, *XID.get(xid, ("see NVIDIA's Xid catalogue", "fail", "look it up in NVIDIA's Xid catalogue")))
@@ -551,7 +571,7 @@ def main(argv=None):
     if args.text:
         print(text_table(records))
     else:
-        print(json.dumps({"probe": "host", "version": 1, "records": records}, indent=1))
+        print(json.dumps({"probe": "host", "version": 1, "records": records}))
     return 0
 
 

@@ -225,7 +225,8 @@ def test_xid_errors_from_the_kernel_log(host, dmesg, status):
     r = by_id(records(*host("a100-sxm4-mig-535.xml", dmesg=dmesg)))["host.xid"]
     assert r["status"] == status
     if dmesg == "dmesg-xid.txt":
-        assert r["measured"] == {"13": ["0000:01:00"], "48": ["0000:3b:00"], "63": ["0000:3b:00"], "79": ["0000:b7:00"]}
+        assert r["measured"] == {"13": ["GPU 0 (0000:01:00)"], "48": ["0000:3b:00"], "63": ["0000:3b:00"],
+                                 "79": ["0000:b7:00"]}
         assert "Xid 79 (GPU has fallen off the bus) on 0000:b7:00" in r["detail"]
         assert "Xid 48 (double-bit ECC error)" in r["detail"] and "RMA" in r["fix"]
         assert "application" not in r["fix"]  # the fix speaks to the worst errors
@@ -284,3 +285,11 @@ def test_kernel_log_for_real_as_root_and_as_nobody():
     assert proc.returncode == 0, proc.stderr
     xid = by_id(json.loads(proc.stdout)["records"])["host.xid"]
     assert xid["status"] == "skip" and "not readable as nobody" in xid["detail"] and "sudo" in xid["fix"]
+
+
+def test_a_lost_gpu_is_missing_from_the_count_and_named():
+    recs = by_id(records("--source", "nvml", "--expect-gpus", "2", "--proc-version", FIX / "proc-version-535.txt",
+                         "--dmesg", FIX / "dmesg-clean.txt", nvml="nvml-dual-rtx-a5000-gpu-lost.json"))
+    count = recs["host.gpu_count"]
+    assert (count["status"], count["measured"], count["expected"]) == ("fail", 1, 2)
+    assert "GPU 1: GPU is lost" in count["detail"] and "host.gpu1.pcie" not in recs

@@ -11,9 +11,9 @@ import os
 from types import SimpleNamespace
 
 _CODES = {"NOT_SUPPORTED": 3, "DRIVER_NOT_LOADED": 9, "LIBRARY_NOT_FOUND": 12, "FUNCTION_NOT_FOUND": 13,
-          "LIB_RM_VERSION_MISMATCH": 18}
+          "GPU_IS_LOST": 15, "LIB_RM_VERSION_MISMATCH": 18}
 _TEXT = {3: "Not Supported", 9: "Driver Not Loaded", 12: "NVML Shared Library Not Found", 13: "Function Not Found",
-         18: "RM has detected an NVML/RM version mismatch."}
+         15: "GPU is lost", 18: "RM has detected an NVML/RM version mismatch."}
 NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND = 3, 9, 12
 NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 13, 18
 
@@ -51,6 +51,9 @@ def nvmlDeviceGetCount():
 
 
 def nvmlDeviceGetHandleByIndex(index):
+    error = _CAPTURE["devices"][index].get("nvmlDeviceGetHandleByIndex")  # e.g. "GPU_IS_LOST"
+    if error:
+        raise NVMLError(_CODES[error])
     return index
 
 
