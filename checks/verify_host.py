@@ -112,17 +112,11 @@ def _uncorrected(volatile):
 
 
 def _throttle_xml(gpu):
-    parent = gpu.find("clocks_event_reasons")
-    if parent is None:
-        parent = gpu.find("clocks_throttle_reasons")
-    if parent is None or len(parent) == 0:
+    parent = gpu.find("clocks_event_reasons")  # schema v12 and newer; "throttle" before
+    parent = gpu.find("clocks_throttle_reasons") if parent is None else parent
+    if parent is None or len(parent) == 0:  # absent, or <clocks_throttle_reasons>N/A</...>
         return None
-    active = set()
-    for child in parent:
-        name = re.sub(r"^clocks_(event|throttle)_reason_", "", child.tag)
-        if _flag(parent, child.tag):
-            active.add(name)
-    return active
+    return {re.sub(r"^clocks_(event|throttle)_reason_", "", child.tag) for child in parent if _flag(parent, child.tag)}
 
 
 def gpu_from_xml(index, gpu):
@@ -308,7 +302,7 @@ def kernel_log(args):
             return None, text.strip()
         return text, None
     out = run(["dmesg"], timeout=10)
-    if out and out[0] and not out[1].strip():
+    if out and out[0].strip():
         return out[0], None
     why = (out[1].strip() if out else "dmesg not installed") or "dmesg printed nothing"
     journal = run(["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short"], timeout=10)
@@ -326,8 +320,9 @@ def driver_record(snap):
                       f"Driver/library version mismatch: kernel module {snap.module or '(version unknown)'}, userspace "
                       f"library {library.group(1) if library else 'of another version'} ({snap.problem})", MISMATCH_FIX)
     if snap.kind == "no_driver" or (snap.module is None and not snap.gpus and snap.problem):
-        return record("host.driver", "fail", None, "loaded", None, "no NVIDIA driver loaded: "
-                      f"/proc/driver/nvidia/version is absent ({snap.problem})", NO_DRIVER_FIX)
+        where = "/proc/driver/nvidia/version is absent" if snap.module is None else f"kernel module {snap.module}"
+        return record("host.driver", "fail", snap.module, "loaded", None,
+                      f"no NVIDIA driver loaded: {where} ({snap.problem})", NO_DRIVER_FIX)
     if snap.kind == "no_tool":
         return record("host.driver", "fail", snap.module, "loaded and queryable", None,
                       f"kernel module {snap.module} is loaded but {snap.problem}", "install the driver's utilities "
@@ -527,7 +522,7 @@ def probe(args):
 
 def _cell(value, width):
     text = "-" if value is None or value == [] else value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "~"
 
 
 def text_table(records):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -293,3 +294,16 @@ def test_a_lost_gpu_is_missing_from_the_count_and_named():
     count = recs["host.gpu_count"]
     assert (count["status"], count["measured"], count["expected"]) == ("fail", 1, 2)
     assert "GPU 1: GPU is lost" in count["detail"] and "host.gpu1.pcie" not in recs
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None,
+                    reason="this machine has NVIDIA's tools")
+@pytest.mark.parametrize("source, said", [("smi", "neither NVML (nvidia-ml-py) nor nvidia-smi is available"),
+                                          ("nvml", "NVML is not usable here")])
+def test_a_loaded_module_without_tools_to_query_it(source, said):
+    """For real: this machine has no nvidia-smi and no libnvidia-ml; only the module's /proc file is replayed."""
+    recs = records("--source", source, "--proc-version", FIX / "proc-version-535.txt", "--dmesg", FIX / "dmesg-clean.txt")
+    driver = recs[0]
+    assert (driver["status"], driver["measured"]) == ("fail", "535.161.08") and said in driver["detail"]
+    assert "nvidia-utils" in driver["fix"] and "nvidia-ml-py" in driver["fix"]
+    assert by_id(recs)["host.gpu_count"]["detail"] == "skipped: no NVML or nvidia-smi to query the GPUs"
