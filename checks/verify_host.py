@@ -444,8 +444,10 @@ def pcie(g, name):
     if "gpu_idle" in (g["throttle"] or ()) or (g["pstate"] or "P0") not in ("P0", "P1", "P2"):
         return ("pass", measured, expected, None, f"{name}: below its maximum while idle ({g['pstate']}): idle "
                 "GPUs downshift the link, so judge it under load", None)
-    return ("warn", measured, expected, None, f"{name}: below its maximum while not idle ({g['pstate'] or 'P-state unknown'}); idle GPUs downshift, so recheck under load: a lasting shortfall is a slot, riser or BIOS "
-            "limit", "check the slot and riser (`lspci -vv`: LnkSta vs LnkCap) and the BIOS PCIe settings")
+    state = g["pstate"] or "P-state unknown"
+    return ("warn", measured, expected, None, f"{name}: below its maximum while not idle ({state}); idle GPUs "
+            "downshift, so recheck under load: a lasting shortfall is a slot, riser or BIOS limit",
+            "check the slot and riser (`lspci -vv`: LnkSta vs LnkCap) and the BIOS PCIe settings")
 
 
 def temperature(g, name):
