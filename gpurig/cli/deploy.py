@@ -55,7 +55,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None):
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
 
-        return deliver(local.api if local else None, engine, conn, t.image_ref, registry=image_spec.registry or None,
+        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say,
                        progress=lambda done, total: say(f"{t.image_ref}: {human(done)} of {human(total)}"))
 
     job = DeployJob(
