@@ -61,6 +61,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None):
     job = DeployJob(
         targets=targets, assign_gpus=container_specs.assign_gpus, deliver=move,
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
+        progress=progress_printer() if err_console.is_terminal or opts.verbose else (lambda host, text: None),
     )
 
     def work(conn: Connection) -> Outcome:
@@ -88,6 +89,25 @@ def deploy(c, opts: HostOptions, variant=None, spec=None):
     if opts.format == "table":
         print_access(report, out)
     exit_for(report)
+
+
+def progress_printer(every_s: float = 1.0):
+    """host, text -> a line on stderr, at most one a second per host (a transfer reports many times a second)."""
+    import threading
+    import time
+
+    last: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def say(host: str, text: str) -> None:
+        now = time.monotonic()
+        with lock:
+            if now - last.get(host, -every_s) < every_s:
+                return
+            last[host] = now
+        err_console.print(f"{escape(host)}: {escape(text)}", highlight=False)
+
+    return say
 
 
 def resolve(image_spec, cs, local: Engine | None) -> Target:
