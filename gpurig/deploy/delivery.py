@@ -37,10 +37,10 @@ import requests
 from gpurig.connection import Connection, last_line
 from gpurig.engine import Engine, EngineError
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
+from gpurig.deploy.progress import Progress, PullFailed, PullProgress
 from gpurig.deploy.stages import Staged, StageError, stage_image
 
 METHODS = ("present", "pull", "forward", "save-load")
-Progress = Callable[[int, int], None]  # (bytes done, bytes in all; 0 while not known)
 DISK_FULL_FIX = "free space on the host (`docker image prune`, or remove images it no longer runs) and deploy again"
 
 
@@ -111,8 +111,8 @@ def _pull_from_registry(remote: Engine, ref: str, registry: str, want, progress:
     source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
     say(f"pulling {source} from the registry")
     try:
-        pulled = _host_pull(remote, source, lambda: None, progress)
-    except _PullFailed as err:
+        pulled = _host_pull(remote, source, PullProgress(progress))
+    except PullFailed as err:
         if err.disk_full:
             raise _disk_full(remote, err.message) from None
         raise _FallBack(f"registry {registry} did not give {source} to the host: {err.message}") from None
@@ -164,17 +164,17 @@ def _pull_forwarded(remote: Engine, ref: str, parsed, image_id: str, forward: Re
     say(f"{remote.name} pulls the layers it lacks through the SSH connection")
     via = f"127.0.0.1:{forward.port}"
     temp = parsed.on(via)
-    layers: dict[str, list[int]] = {}
+    tracker = PullProgress(progress, staged.sizes, lambda: forward.meter.down)
     try:
         for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
-            _host_pull(remote, f"{via}/{parsed.path}:{stage}", lambda: forward.meter.down, progress, staged.sizes, layers)
-        _host_pull(remote, temp, lambda: forward.meter.down, progress, staged.sizes, layers)
+            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker)
+        _host_pull(remote, temp, tracker)
         found = remote.image(temp)
         if found is None or found.id != image_id:
             raise DeliveryError(f"{remote.name}: the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
                                 "deploy again; if it persists, remove the image on the host")
         _tag(remote, image_id, ref)
-    except _PullFailed as err:
+    except PullFailed as err:
         if err.disk_full:
             raise _disk_full(remote, err.message) from None
         raise DeliveryError(f"{remote.name}: pulling through the SSH forward failed: {err.message}",
@@ -215,58 +215,26 @@ def _push(local: Engine, image_id: str, staged: str) -> None:
 # --- the host's pull, with progress ----------------------------------------------------------------
 
 
-class _PullFailed(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.disk_full = "no space left on device" in message
-
-
-def _host_pull(remote: Engine, source: str, moved: Callable, progress: Progress, sizes: dict[str, int] | None = None,
-               layers: dict[str, list[int]] | None = None) -> int:
-    """The host's dockerd pulls ``source``; progress from the bytes ``moved()`` says (or the pull's own counts).
-
-    ``layers`` ({short id: [done, total]} of the layers the host fetches) may be shared by several pulls, so
-    that progress runs over all of them.
-    """
+def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
+    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched."""
     name, _, tag = source.rpartition(":")
     api = remote.api
     try:
+        # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
         response = api._post(api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
     except (requests.RequestException, OSError) as err:
-        raise _PullFailed(last_line(str(err)) or type(err).__name__) from None
-    layers = {} if layers is None else layers
-    last = None
+        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
     try:
         api._raise_for_status(response)
         for event in _events(api, response):
-            if "error" in event:
-                raise _PullFailed(last_line(str(event.get("error"))))
-            layer, status = event.get("id"), event.get("status", "")
-            if layer and status.startswith("Pulling fs layer"):
-                layers[layer] = [0, (sizes or {}).get(layer, 0)]
-            elif layer in layers and status == "Downloading":
-                detail = event.get("progressDetail") or {}
-                layers[layer] = [int(detail.get("current") or 0), int(detail.get("total") or layers[layer][1])]
-            elif layer in layers and status in ("Download complete", "Pull complete"):
-                layers[layer][0] = layers[layer][1]
-            total = sum(t for _, t in layers.values())
-            got = moved()
-            got = sum(d for d, _ in layers.values()) if got is None else got
-            now = (min(got, total) if total else got, total)
-            if now != last:
-                progress(*now)
-                last = now
+            tracker.feed(event)
     except docker.errors.APIError as err:
-        raise _PullFailed(last_line(str(err.explanation or err))) from None
+        raise PullFailed(last_line(str(err.explanation or err))) from None
     except (requests.RequestException, OSError) as err:
-        raise _PullFailed(last_line(str(err)) or type(err).__name__) from None
+        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
     finally:
         response.close()  # on an interruption the engine sees its client leave and stops the pull
-    total = sum(t for _, t in layers.values())
-    if (total, total) != last:
-        progress(total, total)
-    return total
+    return tracker.finish()
 
 
 def _events(api, response) -> Iterator[dict]:
