@@ -166,9 +166,20 @@ def print_diffs(report: FleetReport, out) -> None:
                 out.print(f"[bold]{escape(r.host)} {escape(o.name)}: {o.action}[/]")
                 for key, old, new in o.diff:
                     if old is not None:
-                        out.print(f"[red]- {escape(key)}: {escape(str(old))}[/]", soft_wrap=True)
+                        out.print(f"[red]- {escape(key)}: {escape(shown(key, old))}[/]", soft_wrap=True)
                     if new is not None:
-                        out.print(f"[green]+ {escape(key)}: {escape(str(new))}[/]", soft_wrap=True)
+                        out.print(f"[green]+ {escape(key)}: {escape(shown(key, new))}[/]", soft_wrap=True)
+
+
+def shown(key: str, value) -> str:
+    """A setting as a person writes it: sizes as 16g, lists and mappings as JSON."""
+    import json
+
+    from gpurig.deploy.fields import human as size
+
+    if key in ("shm_size", "memory") and isinstance(value, int):
+        return size(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
 def print_access(report: FleetReport, out) -> None:
@@ -192,7 +203,10 @@ def status(c, opts: HostOptions):
         with open_engine(conn) as engine:
             return Outcome(status="ok", data=tuple(engine.containers(label=NAME_LABEL)))
 
-    report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA)
+    def annotate(rep: FleetReport) -> dict:
+        return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results}}
+
+    report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA, annotate=annotate)
     columns = [Column("host"), Column("container"), Column("state"), Column("image", drop=2), Column("gpus", drop=3),
                Column("ports", drop=1), Column("up", drop=4)]
     rows = []
@@ -205,7 +219,7 @@ def status(c, opts: HostOptions):
             gpus = ",".join(ci.device_ids) if ci.device_ids else "-"
             ports = ", ".join(f"{ip or '*'}:{hp}->{cp}" for ip, hp, cp, _ in ci.ports)
             rows.append([r.host, ci.name, state, ci.labels.get(IMAGE_LABEL) or ci.image, gpus, ports, uptime(ci)])
-    doc = fleet_document(opts, report, STATUS_SCHEMA, containers={r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in report.results})
+    doc = fleet_document(opts, report, STATUS_SCHEMA, **annotate(report))
     opts.show(columns, rows, doc=doc)
     exit_for(report)
 

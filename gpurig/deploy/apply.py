@@ -213,34 +213,54 @@ def run_container(engine: Engine, conn: Connection, t: Target, devices, out: Con
             api.start(created["Id"])
     except (docker.errors.APIError, requests.RequestException, OSError) as err:
         raise engine_error(engine.name, f"start {name}", err) from None
-    started = wait_started(engine, name, job)
-    if not started.running or started.health == "unhealthy":
+    started, exited = wait_started(engine, name, job)
+    if exited is not None or started.health == "unhealthy":
         out.status = "failed"
-        out.exit_code = started.exit_code
+        out.exit_code = exited
         out.logs = tail_logs(engine, name)
-        what = f"exited with code {started.exit_code}" if not started.running else "is unhealthy"
+        try:
+            api.stop(name, timeout=5)  # no restart loop: it stays exited, for `gpurig logs` and `status`
+        except (docker.errors.APIError, requests.RequestException, OSError):
+            pass
+        what = f"exited with code {exited}" if exited is not None else "is unhealthy"
         out.reason = f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}"
         return
     out.access = access.lines(engine, conn, t.spec, started, t.login)
 
 
-def wait_started(engine: Engine, name: str, job: DeployJob) -> ContainerInfo:
-    """The container once it is up: healthy (with a healthcheck) or still running after the settle time, or exited."""
+def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerInfo, int | None]:
+    """(the container, its exit code if it exited while starting).
+
+    Up means healthy (with a healthcheck) or still running after the settle
+    time. An exit counts even when the restart policy has already started it
+    again: a container that restarts at once is a failed start, not a running one.
+    """
     has_health = bool(((engine.container(name) or _gone(name)).raw.get("Config") or {}).get("Healthcheck"))
     if not has_health:
         try:
-            engine.api.wait(name, timeout=job.settle_s)  # returns only if it exited within the settle time
+            code = engine.api.wait(name, timeout=job.settle_s).get("StatusCode")  # returns only if it exited
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            pass  # still running after the settle time: started
+            code = None  # still running after the settle time: started
         except docker.errors.APIError as err:
             raise engine_error(engine.name, f"watch {name} start", err) from None
-        return engine.container(name) or _gone(name)
+        info = engine.container(name) or _gone(name)
+        return info, code if code is not None else _restarted(info)
     deadline = time.monotonic() + job.health_s
     while True:
         info = engine.container(name) or _gone(name)
-        if not info.running or info.health in ("healthy", "unhealthy") or time.monotonic() > deadline:
-            return info
+        restarted = _restarted(info)
+        if restarted is not None or not info.running:
+            return info, restarted if restarted is not None else info.exit_code
+        if info.health in ("healthy", "unhealthy") or time.monotonic() > deadline:
+            return info, None
         time.sleep(0.5)  # polling the engine's health state with a deadline, not a synchronisation sleep
+
+
+def _restarted(info: ContainerInfo) -> int | None:
+    """The exit code behind a restart the policy made, or None when it has not restarted."""
+    if int(info.raw.get("RestartCount") or 0) > 0 or (info.raw.get("State") or {}).get("Restarting"):
+        return info.exit_code
+    return None
 
 
 def _gone(name: str):

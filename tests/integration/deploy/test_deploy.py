@@ -91,7 +91,7 @@ HOSTILE = "a b 'c' \"d\" $(id) `id` ; rm -rf /\nsecond line"
 def test_env_values_and_volume_paths_arrive_literally(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images):
     cpu_images["slim"]
     source = "/srv/odd dir/$(id) 'q'"
-    clean_deploy_host.sh(f"mkdir -p \"$(printf '%s' {json.dumps(source)})\" && echo data > \"{source.replace('$', chr(92) + '$')}/f\"")
+    clean_deploy_host.host.docker("exec", clean_deploy_host.cid, "sh", "-c", 'mkdir -p "$1" && echo data > "$1/f"', "sh", source)
     inv = deploy_inventory(entries({
         "variant": "slim", "cuda": "cpu", "env": {"ODD": HOSTILE},
         "volumes": [{"source": source, "target": "/data/odd dir", "read_only": True}],
@@ -136,10 +136,10 @@ def test_ssh_container_takes_the_inventorys_key(deploy_inventory, clean_deploy_h
         client.close()
 
 
-def gpu_image(cpu_images, docker_engine) -> str:
+def gpu_image(cpu_images, docker_engine, variant: str = "labelled") -> str:
     """The CPU slim image labelled as a CUDA 13 image (no GPU exists here: only the labels pre-flight reads differ)."""
-    ref = f"{cpu_images.spec_name}:gpu-labelled"
-    docker_engine("build", "-q", "-t", ref, "--label", cpu_images.label, "-",
+    ref = f"{cpu_images.spec_name}:gpu-{variant}"
+    docker_engine("build", "-q", "-t", ref, "--label", cpu_images.label, "--label", f"io.gpurig.test.variant={variant}", "-",
                   input=f"FROM {cpu_images['slim']}\nLABEL io.gpurig.min-driver=580.65.06 io.gpurig.cuda=13.0\n")
     cpu_images.built.append(ref)
     return ref
@@ -161,7 +161,7 @@ def test_two_users_each_get_only_their_gpus_and_overlaps_are_refused(deploy_inve
 
 
 def test_preflight_refusals_leave_the_host_untouched(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, docker_engine, tmp_path):
-    image = gpu_image(cpu_images, docker_engine)
+    image = gpu_image(cpu_images, docker_engine, "refused")  # an image id no other test moves to the host
     before = set(clean_deploy_host.containers())
     # an old driver: both versions named, and the fix
     clean_deploy_host.set_driver("535.216.01")
@@ -185,3 +185,11 @@ def test_a_container_that_exits_at_start_reports_its_code_and_last_lines(deploy_
     inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "command": ["sh", "-c", "echo cannot find /data/train; exit 3"]}))
     proc = run(gpurig_cli, cpu_images, inv, "deploy", "--json", "-", check_rc=1)
     assert "exited with code 3" in reasons(proc) and "cannot find /data/train" in reasons(proc)
+    # its logs, and status showing how it ended
+    logs = run(gpurig_cli, cpu_images, inv, "logs", "gpurig-slim")
+    assert logs.stdout.splitlines()[0] == "cannot find /data/train"
+    status = run(gpurig_cli, cpu_images, inv, "status", "--json", "-")
+    [found] = json.loads(status.stdout)["containers"][clean_deploy_host.name]
+    assert found["name"] == "gpurig-slim" and found["exit_code"] == 3
+    missing = run(gpurig_cli, cpu_images, inv, "logs", "no-such", check_rc=1)
+    assert "no gpurig container named no-such" in missing.stdout + missing.stderr
