@@ -89,18 +89,22 @@ def _sh(conn: Connection, command: str | list[str], timeout: float) -> Result:
 
 
 def parse_document(result: Result, probe: str) -> list[Record] | None:
-    """The records of a probe's JSON document on stdout (its last JSON line), or None."""
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                return None
-            raw = doc.get("records") if isinstance(doc, dict) else None
-            if not isinstance(raw, list):
-                return None
-            return [Record.from_probe(probe, r) for r in raw if isinstance(r, dict)]
-    return None
+    """The records of a probe's JSON document on stdout (the whole output, else its last JSON line), or None."""
+    doc = None
+    try:
+        doc = json.loads(result.stdout)
+    except ValueError:
+        for line in reversed(result.stdout.splitlines()):
+            if line.startswith("{"):
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    pass
+                break
+    raw = doc.get("records") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        return None
+    return [Record.from_probe(probe, r) for r in raw if isinstance(r, dict)]
 
 
 def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, expect_model: str | None) -> list[Record]:

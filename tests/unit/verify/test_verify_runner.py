@@ -176,3 +176,9 @@ def test_junit_survives_control_characters_in_docker_output():
     v = HostVerdict("h", (Record("container", "container.probe", "fail", detail="bad \x1b[31mred\x1b[0m \x00 text"),))
     report = FleetReport((HostResult("h", "failed", "x", v, 1.0),), "t", 1.0)
     ET.fromstring(junit_xml(report))  # parses: no control character reached the XML
+
+
+def test_an_indented_document_parses_too():
+    doc = json.dumps({"probe": "host", "version": 1, "records": [{"id": "host.driver", "status": "fail", "unit": None, "fix": None}]}, indent=1)
+    [r] = parse_document(Result("h", "x", 0, doc + "\n", ""), "host")
+    assert (r.probe, r.id, r.status, r.unit, r.fix) == ("host", "host.driver", "fail", "", "")
