@@ -137,6 +137,29 @@ class SSHConnection(Connection):
                 except Exception:  # closing a half-dead transport may raise; there is nothing left to do
                     pass
 
+    def paramiko_transport(self) -> paramiko.Transport:
+        """The connected transport, for what needs more than commands (port forwards, engine streams)."""
+        self.connect()
+        transport = self._transport
+        if transport is None:
+            raise ConnectionLost(f"{self.name}: connection was closed", "open a new connection")
+        return transport
+
+    def open_stream(self, line: str, timeout: float | None = None) -> paramiko.Channel:
+        """A channel running ``line`` with its stdin/stdout as a byte stream (e.g. ``docker system dial-stdio``).
+
+        The caller owns the channel and closes it; stderr stays readable for
+        the reason when the stream ends early.
+        """
+        transport = self.paramiko_transport()
+        try:
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(line)
+        except (paramiko.SSHException, OSError, EOFError) as err:
+            raise ConnectionLost(f"{self.name}: could not open a stream: {err or type(err).__name__}", "check that the host is up and retry") from None
+        return chan
+
     def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
         self.connect()
         transport = self._transport  # close() from another thread (Ctrl-C) may set the attribute to None meanwhile

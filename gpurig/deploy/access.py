@@ -1,0 +1,100 @@
+"""How a person reaches a deployed container: Jupyter's URL with its token, the ssh line, a ready ~/.ssh/config block.
+
+The Jupyter token is read from the container's 0600 token file (through the
+image's ``gpurig-entrypoint token``), never from its logs. It is only ever
+printed for the person at the terminal: the JSON report gets the command that
+prints it instead. Every value written into an ssh_config block is checked
+against a strict grammar first, so no inventory value can add a directive.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import docker.errors
+import requests
+
+from gpurig.connection import Connection
+from gpurig.engine import ContainerInfo, Engine
+
+JUPYTER_PORT, SSH_PORT = 8888, 22
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")  # a host name, IPv4/IPv6 literal or user name; nothing ssh_config would read as syntax
+_TOKEN = re.compile(r"[A-Za-z0-9_.~-]{8,256}\Z")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def endpoint(conn: Connection) -> tuple[str, int, str, tuple]:
+    """(address, ssh port, login, jump targets) of the host, as gpurig reaches it."""
+    target = getattr(conn, "target", None)
+    if target is None:
+        return "localhost", 22, conn.user or "", ()
+    return target.hostname, target.port, target.user, target.jumps
+
+
+def published(container: ContainerInfo, port: int) -> tuple[str, int] | None:
+    """(bind address, host port) where the container's ``port`` is published, if it is."""
+    for ip, host_port, inner, proto in container.ports:
+        if inner == port and proto == "tcp":
+            return ip or "0.0.0.0", host_port
+    return None
+
+
+def read_token(engine: Engine, name: str) -> str | None:
+    """The Jupyter token from the container's token file; None if it cannot be read or does not look like a token."""
+    try:
+        run = engine.api.exec_create(name, ["gpurig-entrypoint", "token"], stdout=True, stderr=False)
+        out = engine.api.exec_start(run["Id"])
+        if engine.api.exec_inspect(run["Id"]).get("ExitCode") != 0:
+            return None
+    except (docker.errors.APIError, requests.RequestException, OSError):
+        return None
+    token = (out.decode(errors="replace") if isinstance(out, bytes) else str(out)).strip()
+    return token if _TOKEN.match(token) else None
+
+
+def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, login: str) -> list[str]:
+    """The lines to print for this container: URLs, ssh commands, config blocks (may hold the token)."""
+    address, ssh_port, host_login, jumps = endpoint(conn)
+    out: list[str] = []
+    jupyter = published(container, JUPYTER_PORT)
+    if jupyter:
+        bind, port = jupyter
+        token = read_token(engine, container.name)
+        query = f"?token={token}" if token else ""
+        if bind in LOOPBACK:
+            tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *(["-p", str(ssh_port)] if ssh_port != 22 else []), f"{host_login}@{address}" if host_login else address]
+            if jumps:
+                tunnel[1:1] = ["-J", ",".join(f"{j.user}@{j.hostname}:{j.port}" for j in jumps)]
+            out.append(f"Jupyter (bound to the host's loopback): first  {shlex.join(tunnel)}")
+            out.append(f"  then open  http://127.0.0.1:{port}/lab{query}")
+        else:
+            out.append(f"Jupyter: http://{_url_host(address if bind in ('0.0.0.0', '::') else bind)}:{port}/lab{query}")
+        if not token:
+            out.append(f"  token: docker exec {container.name} gpurig-entrypoint token")
+    ssh = published(container, SSH_PORT)
+    if ssh:
+        bind, port = ssh
+        host = address if bind in ("0.0.0.0", "::") or bind in LOOPBACK and address in LOOPBACK else bind
+        out.append(f"SSH: ssh -p {port} {login}@{host}")
+        block = ssh_config_block(f"{conn.name}-{container.name}", host, port, login, jumps)
+        if block:
+            out.append("  ~/.ssh/config (VS Code Remote-SSH):")
+            out.extend("    " + line for line in block)
+    return out
+
+
+def ssh_config_block(alias: str, host: str, port: int, login: str, jumps=()) -> list[str]:
+    """A Host block for ~/.ssh/config; [] when any value is not plain (it would be ssh_config syntax)."""
+    alias = re.sub(r"[^A-Za-z0-9._-]", "-", alias)
+    values = [host, login, *(j.hostname for j in jumps), *(j.user for j in jumps)]
+    if not all(_SAFE.match(v or "") for v in values):
+        return []
+    block = [f"Host {alias}", f"    HostName {host}", f"    Port {int(port)}", f"    User {login}"]
+    if jumps:
+        block.append("    ProxyJump " + ",".join(f"{j.user}@{j.hostname}:{int(j.port)}" for j in jumps))
+    return block
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,126 @@
+"""Pre-flight: what would make a container fail on this host, found before anything moves or starts.
+
+Pure: every check takes what was already read from the host (facts, the
+engine's info, its containers, the listening sockets) and the images to run,
+and returns ``Refusal``s, each naming the problem and the fix. A host with any
+refusal gets nothing: no image moves, no container is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpurig import compat
+from gpurig.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.facts import Facts
+
+MIN_DRIVER_LABEL = "io.gpurig.min-driver"
+CUDA_LABEL = "io.gpurig.cuda"
+DISK_MARGIN = 1.2  # layers unpack to about their compressed size and more; keep a fifth spare
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Refusal:
+    container: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.container}: {self.problem}; fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One container to run: its name, the image it runs, what it asks of the host."""
+
+    name: str
+    image_ref: str
+    image: ImageInfo | None  # the image as the build machine has it (None: the host pulls it from a registry)
+    wants_gpus: bool
+    host_ports: tuple[tuple[str, int], ...]  # (bind address, port)
+
+
+def check_driver(p: Planned, facts: Facts, matrix_cudas: tuple[str, ...] = ()) -> list[Refusal]:
+    """The host driver against the image's io.gpurig.min-driver label (only for containers that use GPUs)."""
+    if not p.wants_gpus or p.image is None:
+        return []
+    need = p.image.labels.get(MIN_DRIVER_LABEL)
+    cuda = p.image.labels.get(CUDA_LABEL, "?")
+    if not need or need == "none":
+        return [Refusal(p.name, f"GPUs asked for, but {p.image_ref} is a CPU image", "set gpus: none, or deploy an image built for CUDA")]
+    have = facts.driver_version
+    if have is None:
+        return [Refusal(p.name, f"no NVIDIA driver loaded on the host; {p.image_ref} (CUDA {cuda}) needs >= {need}", "install it: invoke provision (driver step)")]
+    if compat.version_key(have) >= compat.version_key(need):
+        return []
+    fits = [c for c in matrix_cudas if c != compat.CPU and compat.driver_supports(have, c)]
+    other = f", or deploy the image built for CUDA {max(fits, key=compat.version_key)}" if fits else ""
+    return [Refusal(p.name, f"host driver {have} is older than {need}, which {p.image_ref} (CUDA {cuda}) needs", f"upgrade the driver to >= {need} (invoke provision){other}")]
+
+
+def check_runtime(planned: list[Planned], info: EngineInfo) -> list[Refusal]:
+    """GPUs asked for on an engine without NVIDIA's runtime: ``--gpus`` would fail at start."""
+    if "nvidia" in info.runtimes:
+        return []
+    return [
+        Refusal(p.name, "GPUs asked for, but the host's Docker has no nvidia runtime (NVIDIA Container Toolkit)", "invoke provision (container-toolkit and daemon steps)")
+        for p in planned if p.wants_gpus
+    ]
+
+
+def check_ports(planned: list[Planned], listening: set[tuple[str, int]], ours: list[ContainerInfo]) -> list[Refusal]:
+    """Host ports already held by another process or container. Ports of the containers being replaced are free to take."""
+    replaced = {c.name for c in ours} & {p.name for p in planned}
+    freed = {(ip or "0.0.0.0", port) for c in ours if c.name in replaced and c.running for ip, port, _, _ in c.ports}
+    taken = {(ip, port) for ip, port in listening} - freed
+    refusals = []
+    for p in planned:
+        for bind, port in p.host_ports:
+            clash = [(ip, pt) for ip, pt in taken if pt == port and _overlap(ip, bind)]
+            if clash:
+                refusals.append(Refusal(p.name, f"host port {port} is in use on {clash[0][0]}", f"pick another port in gpurig_containers, or stop what listens there (`ss -ltnp 'sport = :{port}'`)"))
+    return refusals
+
+
+def _overlap(a: str, b: str) -> bool:
+    wildcard = {"0.0.0.0", "::", "*", ""}
+    return a == b or a in wildcard or b in wildcard
+
+
+def check_disk(to_move: list[Planned], facts: Facts, root_dir: str) -> list[Refusal]:
+    """Room in the engine's storage for the images that must move (their full size: a bound, not a guess)."""
+    need = sum(p.image.size for p in {p.image_ref: p for p in to_move if p.image}.values())
+    if not need:
+        return []
+    disk = _disk_for(facts, root_dir)
+    if disk is None or disk.free_bytes >= need * DISK_MARGIN:
+        return []
+    names = ", ".join(sorted({p.name for p in to_move}))
+    return [Refusal(names, f"{disk.mount} has {disk.free_bytes / GIB:.1f} GiB free; the images need about {need * DISK_MARGIN / GIB:.1f} GiB",
+                    "free space (`docker image prune`, old images) or move Docker's data-root to a larger disk")]
+
+
+def _disk_for(facts: Facts, path: str):
+    best = None
+    for d in facts.disks:
+        if path == d.mount or path.startswith(d.mount.rstrip("/") + "/"):
+            if best is None or len(d.mount) > len(best.mount):
+                best = d
+    return best
+
+
+def parse_listening(ss_output: str) -> set[tuple[str, int]]:
+    """(address, port) of TCP listeners from ``ss -Hltn`` (IPv6 addresses keep their brackets off)."""
+    found = set()
+    for line in ss_output.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        local = fields[3]
+        addr, _, port = local.rpartition(":")
+        if not port.isdigit():
+            continue
+        addr = addr.strip("[]").split("%")[0]
+        found.add(("0.0.0.0" if addr in ("*", "") else addr, int(port)))
+    return found
