@@ -183,3 +183,35 @@ def test_help_and_text_output():
     assert proc.returncode == 0 and "--level" in proc.stdout and "--expect-cuda" in proc.stdout
     bad = run_probe("--level", "slow")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+class FakeCudaTorch:
+    """What a CUDA build of torch shows in a container where CUDA cannot start: only the calls the probe makes then."""
+
+    def __init__(self, init_error: str) -> None:
+        import types
+
+        def init():
+            raise RuntimeError(init_error)
+
+        self.version = types.SimpleNamespace(cuda="13.0")
+        self.cuda = types.SimpleNamespace(is_available=lambda: False, init=init)
+
+
+def test_cuda_torch_with_old_driver_through_the_probes_own_flow(probe, monkeypatch):
+    monkeypatch.setattr(probe, "device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(probe, "host_driver", lambda: "570.133.20")
+    error = "The NVIDIA driver on your system is too old (found version 12080)."
+    records = probe.gpu_records(FakeCudaTorch(error), "full")
+    first, *rest = records
+    assert first["id"] == "cuda.available" and first["status"] == "fail"
+    assert first["detail"] == "host driver too old for CUDA 13.0: driver 570.133.20 < 580.65.06"
+    assert [r["id"] for r in rest] == list(probe.GPU_QUICK + probe.GPU_FULL)
+    assert all(r["status"] == "skip" for r in rest)
+
+
+def test_cuda_torch_on_a_host_without_driver_through_the_probes_own_flow(probe, monkeypatch):
+    monkeypatch.setattr(probe, "device_nodes", lambda: [])
+    monkeypatch.setattr(probe, "host_driver", lambda: None)
+    [first, *_] = probe.gpu_records(FakeCudaTorch("Found no NVIDIA driver on your system."), "quick")
+    assert first["status"] == "fail" and "no NVIDIA driver on the host" in first["detail"]
