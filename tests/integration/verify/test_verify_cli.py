@@ -1,0 +1,95 @@
+"""`gpurig verify` over real SSH on a host with a real Docker engine, against a CPU torch image built by gpurig.
+
+No GPU exists here, so the verdict is the CPU one: the container's GPU
+records fail or skip with their concrete reason, torch, shm and the
+DataLoader still run, and the exit status says the host is not ready.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.integration.verify.conftest import REPO, gpurig
+
+pytestmark = pytest.mark.integration
+PROBE = REPO / "checks" / "verify_torch.py"
+
+
+def records(doc: dict, host: str) -> dict[str, dict]:
+    [entry] = [h for h in doc["hosts"] if h["host"] == host]
+    return {r["id"]: r for r in entry["data"]["records"]}
+
+
+def test_quick_verify_of_an_image_over_ssh(docker_host, torch_image, tmp_path, docker_engine):
+    report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
+    start = time.monotonic()
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "-l", docker_host.name, "--image", torch_image,
+                  "--json", str(report), "--junit", str(junit), cwd=docker_host.project)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr  # no GPU: not ready, and said so
+    assert elapsed < 10, f"quick verify took {elapsed:.1f}s"
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == "gpurig.verify/1" and doc["level"] == "quick" and doc["passed"] is False
+    got = records(doc, docker_host.name)
+    assert got["torch.import"]["status"] == "pass" and got["torch.import"]["measured"].startswith("2.13.0")
+    assert got["torch.cuda_version"]["status"] == "pass"  # the image's io.gpurig.cuda label (cpu) was passed on
+    assert got["torch.cuda_version"]["expected"] == "cpu"
+    assert got["cuda.available"]["status"] == "fail" and "CPU-only torch in the image" in got["cuda.available"]["detail"]
+    assert got["shm.size"]["status"] == "pass"  # a throwaway run gets a 16g /dev/shm
+    assert got["dataloader.workers"]["status"] == "pass"
+    assert got["toolkit.runtime"]["status"] == "skip" and "no NVIDIA GPU" in got["toolkit.runtime"]["detail"]
+    # the fleet row: the host, its worst status, the failing record and its fix
+    first_failure = next(r["id"] for r in got.values() if r["status"] == "fail")  # the host probe's, where the host has one
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(docker_host.name))
+    assert " fail " in row and f"{first_failure}:" in row
+    root = ET.parse(junit).getroot()
+    [suite] = root.findall("testsuite")
+    assert suite.get("name") == docker_host.name and int(suite.get("tests")) == len(got)
+    assert int(suite.get("failures")) == sum(1 for r in got.values() if r["status"] == "fail")
+    leftovers = docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
+    assert not leftovers  # the throwaway container went with --rm
+
+
+def test_deployed_container_with_docker_default_shm(docker_host, workload):
+    name = workload("--shm-size", "64m")
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", name, "--json", "-", "-v", cwd=docker_host.project)
+    assert proc.returncode == 1, proc.stderr
+    got = records(json.loads(proc.stdout), docker_host.name)
+    shm = got["shm.size"]
+    assert shm["status"] == "fail" and shm["measured"] == 64
+    assert "DataLoader workers" in shm["detail"] and "shm_size: 16g" in shm["fix"]
+    # CUDA is missing for the image's reason first: a CPU-only torch
+    assert "CPU-only torch" in got["cuda.available"]["detail"]
+
+
+def test_missing_container_is_one_clear_failure(docker_host):
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "no-such-box", "--format", "tsv", cwd=docker_host.project)
+    assert proc.returncode == 1
+    [header, row] = proc.stdout.splitlines()
+    cells = dict(zip(header.split("\t"), row.split("\t")))
+    assert cells["verdict"] == "fail" and cells["failing"].startswith("container.probe: no container no-such-box on this host")
+    assert "gpurig deploy" in cells["fix"]
+
+
+def test_probe_in_a_container_started_without_gpus_and_64mb_shm(docker_engine, torch_image, container_kit):
+    """The probe sent on stdin (python3 -) into a real container: Docker's 64 MB /dev/shm and no GPUs."""
+    proc = docker_engine("run", "--rm", "-i", "--label", f"{container_kit.label}={container_kit.session}", "--shm-size", "64m",
+                         "--entrypoint", "python3", torch_image, "-", "--json", "--level", "full", "--expect-cuda", "cpu",
+                         input=PROBE.read_text(), check=False)
+    assert proc.returncode == 1, proc.stderr
+    got = {r["id"]: r for r in json.loads(proc.stdout)["records"]}
+    assert got["shm.size"]["status"] == "fail" and "bus error" in got["shm.size"]["detail"]
+    assert got["dataloader.workers"]["status"] == "pass"  # small batches still fit; the shm record warns before big ones do
+    assert got["training"]["status"] == "skip"
+
+
+def test_bad_flags_are_one_line_before_any_host(docker_host):
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "a", "--image", "b", cwd=docker_host.project)
+    assert proc.returncode != 0 and "--container and --image both given" in proc.stderr
+    assert "Traceback" not in proc.stderr
