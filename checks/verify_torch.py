@@ -433,7 +433,7 @@ def measure_allreduce(torch, devices, numel=16 << 20, reps=5):
 class Utilisation:
     """NVML samples while the training loop runs: utilisation (kernel running) and GPM SM activity (Hopper+)."""
 
-    def __init__(self, index):
+    def __init__(self, index, uuid=None):
         self.index, self.util, self.sm, self.why_no_sm = index, [], [], ""
         self._stop = threading.Event()
         self._thread = None
@@ -442,7 +442,8 @@ class Utilisation:
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            # by UUID: NVML's index and CUDA's differ when the container sees a subset of the GPUs
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as err:  # ImportError, or NVML missing in the container
             self.nvml, self.why_no_sm = None, f"no NVML: {first_line(err) or type(err).__name__}"
 
@@ -521,7 +522,7 @@ def measure_training(torch, device, seconds=15.0, batch=32, seq=256, width=512, 
     for _ in range(3):
         step()
     torch.cuda.synchronize(device)
-    with Utilisation(device.index or 0) as sampler:
+    with Utilisation(device.index or 0, _uuid(torch, device)) as sampler:
         start, steps = time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             step()
