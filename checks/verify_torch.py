@@ -388,7 +388,6 @@ def measure_matmul(torch, device, dtype, n=8192, reps=10):
     c = torch.empty(n, n, device=device, dtype=dtype)
     with torch.cuda.device(device):
         seconds = timed(torch, lambda: torch.matmul(a, b, out=c), reps)
-    del a, b, c
     return 2 * n**3 / seconds / 1e12
 
 
@@ -397,7 +396,6 @@ def measure_membw(torch, device, nbytes=1 << 30, reps=10):
     dst = torch.empty_like(src)
     with torch.cuda.device(device):
         seconds = timed(torch, lambda: dst.copy_(src), reps)
-    del src, dst
     return 2 * nbytes / seconds / 1e9  # bytes read plus bytes written
 
 
@@ -412,8 +410,7 @@ def measure_pcie(torch, device, nbytes=256 << 20, reps=5):
 
 def measure_allreduce(torch, devices, numel=16 << 20, reps=5):
     """(correct, bus GB/s) of a single-process NCCL all-reduce across ``devices``."""
-    import torch.cuda.nccl as nccl
-
+    nccl = torch.cuda.nccl  # torch.cuda imports it; through the torch given, like every other call here
     n = len(devices)
     tensors = [torch.full((numel,), float(i + 1), device=d) for i, d in enumerate(devices)]
     nccl.all_reduce(tensors)

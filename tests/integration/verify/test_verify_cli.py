@@ -8,8 +8,6 @@ DataLoader still run, and the exit status says the host is not ready.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 

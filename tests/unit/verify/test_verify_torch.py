@@ -215,3 +215,77 @@ def test_cuda_torch_on_a_host_without_driver_through_the_probes_own_flow(probe, 
     monkeypatch.setattr(probe, "host_driver", lambda: None)
     [first, *_] = probe.gpu_records(FakeCudaTorch("Found no NVIDIA driver on your system."), "quick")
     assert first["status"] == "fail" and "no NVIDIA driver on the host" in first["detail"]
+
+
+class CudaOnCpu:
+    """torch with its CUDA side replaced by the CPU: the GPU records' own code runs end to end without a GPU.
+
+    No numbers it measures mean anything; the test proves the flow (every
+    GPU record comes out, with its unit and figures, none of them a Python
+    error), which no machine here could otherwise exercise.
+    """
+
+    def __init__(self, gpus: int = 2) -> None:
+        import contextlib
+        import types
+
+        import torch
+
+        self._torch = torch
+        self.version = types.SimpleNamespace(cuda="13.0")
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = 0.0
+
+            def record(self):
+                self.t = time.perf_counter()
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return max((end.t - self.t) * 1000.0, 1e-3)
+
+        def all_reduce(tensors):
+            total = sum(t.clone() for t in tensors)
+            for t in tensors:
+                t.copy_(total)
+
+        props = types.SimpleNamespace(uuid="2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11")
+        self.cuda = types.SimpleNamespace(
+            is_available=lambda: True, device_count=lambda: gpus, get_device_name=lambda d=None: "NVIDIA H200",
+            get_device_capability=lambda d=None: (9, 0), get_arch_list=lambda: ["sm_80", "sm_90"],
+            get_device_properties=lambda d: props, Event=Event, synchronize=lambda d=None: None,
+            device=lambda d: contextlib.nullcontext(), nccl=types.SimpleNamespace(all_reduce=all_reduce),
+        )
+
+    def device(self, kind, index=None):
+        return self._torch.device("cpu")
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")  # autocast("cuda") on the CPU stand-in
+def test_full_level_gpu_flow_runs_end_to_end(probe, monkeypatch):
+    pytest.importorskip("torch")
+    import functools
+
+    small = {"measure_matmul": {"n": 64, "reps": 2}, "measure_membw": {"nbytes": 1 << 20, "reps": 2},
+             "measure_pcie": {"nbytes": 1 << 20, "reps": 2}, "measure_allreduce": {"numel": 1024, "reps": 2},
+             "measure_training": {"seconds": 0.3, "batch": 2, "seq": 8, "width": 32, "layers": 1}}
+    for name, sizes in small.items():
+        monkeypatch.setattr(probe, name, functools.partial(getattr(probe, name), **sizes))
+    fake = CudaOnCpu(gpus=2)
+    records = {r["id"]: r for r in probe.gpu_records(fake, "full")}
+    assert list(records) == ["cuda.available", *probe.GPU_QUICK, *probe.GPU_FULL]
+    assert records["cuda.devices"]["measured"] == ["GPU-2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11"] * 2
+    assert records["cuda.arch"]["status"] == "pass" and records["cuda.kernel_correct"]["status"] == "pass"
+    for rid, unit in (("matmul.bf16", "TFLOP/s"), ("matmul.tf32", "TFLOP/s"), ("membw", "GB/s")):
+        r = records[rid]
+        assert r["unit"] == unit and r["expected"] == probe.peak_for("NVIDIA H200")[rid.split(".")[-1]] and "% of the" in r["detail"]
+    assert records["nccl.allreduce"]["status"] == "pass" and "correct sum" in records["nccl.allreduce"]["detail"]
+    assert records["training"]["status"] == "pass" and records["training"]["unit"] == "samples/s"
+    assert "SM activity not available" in records["training"]["detail"]
+    assert all("Error" not in r["detail"] for rid, r in records.items() if not rid.startswith("pcie"))
