@@ -31,6 +31,7 @@ LEVELS = ("quick", "full")
 IMAGE_SHM = "16g"
 VERIFY_LABEL = "io.gpurig.verify"
 _SPLIT = "@@gpurig-verify@@"
+_DRIVER = re.compile(r"Kernel Module(?: for [\w.]+)?\s+(\d+\.\d+(?:\.\d+)?)")
 _UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)")
 
 
@@ -136,16 +137,18 @@ def docker_facts(conn: Connection, plan: VerifyPlan) -> dict[str, Any]:
         "nvidia-smi -L 2>/dev/null", f"echo {_SPLIT}",
         "docker info --format '{{json .Runtimes}}' 2>&1", f"echo {_SPLIT}",
         "command -v nvidia-container-runtime-hook nvidia-container-runtime 2>/dev/null", f"echo {_SPLIT}",
-        f"{inspect} 2>&1",
+        f"{inspect} 2>&1", f"echo {_SPLIT}",
+        "cat /proc/driver/nvidia/version 2>/dev/null",
     ])
     out = _sh(conn, ["sh", "-c", script], 60).stdout
-    parts = (out.split(_SPLIT + "\n") + ["", "", "", ""])[:4]
+    parts = (out.split(_SPLIT + "\n") + [""] * 5)[:5]
     return parse_docker_facts(*parts)
 
 
-def parse_docker_facts(gpus: str, runtimes: str, hooks: str, inspect: str) -> dict[str, Any]:
-    """Pure: the four sections of ``docker_facts`` as data (tested from recorded output)."""
-    facts: dict[str, Any] = {"host_uuids": _UUID.findall(gpus), "hook": bool(hooks.strip())}
+def parse_docker_facts(gpus: str, runtimes: str, hooks: str, inspect: str, proc_version: str = "") -> dict[str, Any]:
+    """Pure: the sections of ``docker_facts`` as data (tested from recorded output)."""
+    driver = _DRIVER.search(proc_version)
+    facts: dict[str, Any] = {"host_uuids": _UUID.findall(gpus), "hook": bool(hooks.strip()), "driver": driver and driver.group(1)}
     try:
         facts["runtimes"] = sorted(json.loads(runtimes))
     except ValueError:
@@ -223,7 +226,7 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any],
     records = parse_document(result, "container")
     if records is not None:
         return records
-    return [probe_failed(result, plan)]
+    return [probe_failed(result, plan, facts)]
 
 
 def not_found(plan: VerifyPlan, error: str) -> Record:
@@ -234,9 +237,10 @@ def not_found(plan: VerifyPlan, error: str) -> Record:
                   fix="deploy it first (gpurig deploy), or give the tag of an image the host has")
 
 
-def probe_failed(result: Result, plan: VerifyPlan) -> Record:
+def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None = None) -> Record:
     """Why the container probe gave no records, from Docker's or the shell's own words."""
     text = last_line(result.stderr, result.stdout) or f"exit {result.exited}"
+    labels = (((facts or {}).get("inspect") or {}).get("Config") or {}).get("Labels") or {}
     low = text.lower()
     if "could not select device driver" in low:
         return Record("container", "container.probe", "fail", detail=f"Docker could not start the container with GPUs: {text}",
@@ -244,9 +248,14 @@ def probe_failed(result: Result, plan: VerifyPlan) -> Record:
     if "python3" in low and ("not found" in low or "no such file" in low):
         return Record("container", "container.probe", "fail", detail=f"no python3 in {plan.target}: {text}",
                       fix="verify an image built by gpurig (its python3 is /opt/venv/bin/python3)")
-    if "nvidia-container-cli" in low or "requirement error" in low or "unsatisfied condition" in low:
-        return Record("container", "container.probe", "fail", detail=f"the container toolkit refused the image: {text}",
-                      fix="upgrade the host driver to the image's io.gpurig.min-driver, or use an image for an older CUDA")
+    if "requirement error" in low or "unsatisfied condition" in low:
+        driver, needed, cuda = (facts or {}).get("driver") or "?", labels.get("io.gpurig.min-driver") or "?", labels.get("io.gpurig.cuda") or "?"
+        return Record("container", "container.probe", "fail", driver, f">= {needed}",
+                      detail=f"host driver {driver} too old for the image's CUDA {cuda} (needs >= {needed}): the container toolkit refused it: {text}",
+                      fix=f"upgrade the host driver to >= {needed} (gpurig provision), or use an image built for an older CUDA")
+    if "nvidia-container-cli" in low:
+        return Record("container", "container.probe", "fail", detail=f"the container toolkit could not start the container: {text}",
+                      fix="run nvidia-smi on the host; gpurig verify without --image/--container shows the driver's state")
     return Record("container", "container.probe", "fail", detail=f"the container probe gave no records (exit {result.exited}): {text}",
                   fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py")
 

@@ -182,3 +182,20 @@ def test_an_indented_document_parses_too():
     doc = json.dumps({"probe": "host", "version": 1, "records": [{"id": "host.driver", "status": "fail", "unit": None, "fix": None}]}, indent=1)
     [r] = parse_document(Result("h", "x", 0, doc + "\n", ""), "host")
     assert (r.probe, r.id, r.status, r.unit, r.fix) == ("host", "host.driver", "fail", "", "")
+
+
+PROC_VERSION = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Fri Mar 14 04:10:37 UTC 2025\n"
+                "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+def test_toolkit_refusing_an_image_for_a_newer_cuda_names_both_versions():
+    facts = parse_docker_facts(SMI_L, RUNTIMES_NVIDIA, "", inspect_json(cuda="13.0"), PROC_VERSION)
+    assert facts["driver"] == "570.133.20"
+    stderr = ("docker: Error response from daemon: failed to create task for container: failed to create shim task: "
+              "OCI runtime create failed: runc create failed: unable to start container process: error during container init: "
+              "error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n"
+              "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.0, please update your driver to a newer version, "
+              "or use an earlier cuda container: unknown.\n")
+    r = probe_failed(Result("h", "x", 125, "", stderr), VerifyPlan(image="pytorch:slim-cu130"), facts)
+    assert r.detail.startswith("host driver 570.133.20 too old for the image's CUDA 13.0 (needs >= 580.65.06)")
+    assert r.fix.startswith("upgrade the host driver to >= 580.65.06")
