@@ -85,6 +85,12 @@ class DockerHost:
     name: str
     inventory: Path
     project: Path
+    cid: str
+    docker: object
+
+    def write(self, path: str, content: str, mode: str = "0755") -> None:
+        """A file inside the host as root, not through gpurig (e.g. a stand-in nvidia-smi)."""
+        self.docker("exec", "-i", self.cid, "sh", "-c", f"cat > {path} && chmod {mode} {path}", input=content)
 
 
 @pytest.fixture
@@ -113,7 +119,7 @@ def docker_host(docker_engine, container_kit, host_image, host_key, tmp_path) ->
         project = tmp_path / "project"
         project.mkdir()
         (project / "checks").symlink_to(REPO / "checks")
-        yield DockerHost(name, inventory, project)
+        yield DockerHost(name, inventory, project, cid, docker_engine)
     finally:
         docker_engine("rm", "-f", "-v", cid, check=False)
 

@@ -66,6 +66,24 @@ def test_deployed_container_with_docker_default_shm(docker_host, workload):
     assert "CPU-only torch" in got["cuda.available"]["detail"]
 
 
+# What `nvidia-smi -L` prints on a two-GPU host (recorded on an A100 machine; UUIDs shortened to fake ones).
+SMI_L = """GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-5f2a9c1e-0b7d-4e21-9a3c-1d2e3f4a5b6c)
+GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-8c3b0d2f-1e6a-4f32-8b4d-2e3f4a5b6c7d)
+"""
+
+
+def test_gpu_host_without_the_nvidia_runtime(docker_host, torch_image):
+    """A host whose nvidia-smi lists GPUs but whose Docker has no nvidia runtime: the toolkit fault, with its fix."""
+    docker_host.write("/usr/local/bin/nvidia-smi", f"#!/bin/sh\ncat <<'EOF'\n{SMI_L}EOF\n")
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--image", torch_image, "--json", "-", cwd=docker_host.project)
+    assert proc.returncode == 1, proc.stderr
+    got = records(json.loads(proc.stdout), docker_host.name)
+    runtime = got["toolkit.runtime"]
+    assert runtime["status"] == "fail" and "nvidia runtime is missing" in runtime["detail"]
+    assert "gpurig provision" in runtime["fix"]
+    assert got["torch.import"]["status"] == "pass"  # the image still ran (without --gpus) and said what it could
+
+
 def test_missing_container_is_one_clear_failure(docker_host):
     proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "no-such-box", "--format", "tsv", cwd=docker_host.project)
     assert proc.returncode == 1
