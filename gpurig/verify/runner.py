@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpurig.connection import Connection, Result, last_line
+from gpurig.connection import CommandTimeout, Connection, Result, last_line
 from gpurig.verify.model import HostVerdict, Record
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
@@ -116,7 +116,11 @@ def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, ex
         args += ["--expect-gpus", str(expect_gpus)]
     if expect_model:
         args += ["--expect-model", expect_model]
-    result = _sh(conn, embedded(plan.host_probe, "verify_host.py", args), 120)
+    try:
+        result = _sh(conn, embedded(plan.host_probe, "verify_host.py", args), 120)
+    except CommandTimeout:
+        return [Record("host", "host.probe", "fail", detail="the host probe did not finish within 120 s (a hung nvidia-smi or NVML?)",
+                       fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")]
     records = parse_document(result, "host")
     if records is not None:
         return records
@@ -222,7 +226,11 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any],
         return [Record("container", "container.probe", "fail", state.get("Status"), "running",
                        detail=f"container {plan.container} is not running ({state.get('Status')}, exit code {state.get('ExitCode')})",
                        fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
-    result = _sh(conn, container_command(plan, facts), plan.timeout_s)
+    try:
+        result = _sh(conn, container_command(plan, facts), plan.timeout_s)
+    except CommandTimeout:
+        return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
+                       fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
     records = parse_document(result, "container")
     if records is not None:
         return records
