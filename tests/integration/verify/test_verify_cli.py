@@ -85,12 +85,11 @@ def test_gpu_host_without_the_nvidia_runtime(docker_host, torch_image):
 
 
 def test_missing_container_is_one_clear_failure(docker_host):
-    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "no-such-box", "--format", "tsv", cwd=docker_host.project)
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "no-such-box", "--json", "-", cwd=docker_host.project)
     assert proc.returncode == 1
-    [header, row] = proc.stdout.splitlines()
-    cells = dict(zip(header.split("\t"), row.split("\t")))
-    assert cells["verdict"] == "fail" and cells["failing"].startswith("container.probe: no container no-such-box on this host")
-    assert "gpurig deploy" in cells["fix"]
+    probe = records(json.loads(proc.stdout), docker_host.name)["container.probe"]
+    assert probe["status"] == "fail" and probe["detail"].startswith("no container no-such-box on this host")
+    assert "gpurig deploy" in probe["fix"]
 
 
 def test_probe_in_a_container_started_without_gpus_and_64mb_shm(docker_engine, torch_image, container_kit):
