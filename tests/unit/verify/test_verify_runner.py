@@ -199,3 +199,22 @@ def test_toolkit_refusing_an_image_for_a_newer_cuda_names_both_versions():
     r = probe_failed(Result("h", "x", 125, "", stderr), VerifyPlan(image="pytorch:slim-cu130"), facts)
     assert r.detail.startswith("host driver 570.133.20 too old for the image's CUDA 13.0 (needs >= 580.65.06)")
     assert r.fix.startswith("upgrade the host driver to >= 580.65.06")
+
+
+def test_json_report_validates_against_its_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    from pathlib import Path
+
+    from gpurig.cli.options import HostOptions
+    from gpurig.cli.options import fleet_document
+    from gpurig.config import settings
+    from gpurig.fleet import jsonable
+    from invoke import Config
+
+    schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())
+    opts = HostOptions(settings=settings(Config()), limit=())
+    doc = json.loads(json.dumps(fleet_document(opts, fleet(), "gpurig.verify/1", level="full", target="image x", passed=False), default=jsonable))
+    jsonschema.validate(doc, schema)
+    doc["hosts"][0]["data"]["records"][0]["status"] = "ok"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)

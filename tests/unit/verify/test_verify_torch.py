@@ -289,3 +289,11 @@ def test_full_level_gpu_flow_runs_end_to_end(probe, monkeypatch):
     assert records["training"]["status"] == "pass" and records["training"]["unit"] == "samples/s"
     assert "SM activity not available" in records["training"]["detail"]
     assert all("Error" not in r["detail"] for rid, r in records.items() if not rid.startswith("pcie"))
+
+
+def test_json_document_validates_against_the_probe_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("torch")
+    schema = json.loads((SCRIPT.parent / "verify-probe.schema.json").read_text())
+    proc = run_probe("--json")
+    jsonschema.validate(json.loads(proc.stdout), schema)
