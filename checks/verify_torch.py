@@ -569,7 +569,9 @@ def gpu_records(torch, level):
     out = [record("cuda.available", "pass", True, True, "", f"{len(devices)} GPU(s), CUDA {torch.version.cuda}, driver {host_driver() or '?'}")]
     uuids = [_uuid(torch, d) for d in devices]
     out.append(record("cuda.devices", "pass", uuids, None, "", "; ".join(f"{i}: {n}" for i, n in enumerate(names))))
-    out.append(arch_record(torch.cuda.get_device_capability(devices[0]), torch.cuda.get_arch_list(), names[0]))
+    kinds = {(torch.cuda.get_device_capability(d), n) for d, n in zip(devices, names)}  # mixed GPUs: each kind once
+    archs = [arch_record(cap, torch.cuda.get_arch_list(), n) for cap, n in sorted(kinds)]
+    out.append(next((r for r in archs if r["status"] == worst(archs)), archs[0]))
     if out[-1]["status"] == "fail":
         return out + [skipped(r, "cuda.arch") for r in wanted if r not in ("cuda.devices", "cuda.arch")]
     out.append(_guard("cuda.kernel_correct", lambda: kernel_record(measure_kernel(torch, devices), 1e-4,
