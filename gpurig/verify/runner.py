@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import secrets
 import shlex
 import time
 import zlib
@@ -44,6 +45,7 @@ class VerifyPlan:
     image: str | None = None
     host_probe: str | None = None  # the probes' source text; None: that probe is not available
     torch_probe: str | None = None
+    container_timeout_s: float | None = None  # None: 120 s quick, 600 s full
 
     @classmethod
     def from_checks(cls, level: str = "quick", container: str | None = None, image: str | None = None) -> VerifyPlan:
@@ -56,6 +58,8 @@ class VerifyPlan:
 
     @property
     def timeout_s(self) -> float:
+        if self.container_timeout_s is not None:
+            return self.container_timeout_s
         return 600.0 if self.level == "full" else 120.0
 
 
@@ -201,7 +205,8 @@ def toolkit_records(facts: dict[str, Any], plan: VerifyPlan) -> list[Record]:
                    fix="add gpus: to its gpurig_containers entry (or docker run --gpus) and redeploy")]
 
 
-def container_command(plan: VerifyPlan, facts: dict[str, Any]) -> list[str]:
+def container_command(plan: VerifyPlan, facts: dict[str, Any], name: str = "gpurig-verify") -> list[str]:
+    """``docker exec`` into the deployed container, or ``docker run --rm --name NAME`` of the image, running the probe."""
     labels = ((facts.get("inspect") or {}).get("Config") or {}).get("Labels") or {}
     args = ["--json", "--level", plan.level]
     if labels.get("io.gpurig.cuda"):
@@ -209,7 +214,7 @@ def container_command(plan: VerifyPlan, facts: dict[str, Any]) -> list[str]:
     if plan.container:
         return ["docker", "exec", plan.container, *embedded(plan.torch_probe or "", "verify_torch.py", args)]
     gpus = ["--gpus", "all"] if gpu_flag(facts) else []
-    run = ["docker", "run", "--rm", "--pull", "never", "--label", f"{VERIFY_LABEL}=1", "--shm-size", IMAGE_SHM, *gpus,
+    run = ["docker", "run", "--rm", "--name", name, "--pull", "never", "--label", f"{VERIFY_LABEL}=1", "--shm-size", IMAGE_SHM, *gpus,
            "--entrypoint", "python3", plan.image or ""]
     return [*run, *embedded(plan.torch_probe or "", "verify_torch.py", args)[1:]]
 
@@ -226,9 +231,12 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any],
         return [Record("container", "container.probe", "fail", state.get("Status"), "running",
                        detail=f"container {plan.container} is not running ({state.get('Status')}, exit code {state.get('ExitCode')})",
                        fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
+    name = f"gpurig-verify-{secrets.token_hex(4)}"
     try:
-        result = _sh(conn, container_command(plan, facts), plan.timeout_s)
+        result = _sh(conn, container_command(plan, facts, name), plan.timeout_s)
     except CommandTimeout:
+        if plan.image:  # the throwaway container outlives its killed client: remove it by its name
+            _sh(conn, ["docker", "rm", "-f", name], 60)
         return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
                        fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
     records = parse_document(result, "container")

@@ -108,3 +108,17 @@ def test_bad_flags_are_one_line_before_any_host(docker_host):
     proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", "a", "--image", "b", cwd=docker_host.project)
     assert proc.returncode != 0 and "--container and --image both given" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_probe_past_its_timeout_leaves_no_container(docker_engine, torch_image):
+    """The library call with a local connection: the throwaway container is removed by name when the probe overruns."""
+    import dataclasses
+
+    from gpurig.local import LocalConnection
+    from gpurig.verify.runner import VerifyPlan, verify_host
+
+    plan = dataclasses.replace(VerifyPlan.from_checks("quick", image=torch_image), host_probe=None, container_timeout_s=0.5)
+    verdict = verify_host(LocalConnection("here"), plan)
+    probe = next(r for r in verdict.records if r.id == "container.probe")
+    assert probe.status == "fail" and "did not finish within 0.5 s" in probe.detail
+    assert not docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
