@@ -122,3 +122,12 @@ def test_a_probe_past_its_timeout_leaves_no_container(docker_engine, torch_image
     probe = next(r for r in verdict.records if r.id == "container.probe")
     assert probe.status == "fail" and "did not finish within 0.5 s" in probe.detail
     assert not docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
+
+
+def test_hostile_names_reach_docker_literally(docker_host):
+    hostile = "x$(touch /tmp/pwned);touch /tmp/pwned2 'q\"\n"
+    proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", hostile, "--json", "-", cwd=docker_host.project)
+    assert proc.returncode == 1, proc.stderr
+    assert records(json.loads(proc.stdout), docker_host.name)["container.probe"]["status"] == "fail"
+    seen = docker_host.docker("exec", docker_host.cid, "sh", "-c", "ls /tmp/pwned /tmp/pwned2 2>&1 || true").stdout
+    assert "No such file" in seen and seen.count("No such file") == 2
