@@ -125,6 +125,18 @@ def host_image(docker_engine) -> str:
 
 
 @pytest.fixture(scope="session")
+def systemd_images(docker_engine, container_kit):
+    """systemd_kit.SystemdImages: the systemd host images (debian12, debian13), each built once when first asked for."""
+    from systemd_kit import SystemdImages
+
+    images = SystemdImages(docker_engine, container_kit)
+    try:
+        yield images
+    finally:
+        images.remove()
+
+
+@pytest.fixture(scope="session")
 def host_key(tmp_path_factory) -> Path:
     key = tmp_path_factory.mktemp("container-hosts") / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpurig-test", "-f", str(key)], check=True)

@@ -1,0 +1,1 @@
+"""Deploy tests against a provisioned systemd host with stand-in GPUs."""
