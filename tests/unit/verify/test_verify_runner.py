@@ -205,11 +205,11 @@ def test_json_report_validates_against_its_schema():
     jsonschema = pytest.importorskip("jsonschema")
     from pathlib import Path
 
-    from gpurig.cli.options import HostOptions
-    from gpurig.cli.options import fleet_document
+    from invoke import Config
+
+    from gpurig.cli.options import HostOptions, fleet_document
     from gpurig.config import settings
     from gpurig.fleet import jsonable
-    from invoke import Config
 
     schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())
     opts = HostOptions(settings=settings(Config()), limit=())
