@@ -84,7 +84,9 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
         t0 = time.monotonic()
         container = container_records(conn, plan, facts, toolkit)
         seconds["container"] = time.monotonic() - t0
-        records += toolkit + [uuid_record(facts.get("host_uuids", []), container)] + container
+        host_uuids = facts.get("host_uuids", [])
+        assigned = assigned_gpus(host_uuids, facts.get("inspect")) if plan.container else None
+        records += toolkit + [uuid_record(host_uuids, container, assigned)] + container
     return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
 
 
@@ -276,8 +278,34 @@ def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None 
                   fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py")
 
 
-def uuid_record(host_uuids: list[str], container: list[Record]) -> Record:
-    """The toolkit handed the container the host's own GPUs: every UUID the container sees is one of the host's."""
+def assigned_gpus(host_uuids: list[str], inspect: dict[str, Any] | None) -> list[str] | None:
+    """The UUIDs a container was given (--gpus / NVIDIA_VISIBLE_DEVICES), in the host's terms; None: all of them or unknown."""
+    if not inspect:
+        return None
+    wanted: list[str] = []
+    for request in (inspect.get("HostConfig") or {}).get("DeviceRequests") or []:
+        if request.get("Count") == -1:
+            return None
+        wanted += [str(d) for d in request.get("DeviceIDs") or []]
+    if not wanted:
+        env = dict(e.split("=", 1) for e in (inspect.get("Config") or {}).get("Env") or [] if "=" in e)
+        visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        if visible in ("", "all", "void", "none"):
+            return None
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    out = []
+    for ident in wanted:
+        if ident.isdigit():
+            if int(ident) >= len(host_uuids):
+                return None  # an index the host does not have: the toolkit would have refused; nothing to compare
+            out.append(host_uuids[int(ident)])
+        else:
+            out.append(ident)
+    return out
+
+
+def uuid_record(host_uuids: list[str], container: list[Record], assigned: list[str] | None = None) -> Record:
+    """The toolkit handed the container the host's own GPUs (the ones it was assigned, where it was assigned some)."""
     seen = next((r.measured for r in container if r.id == "cuda.devices" and r.status != "skip"), None)
     if not host_uuids:
         return Record("toolkit", "toolkit.uuids", "skip", detail="no NVIDIA GPU visible on the host (nvidia-smi -L)")
@@ -288,5 +316,10 @@ def uuid_record(host_uuids: list[str], container: list[Record]) -> Record:
         return Record("toolkit", "toolkit.uuids", "fail", seen, host_uuids,
                       detail=f"the container sees GPUs the host does not list: {', '.join(map(str, foreign))}",
                       fix="check NVIDIA_VISIBLE_DEVICES and the toolkit's config (nvidia-ctk), then redeploy")
-    return Record("toolkit", "toolkit.uuids", "pass", len(seen), len(host_uuids), "GPUs",
-                  detail=f"the container sees {len(seen)} of the host's {len(host_uuids)} GPUs, same UUIDs")
+    if assigned is not None and sorted(seen) != sorted(assigned):
+        return Record("toolkit", "toolkit.uuids", "fail", seen, assigned,
+                      detail="the container sees other GPUs than it was assigned: another user's GPUs, or fewer than asked",
+                      fix="check the container's gpus: in gpurig_containers and NVIDIA_VISIBLE_DEVICES in its image/env, then redeploy")
+    mine = f"its {len(assigned)} assigned" if assigned is not None else f"{len(seen)} of the host's {len(host_uuids)}"
+    return Record("toolkit", "toolkit.uuids", "pass", len(seen), len(assigned) if assigned is not None else len(host_uuids), "GPUs",
+                  detail=f"the container sees {mine} GPUs, with the host's UUIDs")

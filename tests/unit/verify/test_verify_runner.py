@@ -218,3 +218,20 @@ def test_json_report_validates_against_its_schema():
     doc["hosts"][0]["data"]["records"][0]["status"] = "ok"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema)
+
+
+def test_a_container_must_see_exactly_the_gpus_it_was_assigned():
+    from gpurig.verify.runner import assigned_gpus
+
+    host = parse_docker_facts(SMI_L, "{}", "", "[]")["host_uuids"]
+    one = json.loads(inspect_json(gpus=True))[0]
+    one["HostConfig"]["DeviceRequests"][0].update(Count=0, DeviceIDs=["1"])
+    assert assigned_gpus(host, one) == [host[1]]
+    assert assigned_gpus(host, json.loads(inspect_json(gpus=True))[0]) is None  # --gpus all
+    by_env = json.loads(inspect_json(runtime="nvidia"))[0]
+    by_env["Config"]["Env"] = [f"NVIDIA_VISIBLE_DEVICES={host[0]}", "PATH=/usr/bin"]
+    assert assigned_gpus(host, by_env) == [host[0]]
+    seen = lambda uuids: [Record("container", "cuda.devices", "pass", uuids)]  # noqa: E731
+    assert uuid_record(host, seen([host[1]]), [host[1]]).status == "pass"
+    wrong = uuid_record(host, seen([host[0]]), [host[1]])
+    assert wrong.status == "fail" and "other GPUs than it was assigned" in wrong.detail
