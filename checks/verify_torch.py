@@ -19,7 +19,9 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -261,7 +263,7 @@ def kernel_record(max_rel_error, tolerance, what):
 
 
 def training_record(samples_per_s, util, sm_activity, why_no_sm, gpu_name):
-    util_text = f"GPU utilisation {util:.0%}" if util is not None else "GPU utilisation not available (no pynvml)"
+    util_text = f"GPU utilisation {util:.0%}" if util is not None else "GPU utilisation not available (no NVML binding, no nvidia-smi)"
     sm_text = f"SM activity {sm_activity:.0%}" if sm_activity is not None else f"SM activity not available ({why_no_sm})"
     return record("training", "pass", round(samples_per_s, 1), None, "samples/s",
                   f"small transformer, AMP bf16 on {gpu_name}; {util_text}, {sm_text}. {UTILISATION_MEANING}")
@@ -431,9 +433,10 @@ class Utilisation:
     """NVML samples while the training loop runs: utilisation (kernel running) and GPM SM activity (Hopper+)."""
 
     def __init__(self, index, uuid=None):
-        self.index, self.util, self.sm, self.why_no_sm = index, [], [], ""
+        self.index, self.uuid, self.util, self.sm, self.why_no_sm = index, uuid, [], [], ""
         self._stop = threading.Event()
         self._thread = None
+        self.smi = shutil.which("nvidia-smi")  # the toolkit mounts it into GPU containers (utility capability)
         try:
             import pynvml
 
@@ -442,11 +445,13 @@ class Utilisation:
             # by UUID: NVML's index and CUDA's differ when the container sees a subset of the GPUs
             self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as err:  # ImportError, or NVML missing in the container
-            self.nvml, self.why_no_sm = None, f"no NVML: {first_line(err) or type(err).__name__}"
+            self.nvml = None
+            self.why_no_sm = f"no NVML binding in the container ({first_line(err) or type(err).__name__}): pip install nvidia-ml-py"
 
     def __enter__(self):
-        if self.nvml is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
+        run = self._run if self.nvml is not None else self._run_smi if self.smi else None
+        if run is not None:
+            self._thread = threading.Thread(target=run, daemon=True)
             self._thread.start()
         return self
 
@@ -473,6 +478,17 @@ class Utilisation:
                 pass
             if gpm:
                 prev = self._gpm_step(prev)
+
+    def _run_smi(self):
+        """Utilisation only, from nvidia-smi's query (its text is no stable interface; its CSV query is)."""
+        target = ["-i", self.uuid] if self.uuid else ["-i", str(self.index)]
+        while not self._stop.wait(0.5):
+            try:
+                out = subprocess.run([self.smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", *target],
+                                     capture_output=True, text=True, timeout=5).stdout.strip()
+                self.util.append(int(out.splitlines()[0]) / 100.0)
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                pass
 
     def _gpm_step(self, prev):
         nvml = self.nvml

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -297,3 +298,20 @@ def test_json_document_validates_against_the_probe_schema():
     schema = json.loads((SCRIPT.parent / "verify-probe.schema.json").read_text())
     proc = run_probe("--json")
     jsonschema.validate(json.loads(proc.stdout), schema)
+
+
+def test_utilisation_falls_back_to_nvidia_smi_when_no_nvml_binding(probe, tmp_path, monkeypatch):
+    """A GPU container with the toolkit's nvidia-smi but no nvidia-ml-py: utilisation still measured, SM activity said missing."""
+    smi = tmp_path / "nvidia-smi"
+    # what `nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -i UUID` prints for one GPU
+    smi.write_text("#!/bin/sh\necho 97\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml fails, as in an image without it
+    sampler = probe.Utilisation(0, "GPU-2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11")
+    with sampler:
+        deadline = time.monotonic() + 10
+        while not sampler.util and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling until the sampler's first reading, with a deadline
+    util, sm, why = sampler.means()
+    assert util == 0.97 and sm is None and "pip install nvidia-ml-py" in why
