@@ -5,7 +5,7 @@ its inner engine keeps images on an anonymous volume, removed with the host)
 and runs `gpurig provision --only docker,daemon` on it over SSH, so Provision
 is the real thing under test. No GPU can exist here, so the test then puts
 stand-ins in through its own `docker exec` (never through gpurig), written
-to replay real output (tests/integration/deploy/standins.py): `nvidia-smi`
+to replay real output (tests/integration/deploy/gpuhost.py): `nvidia-smi`
 answering for two A100s, the container toolkit's hook and runtime, and the
 ``nvidia`` runtime in daemon.json as gpurig's toolkit step writes it. With
 the hook on PATH when dockerd starts, dockerd registers its ``nvidia``
@@ -23,13 +23,9 @@ file, not copied).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,23 +35,8 @@ import pytest
 
 from systemd_kit import SystemdHosts, authorized_keys, inventory_for
 
-from .standins import DEFAULT_DRIVER, DRIVER_FILE, FAKE_GPUS, install_standins, make_probe_image, nvidia_runtime_json
-
-REPO = Path(__file__).resolve().parents[3]
-PROVISION_VARS = {"gpurig_docker": {"users": ["gpurig"]}}
-PROBE_IMAGE = "gpurig-test-probe:1"
-
-
-def _load_images_conftest():
-    path = Path(__file__).resolve().parents[1] / "images" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("gpurig_tests_images_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-images_kit = _load_images_conftest()
+from .cpuimages import CpuImages, images_kit, make_project
+from .gpuhost import DEFAULT_DRIVER, DRIVER_FILE, FAKE_GPUS, PROBE_IMAGE, check_gpu_requests, gpurig, prepare_host, restart_docker
 
 
 def pytest_collection_modifyitems(items):
@@ -63,14 +44,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.integration)
-
-
-def gpurig(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`gpurig ARGS` as a user runs it, from ``cwd`` (HOME there too, so no user SSH config or agent joins in)."""
-    env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}
-    env.pop("SSH_AUTH_SOCK", None)
-    code = "import sys; from gpurig.cli import main; main(['gpurig', *sys.argv[1:]])"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass
@@ -145,41 +118,6 @@ class DeployHost:
             self.set_driver(DEFAULT_DRIVER)
 
 
-def restart_docker(host, deadline_s: float = 60) -> None:
-    """`systemctl restart docker` in the host, then wait until its engine answers."""
-    host.sh("systemctl restart docker")
-    end = time.monotonic() + deadline_s
-    while host.sh("docker info --format '{{.ServerVersion}}'", check=False).returncode != 0:
-        if time.monotonic() > end:
-            raise AssertionError(f"dockerd in {host.name} did not come back: {host.sh('journalctl -u docker -n 20', check=False).stdout}")
-        time.sleep(0.2)  # polling interval while dockerd starts, not a synchronisation sleep
-
-
-def prepare_host(host, work: Path) -> None:
-    """`gpurig provision --only docker,daemon` over SSH, then the GPU stand-ins and the nvidia runtime through docker exec."""
-    inventory = inventory_for(work / "provision" / "hosts.yaml", host, PROVISION_VARS)
-    proc = gpurig(inventory.parent, "provision", "--inventory", str(inventory), "--only", "docker,daemon")
-    assert proc.returncode == 0, f"gpurig provision failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
-    install_standins(host)
-    host.write("/etc/docker/daemon.json", nvidia_runtime_json(host.read("/etc/docker/daemon.json") or ""))
-    restart_docker(host)
-    make_probe_image(host, PROBE_IMAGE)
-
-
-def check_gpu_requests(host, label: str) -> None:
-    """`docker run --gpus device=1` starts, and the container's config holds the request: the fixture's own proof."""
-    run = host.sh(f"docker run -d --label {label} --gpus device=1 {PROBE_IMAGE}", check=False)
-    assert run.returncode == 0, f"docker run --gpus in the deploy host failed: {run.stderr.strip()}"
-    cid = run.stdout.strip()
-    try:
-        found = json.loads(host.sh(f"docker inspect {cid}").stdout)[0]
-        requests = found["HostConfig"]["DeviceRequests"]
-        assert found["State"]["Running"], found["State"]
-        assert [(r["DeviceIDs"], r["Capabilities"]) for r in requests] == [(["1"], [["gpu"]])], requests
-    finally:
-        host.sh(f"docker rm -f -v {cid}", check=False)
-
-
 @pytest.fixture(scope="session")
 def deploy_host(docker_engine, container_kit, systemd_images, host_key, tmp_path_factory) -> DeployHost:
     """The session's provisioned Debian 12 host with fake GPUs; removed (with its engine's volume) at the end."""
@@ -223,56 +161,6 @@ def deploy_inventory(clean_deploy_host, tmp_path):
 def gpurig_cli(tmp_path):
     """run(*args, timeout=600, env=None) -> CompletedProcess: `gpurig ...` from tmp_path, HOME there too."""
     return lambda *args, **kw: gpurig(tmp_path, *args, **kw)
-
-
-@dataclass
-class CpuImages:
-    """The CPU images of a test spec, each built once through `gpurig build` when first asked for: images["slim"] -> ref."""
-
-    project: Path
-    spec_name: str
-    label: str
-    refs: dict = field(default_factory=dict)
-    built: list = field(default_factory=list)  # every tag made, removed at the end
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __getitem__(self, variant: str) -> str:
-        with self._lock:
-            if variant not in self.refs:
-                self.refs[variant] = self.build(self.project, variant)
-            return self.refs[variant]
-
-    def build(self, project: Path, variant: str) -> str:
-        proc = gpurig(project, "build", "--variant", variant, "--cuda", "cpu", "--label", self.label, timeout=1800)
-        assert proc.returncode == 0, f"gpurig build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
-        spec = (project / "images" / "pytorch.yaml").read_text().split("\n", 1)[0].split(":", 1)[1].strip()
-        ref = f"{spec}:{images_kit.CPU_TORCH}-cpu-{variant}"
-        self.built += [ref, f"{spec}:{variant}-cpu"]
-        return ref
-
-    def copy_project(self, dest: Path, spec_name: str) -> Path:
-        """A copy of the project under another spec name, checks/ copied (editable), templates shared."""
-        make_project(dest, spec_name, self.base, self.wheels)
-        return dest
-
-    base: str = ""
-    wheels: str = ""
-
-
-def make_project(root: Path, spec_name: str, base: str, wheels: str) -> Path:
-    """A project: this checkout's templates (linked), a copy of checks/, images/pytorch.yaml with the CPU test spec."""
-    import shutil
-
-    root.mkdir(parents=True, exist_ok=True)
-    for name in ("templates", ".hadolint.yaml"):
-        (root / name).symlink_to(REPO / name)
-    shutil.copytree(REPO / "checks", root / "checks", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "images").mkdir()
-    k = images_kit
-    (root / "images" / "pytorch.yaml").write_text(k.SPEC.format(
-        name=spec_name, registry="", cpu_torch=k.CPU_TORCH, cuda_torch=k.CUDA_TORCH, cuda=k.CUDA, base=base,
-        bootstrap='  bootstrap: {suite: bookworm, mirror: "http://deb.debian.org/debian"}', slim="", wheels=wheels))
-    return root
 
 
 @pytest.fixture(scope="session")

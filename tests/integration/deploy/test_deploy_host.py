@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .standins import FAKE_GPUS
+from .gpuhost import FAKE_GPUS
 
 pytestmark = pytest.mark.integration
 QUERY = "--query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id"

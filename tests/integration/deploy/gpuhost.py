@@ -1,7 +1,10 @@
-"""Stand-ins for what a GPU host has and this machine cannot: nvidia-smi, the container toolkit's hook and runtime.
+"""A provisioned systemd host made to look like a GPU host: `gpurig provision`, then stand-ins put in by docker exec.
 
-They are put into a test host through the test's own `docker exec`, never
-through gpurig. `nvidia-smi` replays the output format recorded from real
+``prepare_host`` runs `gpurig provision --only docker,daemon` on a fresh
+systemd host (tests/integration/systemd_kit.py), then puts in the stand-ins
+for what a GPU host has and this machine cannot: nvidia-smi, the container
+toolkit's hook and runtime, the nvidia runtime in daemon.json. They go in
+through the test's own `docker exec`, never through gpurig. `nvidia-smi` replays the output format recorded from real
 A100 hosts (tests/fixtures/facts/a100-driver550-open-docker-stopped.txt)
 for two GPUs, with the driver version read from DRIVER_FILE (empty: no
 driver, and it fails as the real one does when it cannot reach the kernel
@@ -15,6 +18,17 @@ must succeed. `nvidia-container-runtime` hands its arguments to runc.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from systemd_kit import inventory_for
+
+REPO = Path(__file__).resolve().parents[3]
+PROVISION_VARS = {"gpurig_docker": {"users": ["gpurig"]}}
+PROBE_IMAGE = "gpurig-test-probe:1"
 
 DRIVER_FILE = "/etc/gpurig-test/driver"
 DEFAULT_DRIVER = "580.95.05"
@@ -149,3 +163,46 @@ rm -rf "$root"
 def make_probe_image(host, ref: str) -> None:
     """A few-MB image in the host's own engine, made from its own sleep/sh/cat (no registry needed)."""
     host.sh(f"sh -s -- {ref}", input=PROBE_SCRIPT)
+
+
+def gpurig(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`gpurig ARGS` as a user runs it, from ``cwd`` (HOME there too, so no user SSH config or agent joins in)."""
+    env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}
+    env.pop("SSH_AUTH_SOCK", None)
+    code = "import sys; from gpurig.cli import main; main(['gpurig', *sys.argv[1:]])"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def restart_docker(host, deadline_s: float = 60) -> None:
+    """`systemctl restart docker` in the host, then wait until its engine answers."""
+    host.sh("systemctl restart docker")
+    end = time.monotonic() + deadline_s
+    while host.sh("docker info --format '{{.ServerVersion}}'", check=False).returncode != 0:
+        if time.monotonic() > end:
+            raise AssertionError(f"dockerd in {host.name} did not come back: {host.sh('journalctl -u docker -n 20', check=False).stdout}")
+        time.sleep(0.2)  # polling interval while dockerd starts, not a synchronisation sleep
+
+
+def prepare_host(host, work: Path) -> None:
+    """`gpurig provision --only docker,daemon` over SSH, then the GPU stand-ins and the nvidia runtime through docker exec."""
+    inventory = inventory_for(work / "provision" / "hosts.yaml", host, PROVISION_VARS)
+    proc = gpurig(inventory.parent, "provision", "--inventory", str(inventory), "--only", "docker,daemon")
+    assert proc.returncode == 0, f"gpurig provision failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    install_standins(host)
+    host.write("/etc/docker/daemon.json", nvidia_runtime_json(host.read("/etc/docker/daemon.json") or ""))
+    restart_docker(host)
+    make_probe_image(host, PROBE_IMAGE)
+
+
+def check_gpu_requests(host, label: str) -> None:
+    """`docker run --gpus device=1` starts, and the container's config holds the request: the fixture's own proof."""
+    run = host.sh(f"docker run -d --label {label} --gpus device=1 {PROBE_IMAGE}", check=False)
+    assert run.returncode == 0, f"docker run --gpus in the deploy host failed: {run.stderr.strip()}"
+    cid = run.stdout.strip()
+    try:
+        found = json.loads(host.sh(f"docker inspect {cid}").stdout)[0]
+        requests = found["HostConfig"]["DeviceRequests"]
+        assert found["State"]["Running"], found["State"]
+        assert [(r["DeviceIDs"], r["Capabilities"]) for r in requests] == [(["1"], [["gpu"]])], requests
+    finally:
+        host.sh(f"docker rm -f -v {cid}", check=False)

@@ -1,0 +1,300 @@
+"""Getting an image onto a host, fastest path first: present, pull, forward, save-load.
+
+``deliver(local, remote, conn, ref)`` tries in order:
+
+1. **present**: the host already has the image id: nothing moves (the name is
+   tagged there if only the id was).
+2. **pull**: the spec's registry answers from the host and holds the very
+   image this machine built (same id): the host pulls it.
+3. **forward**: this machine pushes the image into its own registry
+   (gpurig.deploy.registry; local, only new layers are written), and the
+   host's dockerd pulls it through a reverse port forward on the host's
+   loopback, so only the layers the host lacks cross the SSH connection.
+   The host pulls a temporary ``127.0.0.1:<port>/...`` name; only when the
+   pull completed and the id matches is the real name tagged, so a
+   half-moved image never carries it. The registry keeps every pushed layer,
+   so a retry after an interruption moves only what the host still lacks.
+4. **save-load**: `docker save` streamed over SSH into the host's
+   `docker load`: everything moves; the last resort (no registry binary, or
+   the host's sshd refuses port forwarding).
+
+``bytes_moved`` counts bytes that crossed the SSH connection (forward,
+save-load) or that the host downloaded from the registry (pull).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import docker.errors
+import paramiko
+import requests
+
+from gpurig.connection import Connection, last_line
+from gpurig.engine import Engine, EngineError
+from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
+from gpurig.deploy.progress import Progress, PullFailed, PullProgress
+from gpurig.deploy.stages import Staged, StageError, stage_image
+
+METHODS = ("present", "pull", "forward", "save-load")
+DISK_FULL_FIX = "free space on the host (`docker image prune`, or remove images it no longer runs) and deploy again"
+
+
+class DeliveryError(EngineError):
+    """An image that could not be moved onto a host."""
+
+
+class _FallBack(Exception):
+    """A path that cannot be used here; its message says why (kept in the Delivery's note)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    method: str  # present | pull | forward | save-load
+    bytes_moved: int
+    image_id: str
+    seconds: float = 0.0
+    note: str = ""  # why faster paths were not taken
+
+
+def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, registry: str | None = None,
+            progress: Progress | None = None, say: Callable[[str], None] | None = None,
+            methods: Iterable[str] = METHODS, cache_dir: Path | None = None) -> Delivery:
+    """Make ``ref`` (name:tag, as built on this machine) exist on ``remote``'s host with the same image id."""
+    started = time.monotonic()
+    progress = progress or (lambda done, total: None)
+    say = say or (lambda text: None)
+    methods = tuple(methods)
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown delivery methods {sorted(unknown)}")
+    want = local.image(ref)
+    if want is None and not registry:
+        raise DeliveryError(f"image {ref} is not on this machine", "build it first (`invoke build`), or set registry: in its image spec")
+    notes: list[str] = []
+
+    def done(method: str, moved: int, image_id: str) -> Delivery:
+        return Delivery(method, moved, image_id, time.monotonic() - started, "; ".join(notes))
+
+    if want is not None and "present" in methods and remote.image(want.id) is not None:
+        _tag(remote, want.id, ref)
+        return done("present", 0, want.id)
+    if registry and "pull" in methods:
+        try:
+            image_id, moved = _pull_from_registry(remote, ref, registry, want, progress, say)
+            return done("pull", moved, image_id)
+        except _FallBack as why:
+            notes.append(str(why))
+    if want is None:
+        raise DeliveryError(f"image {ref} is neither on this machine nor pullable by {remote.name}: {notes[-1]}",
+                            "build it here (`invoke build`), or push it to the registry")
+    if "forward" in methods:
+        try:
+            return done("forward", _forward(local, remote, conn, ref, want.id, progress, say, cache_dir), want.id)
+        except _FallBack as why:
+            notes.append(str(why))
+    if "save-load" in methods:
+        return done("save-load", _save_load(local, remote, ref, want.id, want.size, progress, say), want.id)
+    raise DeliveryError(f"image {ref} could not be moved to {remote.name}: {'; '.join(notes) or 'no method allowed'}",
+                        "allow the save-load method, or fix the reasons above")
+
+
+# --- pull from the spec's registry ----------------------------------------------------------------
+
+
+def _pull_from_registry(remote: Engine, ref: str, registry: str, want, progress: Progress, say) -> tuple[str, int]:
+    parsed = parse_reference(ref)
+    source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
+    say(f"pulling {source} from the registry")
+    try:
+        pulled = _host_pull(remote, source, PullProgress(progress))
+    except PullFailed as err:
+        if err.disk_full:
+            raise _disk_full(remote, err.message) from None
+        raise _FallBack(f"registry {registry} did not give {source} to the host: {err.message}") from None
+    found = remote.image(source)
+    if found is None:
+        raise _FallBack(f"registry {registry}: the pull of {source} left no image")
+    if want is not None and found.id != want.id:
+        _untag(remote, source)
+        raise _FallBack(f"registry {registry} holds another image under {source} than this machine built (push it again)")
+    if source != ref:
+        _tag(remote, found.id, ref)
+    return found.id, pulled
+
+
+# --- forward: the local registry through a reverse port forward --------------------------------------
+
+
+def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id: str, progress: Progress, say, cache_dir) -> int:
+    transport_of = getattr(conn, "paramiko_transport", None)
+    if transport_of is None:
+        raise _FallBack("no SSH connection to forward a port over")
+    if find_registry_binary() is None:
+        raise _FallBack("no docker-registry on this machine, so the whole image moved by docker save | docker load "
+                        "(install Debian's docker-registry package to move only missing layers)")
+    parsed = staging_reference(parse_reference(ref))
+    try:
+        with shared_registry(cache_dir) as registry:
+            say(f"pushing {ref} into the local registry")
+            _push(local, image_id, parsed.on(registry.address))
+            try:
+                staged = stage_image(registry.address, parsed.path, parsed.tag)
+            except StageError:  # one pull of the whole image: still only missing layers, but no resume point
+                staged = Staged((), ())
+            forward = ReverseForward(transport_of(), ("127.0.0.1", registry.port))
+            try:
+                forward.open()
+            except paramiko.SSHException as err:
+                raise _FallBack(f"the host's sshd refused a port forward ({last_line(str(err)) or 'AllowTcpForwarding no?'}), "
+                                "so the whole image moved by docker save | docker load") from None
+            with forward:
+                _pull_forwarded(remote, ref, parsed, image_id, forward, staged, progress, say)
+            return forward.meter.total
+    except RegistryError as err:
+        raise _FallBack(f"{err.problem}: moved by docker save | docker load") from None
+
+
+def _pull_forwarded(remote: Engine, ref: str, parsed, image_id: str, forward: ReverseForward, staged: Staged, progress: Progress, say) -> None:
+    """The host pulls the stages, then the image under a temporary name; the real name goes only on the complete, same-id image."""
+    say(f"{remote.name} pulls the layers it lacks through the SSH connection")
+    via = f"127.0.0.1:{forward.port}"
+    temp = parsed.on(via)
+    tracker = PullProgress(progress, staged.sizes, lambda: forward.meter.down)
+    try:
+        for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
+            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker)
+        _host_pull(remote, temp, tracker)
+        found = remote.image(temp)
+        if found is None or found.id != image_id:
+            raise DeliveryError(f"{remote.name}: the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
+                                "deploy again; if it persists, remove the image on the host")
+        _tag(remote, image_id, ref)
+    except PullFailed as err:
+        if err.disk_full:
+            raise _disk_full(remote, err.message) from None
+        raise DeliveryError(f"{remote.name}: pulling through the SSH forward failed: {err.message}",
+                            "deploy again: only the layers still missing will move") from None
+    finally:
+        _untag(remote, temp)
+    _forget_temporary_names(remote, parsed, staged)
+
+
+def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
+    """This image's stage and temporary names (this delivery's, or an interrupted one's): the real image holds the layers now."""
+    tags = "|".join(re.escape(t) for t in (parsed.tag, *staged.stages))
+    pattern = re.compile(r"127\.0\.0\.1:\d+/" + re.escape(parsed.path) + f":({tags})$")
+    try:
+        listed = remote.api.images()
+    except (docker.errors.APIError, requests.RequestException, OSError):
+        return
+    for entry in listed:
+        for tag in entry.get("RepoTags") or ():
+            if pattern.fullmatch(tag):
+                _untag(remote, tag)
+
+
+def _push(local: Engine, image_id: str, staged: str) -> None:
+    name, _, tag = staged.rpartition(":")
+    try:
+        local.api.tag(image_id, name, tag)
+        try:
+            for event in local.api.push(name, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
+        finally:
+            _untag(local, staged)
+    except (docker.errors.APIError, requests.RequestException, OSError) as err:
+        raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
+
+
+# --- the host's pull, with progress ----------------------------------------------------------------
+
+
+def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
+    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched."""
+    name, _, tag = source.rpartition(":")
+    api = remote.api
+    try:
+        # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
+        response = api._post(api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
+    except (requests.RequestException, OSError) as err:
+        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    try:
+        api._raise_for_status(response)
+        for event in _events(api, response):
+            tracker.feed(event)
+    except docker.errors.APIError as err:
+        raise PullFailed(last_line(str(err.explanation or err))) from None
+    except (requests.RequestException, OSError) as err:
+        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    finally:
+        response.close()  # on an interruption the engine sees its client leave and stops the pull
+    return tracker.finish()
+
+
+def _events(api, response) -> Iterator[dict]:
+    for event in api._stream_helper(response, decode=True):
+        if isinstance(event, dict):
+            yield event
+
+
+# --- save | load ----------------------------------------------------------------------------------------
+
+
+def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int, progress: Progress, say) -> int:
+    say(f"streaming {ref} by docker save | docker load")
+    meter = Meter()
+
+    def counted(chunks: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            meter.add(down=len(chunk))
+            progress(meter.down, max(size, meter.down))
+            yield chunk
+
+    try:
+        for event in remote.api.load_image(counted(local.api.get_image(ref, chunk_size=1 << 20))) or ():
+            if isinstance(event, dict) and "error" in event:
+                message = last_line(str(event["error"]))
+                if "no space left on device" in message:
+                    raise _disk_full(remote, message)
+                raise DeliveryError(f"{remote.name}: docker load refused {ref}: {message}", "deploy again; see the host's dockerd log")
+    except (docker.errors.APIError, requests.RequestException, OSError) as err:
+        message = last_line(str(getattr(err, "explanation", None) or err)) or type(err).__name__
+        if "no space left on device" in message:
+            raise _disk_full(remote, message) from None
+        raise DeliveryError(f"{remote.name}: docker save | docker load of {ref} failed: {message}", "deploy again") from None
+    found = remote.image(ref)
+    if found is None or found.id != image_id:
+        raise DeliveryError(f"{remote.name}: after docker load, {ref} is {found.id[:19] if found else 'missing'}, not {image_id[:19]}", "deploy again")
+    progress(meter.down, meter.down)
+    return meter.total
+
+
+# --- small engine helpers ----------------------------------------------------------------------------
+
+
+def _tag(engine: Engine, image_id: str, ref: str) -> None:
+    name, _, tag = ref.rpartition(":")
+    have = engine.image(ref)
+    if have is not None and have.id == image_id:
+        return
+    engine._call(f"tag {ref}", engine.api.tag, image_id, name, tag, force=True)
+
+
+def _untag(engine: Engine, ref: str) -> None:
+    """Remove the name ``ref`` only (never the layers another name still uses), if it exists."""
+    try:
+        engine.api.remove_image(ref, noprune=False)
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.APIError, requests.RequestException, OSError):
+        pass  # a leftover temporary name is cosmetic; the next delivery retags over it
+
+
+def _disk_full(remote: Engine, message: str) -> DeliveryError:
+    return DeliveryError(f"{remote.name}: the host's disk is full ({message})", DISK_FULL_FIX)

@@ -1,0 +1,364 @@
+"""The build machine's own image registry, and a reverse SSH port forward that lets a host's dockerd pull from it.
+
+``LocalRegistry`` runs Debian's ``docker-registry`` (distribution) on
+127.0.0.1 with gpurig's own config: no auth (it answers on loopback only),
+storage under a cache directory that outlives the run, so a later push moves
+only layers it has not seen. It prefers the port it had last time: the local
+engine remembers which layers it pushed to which ``host:port/repo``, and
+with the same name it skips even the existence checks. ``shared_registry``
+starts one per process on first use and stops it when the last user leaves.
+
+``ReverseForward`` asks the host's sshd to listen on its own 127.0.0.1 (a
+port it picks) and pumps every connection made there to the local
+registry, counting the bytes that cross the SSH connection. Docker lets
+dockerd use plain HTTP for registries on 127.0.0.0/8, so the host pulls
+``127.0.0.1:<port>/<repo>:<tag>`` through SSH with no daemon setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from gpurig.errors import GpurigError
+
+BINARIES = ("docker-registry", "registry")  # Debian's package name, upstream's binary name
+CHUNK = 256 * 1024
+
+
+class RegistryError(GpurigError):
+    """The local registry could not be started or used."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpurig" / "registry"
+
+
+def find_registry_binary() -> str | None:
+    for name in BINARIES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+# --- image references ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An image name split as Docker does: ``domain/path:tag`` (the domain is None for Docker Hub style names)."""
+
+    domain: str | None
+    path: str
+    tag: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain}/{self.path}" if self.domain else self.path
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+    def on(self, registry: str) -> str:
+        """This repository and tag on another registry (``host:port`` or ``host/prefix``)."""
+        return f"{registry.rstrip('/')}/{self.path}:{self.tag}"
+
+
+def parse_reference(ref: str) -> Reference:
+    """``[domain/]path[:tag]``; a digest reference is refused (delivery needs a tag to give the host)."""
+    if "@" in ref:
+        raise RegistryError(f"image {ref}: a digest reference cannot be delivered", "name the image by its tag (name:tag)")
+    name, tag = ref, "latest"
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon > slash:
+        name, tag = ref[:colon], ref[colon + 1:]
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return Reference(first, rest, tag)
+    return Reference(None, name, tag)
+
+
+STAGING_REPOSITORY = "gpurig/deliver"
+
+
+def staging_reference(ref: Reference) -> Reference:
+    """Where ``ref`` lives in the local registry: one repository for every image, so a push finds the layers any
+    earlier push stored (the engine checks layers it knows per repository) and writes only new ones."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{ref.name}_{ref.tag}")
+    if len(tag) > 128:
+        tag = tag[:111] + "_" + hashlib.sha256(tag.encode()).hexdigest()[:16]
+    return Reference(None, STAGING_REPOSITORY, tag)
+
+
+# --- the local registry ----------------------------------------------------------------------------
+
+
+CONFIG = """\
+version: 0.1
+log: {{level: error, accesslog: {{disabled: true}}}}
+storage:
+  filesystem: {{rootdirectory: "{root}"}}
+  delete: {{enabled: true}}
+  maintenance: {{uploadpurging: {{enabled: false}}}}
+http:
+  addr: "127.0.0.1:{port}"
+  secret: "{secret}"
+"""
+
+
+class LocalRegistry:
+    """``docker-registry`` on 127.0.0.1:``port`` storing under ``cache_dir``; ``start()``/``stop()`` or a with-block."""
+
+    def __init__(self, cache_dir: Path | None = None, binary: str | None = None) -> None:
+        self.cache_dir = Path(cache_dir or default_cache_dir())
+        self.binary = binary or find_registry_binary()
+        self.port = 0
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LocalRegistry:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, deadline_s: float = 20) -> None:
+        if self._proc is not None:
+            return
+        if not self.binary:
+            raise RegistryError("no docker-registry binary on this machine",
+                                "install Debian's docker-registry package (scripts/setup.sh does)")
+        (self.cache_dir / "data").mkdir(parents=True, exist_ok=True)
+        last = ""
+        for port in self._ports():
+            config = self.cache_dir / f"config-{os.getpid()}.yml"
+            config.write_text(CONFIG.format(root=self.cache_dir / "data", port=port, secret=secrets.token_hex(16)))
+            log = self.cache_dir / f"registry-{os.getpid()}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            if self._wait_ready(proc, port, deadline_s):
+                self._proc, self.port = proc, port
+                (self.cache_dir / "port").write_text(f"{port}\n")
+                return
+            _stop(proc)
+            last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["it did not answer"]
+            last = last[0]
+        raise RegistryError(f"the local registry did not start: {last}", f"see {self.cache_dir}; `{self.binary} serve CONFIG` by hand")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _stop(proc)
+        for name in (f"config-{os.getpid()}.yml", f"registry-{os.getpid()}.log"):
+            (self.cache_dir / name).unlink(missing_ok=True)
+
+    def _ports(self) -> Iterator[int]:
+        """The port of last time if it is free, then two the kernel picks."""
+        try:
+            remembered = int((self.cache_dir / "port").read_text())
+        except (OSError, ValueError):
+            remembered = 0
+        if remembered and _free(remembered):
+            yield remembered
+        for _ in range(2):
+            yield _any_free_port()
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen, port: int, deadline_s: float) -> bool:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as answer:
+                    if answer.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)  # polling interval while the registry starts
+        return False
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _any_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_shared_lock = threading.Lock()
+_shared: dict[Path, list] = {}  # cache dir -> [registry, users]
+
+
+@contextmanager
+def shared_registry(cache_dir: Path | None = None) -> Iterator[LocalRegistry]:
+    """One registry per cache dir in this process, however many hosts deliver at once; stopped when the last leaves."""
+    key = Path(cache_dir or default_cache_dir()).resolve()
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None:
+            registry = LocalRegistry(key)
+            registry.start()
+            entry = _shared[key] = [registry, 0]
+        entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        with _shared_lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                _shared.pop(key, None)
+                entry[0].stop()
+
+
+# --- the reverse forward ------------------------------------------------------------------------------
+
+
+class Meter:
+    """Bytes that crossed the SSH connection, both ways, counted by the pumps (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down = 0  # build machine -> host
+        self.up = 0
+
+    def add(self, down: int = 0, up: int = 0) -> None:
+        with self._lock:
+            self.down += down
+            self.up += up
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return self.down + self.up
+
+
+def pump(chan, sock: socket.socket, meter: Meter, stop: threading.Event) -> None:
+    """Copy a forwarded channel and a local socket into each other until both sides said EOF, counting bytes."""
+
+    def one_way(read: Callable[[int], bytes], write: Callable[[bytes], None], eof: Callable[[], None], count: Callable[[int], None]) -> None:
+        try:
+            while not stop.is_set():
+                data = read(CHUNK)
+                if not data:
+                    break
+                write(data)
+                count(len(data))
+        except (OSError, EOFError):
+            pass
+        finally:
+            try:
+                eof()
+            except (OSError, EOFError):
+                pass
+
+    up = threading.Thread(target=one_way, daemon=True, args=(
+        chan.recv, sock.sendall, lambda: sock.shutdown(socket.SHUT_WR), lambda n: meter.add(up=n)))
+    up.start()
+    one_way(sock.recv, chan.sendall, chan.shutdown_write, lambda n: meter.add(down=n))
+    up.join()
+    chan.close()
+    sock.close()
+
+
+class ReverseForward:
+    """127.0.0.1:``port`` on the host, each connection pumped to ``target`` (host, port) on this machine."""
+
+    def __init__(self, transport, target: tuple[str, int], meter: Meter | None = None) -> None:
+        self.transport = transport
+        self.target = target
+        self.meter = meter or Meter()
+        self.port = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._open: set = set()  # (channel, socket) pairs being pumped
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        """Ask the host's sshd to listen; paramiko.SSHException when it refuses (AllowTcpForwarding)."""
+        if not self.port:
+            self.port = self.transport.request_port_forward("127.0.0.1", 0, handler=self._accept)
+        return self.port
+
+    def __enter__(self) -> ReverseForward:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            if self.port and self.transport.is_active():
+                self.transport.cancel_port_forward("127.0.0.1", self.port)
+        except Exception:  # noqa: BLE001 - the connection may already be gone; nothing is left to cancel then
+            pass
+        with self._lock:
+            threads, pairs = list(self._threads), list(self._open)
+        for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
+            chan.close()
+            sock.close()
+        for thread in threads:
+            thread.join(timeout=5)
+
+    def _accept(self, chan, origin, server) -> None:
+        """paramiko calls this on its transport thread for each new connection: hand it to a pump thread at once."""
+        if self._stop.is_set():
+            chan.close()
+            return
+        thread = threading.Thread(target=self._serve, args=(chan,), daemon=True, name="gpurig-forward")
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _serve(self, chan) -> None:
+        try:
+            sock = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            chan.close()
+            return
+        sock.settimeout(None)
+        with self._lock:
+            self._open.add((chan, sock))
+        try:
+            pump(chan, sock, self.meter, self._stop)
+        finally:
+            with self._lock:
+                self._open.discard((chan, sock))

@@ -1,0 +1,143 @@
+"""Delivery's pure parts: references, staging names and cuts, pull progress from recorded events, the forward's pump."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpurig.deploy.progress import PullFailed, PullProgress
+from gpurig.deploy.registry import Meter, RegistryError, parse_reference, pump, staging_reference
+from gpurig.deploy.stages import stage_cuts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deploy"
+MB = 1024 * 1024
+
+
+@pytest.mark.parametrize("ref, domain, path, tag", [
+    ("pytorch:2.14.1-cu130-slim", None, "pytorch", "2.14.1-cu130-slim"),
+    ("team/pytorch:slim", None, "team/pytorch", "slim"),
+    ("registry.example.com/ml/pytorch:slim", "registry.example.com", "ml/pytorch", "slim"),
+    ("localhost:5000/pytorch", "localhost:5000", "pytorch", "latest"),
+    ("127.0.0.1:5000/a/b:c", "127.0.0.1:5000", "a/b", "c"),
+])
+def test_references_split_as_docker_does(ref, domain, path, tag):
+    parsed = parse_reference(ref)
+    assert (parsed.domain, parsed.path, parsed.tag) == (domain, path, tag)
+    assert str(parsed) == (ref if ":" in ref.rsplit("/", 1)[-1] else f"{ref}:latest")
+
+
+def test_a_digest_reference_is_refused_with_the_fix():
+    with pytest.raises(RegistryError, match="digest") as err:
+        parse_reference("pytorch@sha256:" + "0" * 64)
+    assert "name:tag" in err.value.fix
+
+
+def test_every_image_stages_in_one_repository_under_a_valid_tag():
+    a = staging_reference(parse_reference("registry.example.com/ml/pytorch:2.14.1-cu130-slim"))
+    b = staging_reference(parse_reference("pytorch:slim"))
+    assert a.path == b.path == "gpurig/deliver"
+    assert a.tag == "registry.example.com_ml_pytorch_2.14.1-cu130-slim"
+    long = staging_reference(parse_reference("x" * 200 + ":t"))
+    assert len(long.tag) <= 128 and long.tag != staging_reference(parse_reference("x" * 199 + "y:t")).tag
+
+
+def test_stages_cut_after_big_layers_and_never_at_the_end():
+    # base, apt, user, venv, torch, then small layers: as the CPU slim image's are (compressed MB)
+    sizes = [30 * MB, 55 * MB, 1024, 9 * MB, 230 * MB, 2048, 1024, 30 * 1024]
+    cuts = stage_cuts(sizes)
+    assert cuts == [2, 5]  # after base+apt (85 MB >= 46 MB), after torch; the image itself comes last
+    assert stage_cuts([10 * MB] * 3) == []  # small images: one pull
+    many = stage_cuts([100 * MB] * 20)
+    assert len(many) == 6 and max(many) < 20
+
+
+def test_pull_progress_over_recorded_events_counts_only_fetched_layers():
+    events = [json.loads(line) for line in (FIXTURES / "pull-jupyter-after-slim.jsonl").read_text().splitlines()]
+    seen: list[tuple[int, int]] = []
+    tracker = PullProgress(lambda done, total: seen.append((done, total)))
+    for event in events:
+        tracker.feed(event)
+    total = tracker.finish()
+    downloads = {e["id"]: e["progressDetail"]["total"] for e in events if e.get("status") == "Downloading"}
+    assert total == sum(downloads.values()) == 57884191  # the layers marked Already exists are not counted
+    assert seen[-1] == (total, total)
+    assert all(d <= t for d, t in seen) and len(seen) == len(set(seen))  # never past the total, no repeats
+
+
+def test_pull_progress_takes_wire_bytes_when_a_meter_gives_them():
+    seen = []
+    wire = [0]
+    tracker = PullProgress(lambda d, t: seen.append((d, t)), sizes={"aaaaaaaaaaaa": 1000}, moved=lambda: wire[0])
+    tracker.feed({"status": "Pulling fs layer", "id": "aaaaaaaaaaaa", "progressDetail": {}})
+    wire[0] = 600
+    tracker.feed({"status": "Downloading", "id": "aaaaaaaaaaaa", "progressDetail": {"current": 100, "total": 1000}})
+    wire[0] = 1200  # HTTP headers and the manifest cross too: shown capped at the total
+    tracker.feed({"status": "Download complete", "id": "aaaaaaaaaaaa", "progressDetail": {}})
+    assert seen == [(0, 1000), (600, 1000), (1000, 1000)]
+
+
+def test_an_error_event_fails_the_pull_and_a_full_disk_is_recognised():
+    tracker = PullProgress(lambda d, t: None)
+    with pytest.raises(PullFailed) as err:
+        tracker.feed({"errorDetail": {"message": "write /var/lib/docker/tmp/x: no space left on device"},
+                      "error": "write /var/lib/docker/tmp/x: no space left on device"})
+    assert err.value.disk_full
+
+
+class _Channel:
+    """The parts of a paramiko Channel pump uses, over one end of a socketpair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.closed = False
+
+    def recv(self, n: int) -> bytes:
+        return self.sock.recv(n)
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def shutdown_write(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+def test_pump_copies_both_ways_until_both_ends_close_and_counts_each_way():
+    host_side, chan_end = socket.socketpair()  # the host's dockerd <-> the SSH channel
+    registry_side, sock_end = socket.socketpair()  # the local registry <-> the pump's socket
+    chan, meter = _Channel(chan_end), Meter()
+    worker = threading.Thread(target=pump, args=(chan, sock_end, meter, threading.Event()))
+    worker.start()
+    host_side.sendall(b"GET /v2/ HTTP/1.1\r\n\r\n")
+    host_side.shutdown(socket.SHUT_WR)
+    request = b""
+    while not request.endswith(b"\r\n\r\n"):
+        request += registry_side.recv(1024)
+    blob = bytes(range(256)) * 4096  # 1 MiB answer, more than the socket buffers hold: sent while the host reads
+
+    def answer():
+        registry_side.sendall(blob)
+        registry_side.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=answer)
+    sender.start()
+    got = b""
+    while True:
+        chunk = host_side.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    worker.join(timeout=10)
+    sender.join(timeout=10)
+    assert not worker.is_alive() and chan.closed
+    assert request == b"GET /v2/ HTTP/1.1\r\n\r\n" and got == blob
+    assert (meter.up, meter.down, meter.total) == (len(request), len(blob), len(request) + len(blob))
+    for s in (host_side, registry_side):
+        s.close()
