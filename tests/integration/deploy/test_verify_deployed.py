@@ -1,38 +1,19 @@
-"""`gpurig verify` over SSH on the session's provisioned deploy host, against a container started as deploy starts it.
+"""`gpurig deploy` then `gpurig verify` on the session's provisioned deploy host, over SSH, as a user runs them.
 
 The host has stand-in GPUs (two A100s in nvidia-smi, the toolkit's hook and
 the nvidia runtime) but no real one, and the image's torch is the CPU build
 labelled as a CUDA 13 image: so the verdict is a known set of failures, each
-with its reason and fix, and the toolkit records are really exercised. The
-image is moved in and the container started by the test's own `docker`
-(save | load, then `run --gpus device=1 --shm-size 2g`), not by `gpurig
-deploy`, whose image delivery (gpurig.deploy.delivery) was not on main when
-this was written; verify does not care who started the container.
+with its reason and fix, and the toolkit records are really exercised.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 
-import pytest
-
-from .standins import FAKE_GPUS
-from .test_deploy import gpu_image, run
-
-
-@pytest.fixture(scope="module")
-def host_image(deploy_host, cpu_images, docker_engine) -> str:
-    """The GPU-labelled CPU image, in the deploy host's own engine (docker save | docker load, once per module)."""
-    image = gpu_image(cpu_images, docker_engine)
-    save = subprocess.Popen([docker_engine.path, "save", image], stdout=subprocess.PIPE)
-    load = subprocess.run([docker_engine.path, "exec", "-i", deploy_host.cid, "docker", "load"], stdin=save.stdout,
-                          capture_output=True, text=True, timeout=600)
-    save.stdout.close()
-    assert save.wait(timeout=600) == 0 and load.returncode == 0, load.stderr[-1000:]
-    return image
+from .gpuhost import FAKE_GPUS
+from .test_deploy import entries, gpu_image, run
 
 
 def records(doc: dict) -> dict[str, dict]:
@@ -40,16 +21,16 @@ def records(doc: dict) -> dict[str, dict]:
     return {r["id"]: r for r in host["data"]["records"]}
 
 
-def test_verify_a_deployed_container(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, host_image, tmp_path):
-    inv = deploy_inventory()
-    clean_deploy_host.docker("run", "-d", "--name", "gpurig-slim-alice", "--gpus", "device=1", "--shm-size", "2g",
-                             "--ulimit", "memlock=8388608", "--entrypoint", "sleep", host_image, "600")
+def test_verify_a_deployed_container(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, docker_engine, tmp_path):
+    image = gpu_image(cpu_images, docker_engine)
+    inv = deploy_inventory(entries({"image": image, "variant": "slim", "user": "alice", "gpus": [1], "shm_size": "2g"}))
+    run(gpurig_cli, cpu_images, inv, "deploy")
     start = time.monotonic()
     proc = run(gpurig_cli, cpu_images, inv, "verify", "--container", "gpurig-slim-alice",
                "--json", str(tmp_path / "v.json"), "--junit", str(tmp_path / "v.xml"), check_rc=1)
     elapsed = time.monotonic() - start
     got = records(json.loads((tmp_path / "v.json").read_text()))
-    # the toolkit: the container was started through a GPU device request, on a host whose nvidia-smi lists GPUs
+    # the toolkit: deploy started the container with a GPU device request, on a host whose nvidia-smi lists GPUs
     assert got["toolkit.runtime"]["status"] == "pass" and "--gpus" in got["toolkit.runtime"]["detail"]
     # torch: the label says CUDA 13.0, the wheel is the CPU build; both said, with fixes
     assert got["torch.cuda_version"]["status"] == "fail" and got["torch.cuda_version"]["expected"] == "13.0"
@@ -64,9 +45,11 @@ def test_verify_a_deployed_container(deploy_inventory, clean_deploy_host, gpurig
     assert int(suite.get("tests")) == len(got) and int(suite.get("failures")) >= 2
 
 
-def test_verify_an_image_asks_for_the_hosts_gpus(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, host_image):
-    inv = deploy_inventory()
-    proc = run(gpurig_cli, cpu_images, inv, "verify", "--image", host_image, "--json", "-", check_rc=1)
+def test_verify_an_image_asks_for_the_hosts_gpus(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, docker_engine):
+    image = gpu_image(cpu_images, docker_engine)
+    inv = deploy_inventory(entries({"image": image, "variant": "slim"}))
+    run(gpurig_cli, cpu_images, inv, "deploy")  # moves the image into the host's engine
+    proc = run(gpurig_cli, cpu_images, inv, "verify", "--image", image, "--json", "-", check_rc=1)
     got = records(json.loads(proc.stdout))
     assert got["toolkit.runtime"]["status"] == "pass" and "--gpus all" in got["toolkit.runtime"]["detail"]
     assert got["torch.import"]["status"] == "pass"
