@@ -99,6 +99,15 @@ class _StreamPool(SSHConnectionPool):
     def _new_conn(self):
         return _StreamConnection(self._open_stream, self.timeout)
 
+    def _get_conn(self, timeout):
+        # docker-py's pool skips urllib3's dropped-connection check: a pooled channel whose dial-stdio
+        # ended (dockerd restarted) would fail the next request once. Closed, it is opened again.
+        conn = super()._get_conn(timeout)
+        chan = getattr(conn, "sock", None)
+        if chan is not None and (chan.closed or chan.eof_received):
+            conn.close()
+        return conn
+
 
 class _StreamAdapter(BaseHTTPAdapter):
     def __init__(self, open_stream, timeout: float, max_pool_size: int = 8) -> None:

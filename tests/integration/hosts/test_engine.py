@@ -60,3 +60,13 @@ def test_a_login_without_become_or_docker_group_gets_the_fix(connector, make_hos
         conn.close()
     assert "may not use the Docker socket" in str(err.value)
     assert "ansible_become" in err.value.fix
+
+
+def test_a_pooled_stream_whose_engine_restarted_is_opened_again(engine_conn):
+    """A channel whose dial-stdio ended (its process killed, as a dockerd restart does) is not reused."""
+    with open_engine(engine_conn) as engine:
+        engine.info()
+        pooled = engine.api._custom_adapter._pool
+        conn = pooled.pool.queue[-1]
+        conn.sock.close()  # what the host's end going away leaves: a closed channel in the pool
+        assert engine.info().server_version  # no "Socket is closed" error: a new stream was opened
