@@ -319,6 +319,12 @@ def diagnose(conn: Connection, err: BaseException) -> EngineError:
     except HostError as host_err:
         return EngineError(str(host_err.problem), host_err.fix)
     text = (result.stderr + result.stdout).strip()
+    if result.exited == 0 and "sudo -n" in dial_command(conn):
+        # docker answers through sudo with the password gpurig was given, but the API stream's sudo -n cannot ask for one
+        return EngineError(
+            f"{conn.name}: the Docker engine answers only through sudo with a password, which its API stream cannot give",
+            f"allow NOPASSWD sudo for {conn.user or 'the login user'} (at least for `docker system dial-stdio`), or add it to the docker group",
+        )
     if result.exited == 127 or "not found" in text:
         return EngineError(f"{conn.name}: Docker is not installed", "run `invoke provision` on this host")
     if "permission denied" in text.lower():

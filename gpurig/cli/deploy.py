@@ -36,11 +36,12 @@ STATUS_SCHEMA = "gpurig.status/1"
 DEPLOY_HELP = {
     "variant": "the variant to run on hosts whose inventory has no gpurig_containers (slim, ssh, jupyter, full)",
     "spec": "image spec file (default: the one in images/)",
+    "show_token": "print Jupyter's token in its URL even when the output is not a terminal (it never goes into --json)",
 }
 
 
 @host_task(help=DEPLOY_HELP, changes=True)
-def deploy(c, opts: HostOptions, variant=None, spec=None):
+def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     """Run the images on hosts: GPUs, ports, volumes, keys and tokens from gpurig_containers; move only missing layers."""
     image_spec = load_project_spec(c, spec)
     chosen = select_hosts(opts)
@@ -62,6 +63,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None):
         targets=targets, assign_gpus=container_specs.assign_gpus, deliver=move,
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
         progress=progress_printer() if err_console.is_terminal or opts.verbose else (lambda host, text: None),
+        show_token=bool(show_token) or (err_console if opts.json == "-" else console).is_terminal,
     )
 
     def work(conn: Connection) -> Outcome:

@@ -53,14 +53,18 @@ def read_token(engine: Engine, name: str) -> str | None:
     return token if _TOKEN.match(token) else None
 
 
-def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, login: str) -> list[str]:
-    """The lines to print for this container: URLs, ssh commands, config blocks (may hold the token)."""
+def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, login: str, show_token: bool = False) -> list[str]:
+    """The lines to print for this container: URLs, ssh commands, config blocks.
+
+    The token is in the URL only with ``show_token`` (the person at a terminal,
+    or --show-token); else the line says how to print it.
+    """
     address, ssh_port, host_login, jumps = endpoint(conn)
     out: list[str] = []
     jupyter = published(container, JUPYTER_PORT)
     if jupyter:
         bind, port = jupyter
-        token = read_token(engine, container.name)
+        token = read_token(engine, container.name) if show_token else None
         query = f"?token={token}" if token else ""
         if bind in LOOPBACK:
             tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *(["-p", str(ssh_port)] if ssh_port != 22 else []), f"{host_login}@{address}" if host_login else address]
@@ -71,13 +75,20 @@ def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, logi
         else:
             out.append(f"Jupyter: http://{_url_host(address if bind in ('0.0.0.0', '::') else bind)}:{port}/lab{query}")
         if not token:
-            out.append(f"  token: docker exec {container.name} gpurig-entrypoint token")
+            out.append(f"  token: docker exec {container.name} gpurig-entrypoint token  (on the host; or deploy --show-token)")
     ssh = published(container, SSH_PORT)
     if ssh:
         bind, port = ssh
-        host = address if bind in ("0.0.0.0", "::") or bind in LOOPBACK and address in LOOPBACK else bind
-        out.append(f"SSH: ssh -p {port} {login}@{host}")
-        block = ssh_config_block(f"{conn.name}-{container.name}", host, port, login, jumps)
+        via = jumps
+        if bind in LOOPBACK and address not in LOOPBACK:
+            # only the host itself reaches its loopback: go through the host's own login
+            host = "127.0.0.1"
+            via = (*jumps, _Hop(address, ssh_port, host_login))
+        else:
+            host = address if bind in ("0.0.0.0", "::") or bind in LOOPBACK else bind
+        jump = ["-J", ",".join(f"{j.user}@{j.hostname}:{j.port}" for j in via)] if via else []
+        out.append(f"SSH: {shlex.join(['ssh', *jump, '-p', str(port), f'{login}@{host}'])}")
+        block = ssh_config_block(f"{conn.name}-{container.name}", host, port, login, via)
         if block:
             out.append("  ~/.ssh/config (VS Code Remote-SSH):")
             out.extend("    " + line for line in block)
@@ -94,6 +105,13 @@ def ssh_config_block(alias: str, host: str, port: int, login: str, jumps=()) -> 
     if jumps:
         block.append("    ProxyJump " + ",".join(f"{j.user}@{j.hostname}:{int(j.port)}" for j in jumps))
     return block
+
+
+class _Hop:
+    """A jump host as ssh_config_block reads one (the shape of an SSHTarget's)."""
+
+    def __init__(self, hostname: str, port: int, user: str) -> None:
+        self.hostname, self.port, self.user = hostname, port, user
 
 
 def _url_host(host: str) -> str:

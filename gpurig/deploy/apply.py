@@ -59,6 +59,7 @@ class DeployJob:
     settle_s: float = 3.0  # how long a container without a healthcheck must stay up to count as started
     health_s: float = 180.0  # how long a healthcheck may take to say healthy
     progress: Callable[[str, str], None] = lambda host, text: None
+    show_token: bool = False  # Jupyter's token in the access lines (a person at a terminal, or --show-token)
 
 
 @dataclass
@@ -92,7 +93,7 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
         refusals, devices = preflight(engine, targets, facts, info, state, ours, job)
         if refusals:
             return [refused(t, refusals) for t in targets]
-        outcomes = [plan(engine, t) for t in targets]
+        outcomes = [plan(engine, t, devices.get(t.spec.name, ())) for t in targets]
         if job.check:
             return outcomes
         moved: dict[str, Any] = {}
@@ -122,8 +123,11 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
     specs = [t.spec for t in targets]
     refusals: list[Refusal] = []
     devices: dict = {}
+    names = {s.name for s in specs}
+    held = {c.name: (c.device_ids or (), bool(_old_settings(c).get("share"))) for c in ours if c.name not in names and c.device_ids}
+    current = {c.name: c.device_ids for c in ours if c.name in names and c.device_ids}
     try:
-        devices = job.assign_gpus(specs, [(g.index, g.uuid) for g in facts.gpus])
+        devices = job.assign_gpus(specs, [(g.index, g.uuid) for g in facts.gpus], held=held, current=current)
     except GpurigError as err:
         refusals.append(Refusal(", ".join(s.name for s in specs if wants_gpus(s)) or ", ".join(s.name for s in specs), err.problem, err.fix))
     planned = [Planned(t.spec.name, t.image_ref, t.image, wants_gpus(t.spec), host_ports(t.spec)) for t in targets]
@@ -159,18 +163,24 @@ def labels_for(t: Target) -> dict[str, str]:
     return {IMAGE_LABEL: t.image_ref}
 
 
-def plan(engine: Engine, t: Target) -> ContainerOutcome:
-    """What to do with this container: nothing, start it, create it, or replace it (with the settings that differ)."""
+def plan(engine: Engine, t: Target, devices: tuple[str, ...] | None = ()) -> ContainerOutcome:
+    """What to do with this container: nothing, start it, create it, or replace it (with the settings that differ).
+
+    ``devices`` are the GPUs it is to get (None: all): a count (gpus: 1) resolved to
+    other GPUs than the container holds is a change, though its settings are not.
+    """
     out = ContainerOutcome(t.spec.name, image=t.image_ref)
     current = engine.container(t.spec.name)
     want_id = t.image.id if t.image else (engine.image(t.image_ref).id if engine.image(t.image_ref) else None)
     if current is None:
         out.status, out.action = "changed", "create"
-        out.diff = [(k, None, v) for k, v in sorted(t.spec.settings().items())]
+        out.diff = [_masked(k, None, v) for k, v in sorted(t.spec.settings().items())]
         return out
     same_config = current.labels.get(HASH_LABEL) == t.spec.config_hash()
     same_image = want_id is not None and current.image_id == want_id
-    if same_config and same_image:
+    want_devices = ("all",) if devices is None else tuple(devices) or None
+    same_devices = current.device_ids == want_devices
+    if same_config and same_image and same_devices:
         if current.running:
             return out
         out.status, out.action = "changed", "start"
@@ -178,10 +188,23 @@ def plan(engine: Engine, t: Target) -> ContainerOutcome:
     out.status, out.action = "changed", "recreate"
     old = _old_settings(current)
     new = t.spec.settings()
-    out.diff = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    out.diff = [_masked(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if not same_image:
         out.diff.append(("image id", _short(current.image_id), _short(want_id) if want_id else "(to be pulled)"))
+    if not same_devices:
+        out.diff.append(("gpu devices", ",".join(current.device_ids or ()) or "none", ",".join(want_devices or ()) or "none"))
     return out
+
+
+def _masked(key: str, old, new) -> tuple:
+    """A diff line fit for a report: env values (maybe secrets) by name only, never even their digests."""
+    if key != "env":
+        return key, old, new
+    old, new = old or {}, new or {}
+    before = ", ".join(sorted(old)) if old else None
+    marks = [f"{n} (new)" if n not in old else f"{n} (changed)" if old[n] != new[n] else n for n in sorted(new)]
+    marks += [f"{n} (removed)" for n in sorted(set(old) - set(new))]
+    return key, before, ", ".join(marks) if marks else None
 
 
 def _old_settings(current: ContainerInfo) -> dict:
@@ -225,7 +248,7 @@ def run_container(engine: Engine, conn: Connection, t: Target, devices, out: Con
         what = f"exited with code {exited}" if exited is not None else "is unhealthy"
         out.reason = f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}"
         return
-    out.access = access.lines(engine, conn, t.spec, started, t.login)
+    out.access = access.lines(engine, conn, t.spec, started, t.login, job.show_token)
 
 
 def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerInfo, int | None]:

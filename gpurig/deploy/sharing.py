@@ -51,16 +51,31 @@ def _overlap(a: Gpus, b: Gpus) -> str:
     return f"GPU {', '.join(common)}" if common else ""
 
 
-def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]]) -> dict[str, tuple[str, ...] | None]:
+def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
+                held: dict[str, tuple[tuple[str, ...], bool]] | None = None,
+                current: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...] | None]:
     """Container name -> the device ids to request: explicit ids as written, counts resolved to free indexes.
 
     ``host_gpus``: the host's (index, UUID) pairs from its facts. None means every
-    GPU (gpus: all), () none. Refused: an id or UUID the host lacks, more GPUs
-    asked for than are free, and GPUs that end up shared without ``share: true``.
+    GPU (gpus: all), () none. ``held``: the host's other gpurig containers (not in
+    this run) -> (their device ids, ``("all",)`` for every GPU; their share flag):
+    their GPUs are taken like those of this run's. ``current``: the devices this
+    run's containers hold now; a count keeps them when they are still free, so a
+    redeploy does not move a container to other GPUs. Refused: an id or UUID the
+    host lacks, more GPUs asked for than are free, and GPUs that end up shared
+    without ``share: true``.
     """
     host = specs[0].host if specs else "?"
     by_uuid = {uuid.lower(): index for index, uuid in host_gpus}
     indexes = [index for index, _ in host_gpus]
+
+    def to_indexes(ids: tuple[str, ...]) -> set[int]:
+        if "all" in ids:
+            return set(indexes)
+        found = {by_uuid.get(d.lower()) if d.startswith("GPU-") else int(d) for d in ids if d.startswith("GPU-") or d.isdigit()}
+        return {i for i in found if i is not None}
+
+    others = {name: (to_indexes(ids), share) for name, (ids, share) in (held or {}).items()}
     listed = ", ".join(f"{i} ({u})" for i, u in host_gpus) or "none"
     result: dict[str, tuple[str, ...] | None] = {}
     used: dict[str, set[int]] = {}
@@ -90,8 +105,13 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]]) ->
     for spec in specs:
         if not spec.gpus.count:
             continue
-        taken = set().union(*(used[s.name] for s in specs if s.name != spec.name and not (s.share and spec.share)))
+        taken = set().union(*(used[s.name] for s in specs if s.name != spec.name and not (s.share and spec.share)),
+                            *(gpus for gpus, share in others.values() if not (share and spec.share)))
         free = [i for i in indexes if i not in taken]
+        keep = sorted(to_indexes((current or {}).get(spec.name, ())))
+        if len(keep) == spec.gpus.count and all(i in free for i in keep):
+            result[spec.name], used[spec.name] = tuple(str(i) for i in keep), set(keep)
+            continue
         if len(free) < spec.gpus.count:
             raise InventoryError(
                 f"host {host}: container {spec.name} asks for {spec.gpus.count} GPUs; "
@@ -108,4 +128,13 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]]) ->
             raise InventoryError(
                 f"host {host}: containers {a.name} and {b.name} both get GPU {devices}", "give each its own GPUs, or set share: true on both"
             )
+    for spec in specs:
+        for name, (gpus, share) in others.items():
+            common = used[spec.name] & gpus
+            if common and not (spec.share and share):
+                devices = ", ".join(map(str, sorted(common)))
+                raise InventoryError(
+                    f"host {host}: container {spec.name} would get GPU {devices}, which the running gpurig container {name} holds",
+                    f"give {spec.name} other GPUs, remove {name} (gpurig rm), or set share: true on both",
+                )
     return result

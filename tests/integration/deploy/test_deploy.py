@@ -107,7 +107,10 @@ def test_env_values_and_volume_paths_arrive_literally(deploy_inventory, clean_de
 def test_jupyter_answers_with_the_printed_token_and_refuses_without(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images):
     cpu_images["slim"], cpu_images["jupyter"]
     inv = deploy_inventory(entries({"variant": "jupyter", "cuda": "cpu", "ports": ["0.0.0.0:8888:8888"]}))
-    out = run(gpurig_cli, cpu_images, inv, "deploy").stdout
+    # not a terminal: the token stays out of the output unless asked for
+    quiet = run(gpurig_cli, cpu_images, inv, "deploy").stdout
+    assert "token=" not in quiet and "gpurig-entrypoint token" in quiet
+    out = run(gpurig_cli, cpu_images, inv, "deploy", "--show-token").stdout
     url = next(word for word in out.split() if "/lab?token=" in word)
     token = url.split("token=", 1)[1]
     assert token not in clean_deploy_host.docker("logs", "gpurig-jupyter").stdout + clean_deploy_host.docker("logs", "gpurig-jupyter").stderr

@@ -460,3 +460,24 @@ def test_command_replaces_the_images_argv_without_a_shell():
     for bad in ([], "python train.py", [1, 2]):
         with pytest.raises(InventoryError, match="command"):
             one({"variant": "slim", "cuda": "cpu", "command": bad})
+
+
+def test_gpus_held_by_the_hosts_other_gpurig_containers_are_taken():
+    # bob runs on GPU 1 from an earlier deploy; this run deploys only alice
+    [alice] = load({"variant": "jupyter", "user": "alice", "gpus": 1})[0]
+    assert assign_gpus([alice], HOST_GPUS, held={"gpurig-jupyter-bob": (("1",), False)}) == {"gpurig-jupyter-alice": ("0",)}
+    [alice_on_1] = load({"variant": "jupyter", "user": "alice", "gpus": [1]})[0]
+    with pytest.raises(InventoryError, match="running gpurig container gpurig-jupyter-bob holds"):
+        assign_gpus([alice_on_1], HOST_GPUS, held={"gpurig-jupyter-bob": (("1",), False)})
+    with pytest.raises(InventoryError, match="holds"):
+        assign_gpus([alice_on_1], HOST_GPUS, held={"gpurig-jupyter-bob": (("all",), False)})
+    [sharing] = load({"variant": "jupyter", "user": "alice", "gpus": [1], "share": True})[0]
+    assert assign_gpus([sharing], HOST_GPUS, held={"gpurig-jupyter-bob": ((UUID1,), True)}) == {"gpurig-jupyter-alice": ("1",)}
+
+
+def test_a_count_keeps_the_gpus_its_container_holds():
+    [alice] = load({"variant": "jupyter", "user": "alice", "gpus": 2})[0]
+    assert assign_gpus([alice], HOST_GPUS, current={"gpurig-jupyter-alice": ("2", "3")}) == {"gpurig-jupyter-alice": ("2", "3")}
+    # no longer free: chosen afresh
+    held = {"gpurig-jupyter-bob": (("3",), False)}
+    assert assign_gpus([alice], HOST_GPUS, current={"gpurig-jupyter-alice": ("2", "3")}, held=held) == {"gpurig-jupyter-alice": ("0", "1")}
