@@ -347,8 +347,11 @@ def why_skipped(snap):
 
 
 def same_model(expected, name):
-    e, n = (re.sub(r"^nvidia ", "", s.lower().strip()) for s in (expected, name))
-    return e in n or n in e
+    """Every word of the expectation is a word of the GPU's name ("A100" fits "NVIDIA A100-SXM4-80GB"; not "NVIDIA A10")."""
+    def words(text):
+        return set(w for w in re.split(r"[\s_-]+", re.sub(r"^nvidia ", "", text.lower().strip())) if w)
+    e = words(expected)
+    return bool(e) and e <= words(name)
 
 
 def fleet_records(snap, args):

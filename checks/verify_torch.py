@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -47,16 +48,17 @@ MIN_DRIVER = (
     ("13.0", "580.65.06"),
 )
 
-# Dense (no sparsity) peaks: (name as torch reports it contains, label, BF16 TFLOP/s, TF32 TFLOP/s, memory GB/s).
+# Dense (no sparsity) peaks: (regex on the name torch reports, label, BF16 TFLOP/s, TF32 TFLOP/s, memory GB/s).
 # BF16 and bandwidth: ../shared/reference/gpu-facts.md table 3. TF32 (dense, half the sparse figure)
-# and the H100 PCIe row: NVIDIA's datasheets. First match wins, so specific rows come first.
+# and the H100 PCIe row: NVIDIA's datasheets. A variant with other figures (A100 40GB or PCIe, H100 NVL,
+# H200 NVL, GH200) matches no row and gets no verdict rather than another GPU's peak.
 GPU_PEAKS = (
-    ("H100 PCIe", "H100 PCIe", 756.0, 378.0, 2000.0),
-    ("H200", "H200 SXM", 989.0, 494.5, 4800.0),
-    ("H100", "H100 SXM", 989.0, 494.5, 3350.0),
-    ("A100", "A100 80GB SXM", 312.0, 156.0, 2039.0),
-    ("L40S", "L40S", 362.0, 183.0, 864.0),
-    ("RTX 4090", "RTX 4090", 165.0, 82.6, 1008.0),
+    (r"\bH100 PCIe\b", "H100 PCIe", 756.0, 378.0, 2000.0),
+    (r"^(NVIDIA )?H200\b(?!.*\bNVL\b)", "H200 SXM", 989.0, 494.5, 4800.0),
+    (r"^(NVIDIA )?H100\b(?!.*\b(NVL|PCIe)\b)", "H100 SXM", 989.0, 494.5, 3350.0),
+    (r"\bA100-SXM4-80GB\b|\bA100 80GB SXM\b", "A100 80GB SXM", 312.0, 156.0, 2039.0),
+    (r"\bL40S\b", "L40S", 362.0, 183.0, 864.0),
+    (r"\bRTX 4090\b", "RTX 4090", 165.0, 82.6, 1008.0),
 )
 
 UTILISATION_MEANING = (
@@ -233,8 +235,8 @@ def shm_record(size_bytes, path="/dev/shm"):
 
 def peak_for(gpu_name):
     """The GPU_PEAKS row for a device name, or None."""
-    for needle, label, bf16, tf32, membw in GPU_PEAKS:
-        if needle.lower() in str(gpu_name).lower():
+    for pattern, label, bf16, tf32, membw in GPU_PEAKS:
+        if re.search(pattern, str(gpu_name).strip(), re.IGNORECASE):
             return {"label": label, "bf16": bf16, "tf32": tf32, "membw": membw}
     return None
 

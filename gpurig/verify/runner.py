@@ -33,7 +33,7 @@ IMAGE_SHM = "16g"
 VERIFY_LABEL = "io.gpurig.verify"
 _SPLIT = "@@gpurig-verify@@"
 _DRIVER = re.compile(r"Kernel Module(?: for [\w.]+)?\s+(\d+\.\d+(?:\.\d+)?)")
-_UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)")
+_UUID = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9A-Za-z-]+)\)", re.MULTILINE)  # GPUs only: MIG lines would shift the indexes
 
 
 @dataclass(frozen=True)

@@ -307,3 +307,13 @@ def test_a_loaded_module_without_tools_to_query_it(source, said):
     assert (driver["status"], driver["measured"]) == ("fail", "535.161.08") and said in driver["detail"]
     assert "nvidia-utils" in driver["fix"] and "nvidia-ml-py" in driver["fix"]
     assert by_id(recs)["host.gpu_count"]["detail"] == "skipped: no NVML or nvidia-smi to query the GPUs"
+
+
+def test_model_expectation_matches_whole_words_only():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_host", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.same_model("A100", "NVIDIA A100-SXM4-80GB") and module.same_model("H100", "NVIDIA H100 NVL")
+    assert not module.same_model("A100", "NVIDIA A10") and not module.same_model("L4", "NVIDIA L40S")

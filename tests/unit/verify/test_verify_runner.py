@@ -235,3 +235,15 @@ def test_a_container_must_see_exactly_the_gpus_it_was_assigned():
     assert uuid_record(host, seen([host[1]]), [host[1]]).status == "pass"
     wrong = uuid_record(host, seen([host[0]]), [host[1]])
     assert wrong.status == "fail" and "other GPUs than it was assigned" in wrong.detail
+
+
+def test_mig_lines_of_nvidia_smi_do_not_shift_the_gpu_indexes():
+    from gpurig.verify.runner import _UUID, assigned_gpus
+
+    listing = ("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)\n"
+               "  MIG 3g.40gb     Device  0: (UUID: MIG-bbbb)\n"
+               "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc)\n")
+    uuids = _UUID.findall(listing)
+    assert uuids == ["GPU-aaaa", "GPU-cccc"]
+    inspect = {"HostConfig": {"DeviceRequests": [{"Count": 0, "DeviceIDs": ["1"], "Capabilities": [["gpu"]]}]}}
+    assert assigned_gpus(uuids, inspect) == ["GPU-cccc"]

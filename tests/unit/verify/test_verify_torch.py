@@ -315,3 +315,14 @@ def test_utilisation_falls_back_to_nvidia_smi_when_no_nvml_binding(probe, tmp_pa
             time.sleep(0.1)  # polling until the sampler's first reading, with a deadline
     util, sm, why = sampler.means()
     assert util == 0.97 and sm is None and "pip install nvidia-ml-py" in why
+
+
+@pytest.mark.parametrize("name, label", [
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA L40S", "L40S"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    # variants with other figures get no verdict, not another GPU's peak
+    ("NVIDIA A100-SXM4-40GB", None), ("NVIDIA A100 80GB PCIe", None), ("NVIDIA H100 NVL", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA H200 NVL", None),
+])
+def test_peaks_are_looked_up_by_the_exact_variant(probe, name, label):
+    assert (probe.peak_for(name) or {}).get("label") == label
