@@ -35,7 +35,7 @@ import paramiko
 import requests
 
 from gpurig.connection import Connection, last_line
-from gpurig.engine import Engine, EngineError
+from gpurig.engine import Engine, EngineError, open_engine
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress
 from gpurig.deploy.stages import Staged, StageError, stage_image
@@ -101,6 +101,13 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return done("save-load", _save_load(local, remote, ref, want.id, want.size, progress, say), want.id)
     raise DeliveryError(f"image {ref} could not be moved to {remote.name}: {'; '.join(notes) or 'no method allowed'}",
                         "allow the save-load method, or fix the reasons above")
+
+
+def local_engine(timeout: float = 3600) -> Engine:
+    """The build machine's own engine (its unix socket, or DOCKER_HOST), where built images are."""
+    from gpurig.local import LocalConnection
+
+    return open_engine(LocalConnection("build machine"), timeout=timeout)
 
 
 # --- pull from the spec's registry ----------------------------------------------------------------
