@@ -25,6 +25,7 @@ save-load) or that the host downloaded from the registry (pull).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,8 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return done("present", 0, want.id)
     if registry and "pull" in methods:
         try:
-            image_id, moved = _pull_from_registry(remote, ref, registry, want, progress, say)
+            digests = (local.api.inspect_image(want.id).get("RepoDigests") or []) if want is not None else []
+            image_id, moved = _pull_from_registry(remote, ref, registry, want, digests, progress, say)
             return done("pull", moved, image_id)
         except _FallBack as why:
             notes.append(str(why))
@@ -113,9 +115,20 @@ def local_engine(timeout: float = 3600) -> Engine:
 # --- pull from the spec's registry ----------------------------------------------------------------
 
 
-def _pull_from_registry(remote: Engine, ref: str, registry: str, want, progress: Progress, say) -> tuple[str, int]:
+def _pull_from_registry(remote: Engine, ref: str, registry: str, want, local_digests: list[str], progress: Progress, say) -> tuple[str, int]:
+    """The host pulls ``ref`` from ``registry`` when it holds the image built here (same manifest digest, then same id)."""
     parsed = parse_reference(ref)
     source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
+    try:  # asks the registry for the manifest through the host's engine: no layer moves yet
+        digest = remote.api.inspect_distribution(source)["Descriptor"]["digest"]
+    except (docker.errors.APIError, requests.RequestException, OSError, KeyError) as err:
+        reason = getattr(err, "explanation", None) or err
+        raise _FallBack(f"registry {registry} did not give {source} to {remote.name}: {last_line(str(reason))}") from None
+    if want is not None:
+        repository = source.rpartition(":")[0]
+        pushed = {d.split("@", 1)[1] for d in local_digests if d.split("@", 1)[0] == repository}
+        if pushed and digest not in pushed:
+            raise _FallBack(f"registry {registry} holds another image under {source} than this machine built (push it again)")
     say(f"pulling {source} from the registry")
     try:
         pulled = _host_pull(remote, source, PullProgress(progress))
@@ -205,18 +218,23 @@ def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
                 _untag(remote, tag)
 
 
+_PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so one's cleanup never untags another's push
+
+
 def _push(local: Engine, image_id: str, staged: str) -> None:
+    """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there)."""
     name, _, tag = staged.rpartition(":")
-    try:
-        local.api.tag(image_id, name, tag)
+    with _PUSHING:
         try:
-            for event in local.api.push(name, tag=tag, stream=True, decode=True):
-                if "error" in event:
-                    raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
-        finally:
-            _untag(local, staged)
-    except (docker.errors.APIError, requests.RequestException, OSError) as err:
-        raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
+            local.api.tag(image_id, name, tag)
+            try:
+                for event in local.api.push(name, tag=tag, stream=True, decode=True):
+                    if "error" in event:
+                        raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
+            finally:
+                _untag(local, staged)
+        except (docker.errors.APIError, requests.RequestException, OSError) as err:
+            raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
 
 
 # --- the host's pull, with progress ----------------------------------------------------------------
