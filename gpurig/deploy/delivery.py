@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Iterator
 import docker.errors
 import paramiko
 import requests
+import urllib3.exceptions
 
 from gpurig.connection import Connection, last_line
 from gpurig.engine import Engine, EngineError, open_engine
@@ -240,26 +241,48 @@ def _push(local: Engine, image_id: str, staged: str) -> None:
 # --- the host's pull, with progress ----------------------------------------------------------------
 
 
+LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)  # the engine's stream broke off
+PULL_ATTEMPTS = 3
+
+
 def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
-    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched."""
+    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched.
+
+    A stream to the engine that breaks off before the pull said it was done is asked again (a pull is
+    idempotent, and the layers of completed stages stay). Seen once, on a loaded machine: the engine's
+    answer ended mid-pull (its cause not found).
+    """
+    for attempt in range(1, PULL_ATTEMPTS + 1):
+        try:
+            _pull_once(remote.api, source, tracker)
+            return tracker.finish()
+        except _StreamLost as lost:
+            if attempt == PULL_ATTEMPTS:
+                raise PullFailed(f"the connection to the engine broke off {PULL_ATTEMPTS} times: {lost}") from None
+    raise AssertionError("unreachable")
+
+
+class _StreamLost(Exception):
+    pass
+
+
+def _pull_once(api, source: str, tracker: PullProgress) -> None:
     name, _, tag = source.rpartition(":")
-    api = remote.api
     try:
         # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
         response = api._post(api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
-    except (requests.RequestException, OSError) as err:
-        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    except LOST as err:
+        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
     try:
         api._raise_for_status(response)
         for event in _events(api, response):
             tracker.feed(event)
     except docker.errors.APIError as err:
         raise PullFailed(last_line(str(err.explanation or err))) from None
-    except (requests.RequestException, OSError) as err:
-        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    except LOST as err:
+        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
     finally:
         response.close()  # on an interruption the engine sees its client leave and stops the pull
-    return tracker.finish()
 
 
 def _events(api, response) -> Iterator[dict]:
@@ -288,7 +311,7 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
                 if "no space left on device" in message:
                     raise _disk_full(remote, message)
                 raise DeliveryError(f"{remote.name}: docker load refused {ref}: {message}", "deploy again; see the host's dockerd log")
-    except (docker.errors.APIError, requests.RequestException, OSError) as err:
+    except (docker.errors.APIError, *LOST) as err:
         message = last_line(str(getattr(err, "explanation", None) or err)) or type(err).__name__
         if "no space left on device" in message:
             raise _disk_full(remote, message) from None

@@ -8,6 +8,8 @@ not depend on each other's order.
 
 from __future__ import annotations
 
+import json
+import types
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,110 @@ def test_an_interrupted_forward_leaves_no_tag_and_the_retry_moves_only_what_is_m
     assert retry.bytes_moved < full - 20 * MB, f"the retry moved {retry.bytes_moved} of {full} bytes again (stages kept: {kept})"
     assert not [t for t in host_images(host) if t.startswith("127.0.0.1:")]
     assert host.inspect(slim)["RootFS"]["Layers"] == link.local.api.inspect_image(slim)["RootFS"]["Layers"]
+
+
+@pytest.fixture
+def spec_registry(clean_deploy_host, tmp_path):
+    """A registry the host reaches as <bridge gateway>:<port> (dockerd told it is insecure), this machine as 127.0.0.1:<port>.
+
+    docker-registry listens on this machine's loopback (where the local engine pushes: loopback needs no TLS);
+    a pump from gpurig's forward code listens on the Docker bridge's gateway address, which the host
+    container reaches, and the host's daemon.json names that address in insecure-registries.
+    """
+    import shutil
+    import socket
+    import subprocess
+    import threading
+    import time
+    import urllib.request
+
+    from gpurig.deploy.registry import CONFIG, Meter, pump
+
+    host = clean_deploy_host
+    binary = shutil.which("docker-registry")
+    if not binary:
+        pytest.skip("docker-registry is not installed")
+    gateway = host.host.docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.Gateway}}{{end}}", host.cid).stdout.strip()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(CONFIG.format(root=json.dumps(str(tmp_path / "data")), port=port, secret="test"))
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listener = socket.create_server((gateway, 0))
+    outside = f"{gateway}:{listener.getsockname()[1]}"
+    stop = threading.Event()
+
+    class Chan:  # a socket with the channel calls pump makes
+        def __init__(self, sock):
+            self.sock, self.recv, self.sendall, self.close = sock, sock.recv, sock.sendall, sock.close
+
+        def shutdown_write(self):
+            self.sock.shutdown(socket.SHUT_WR)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            inner = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=pump, args=(Chan(conn), inner, Meter(), stop), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    daemon_json = host.read("/etc/docker/daemon.json") or "{}"
+    doc = json.loads(daemon_json)
+    doc["insecure-registries"] = [outside]
+    host.write("/etc/docker/daemon.json", json.dumps(doc, indent=4) + "\n")
+    from .gpuhost import restart_docker
+
+    restart_docker(host.host)
+    end = time.monotonic() + 20
+    while True:  # the gateway address is this machine's own: asked from here, the answer comes through the pump
+        try:
+            with urllib.request.urlopen(f"http://{outside}/v2/", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < end, "the test registry did not answer"
+            time.sleep(0.1)  # polling interval while the registry starts
+    try:
+        yield types.SimpleNamespace(inside=f"127.0.0.1:{port}", outside=outside)
+    finally:
+        stop.set()
+        listener.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+        host.write("/etc/docker/daemon.json", daemon_json)
+        restart_docker(host.host)
+
+
+def push(link, ref: str, registry: str) -> None:
+    """``ref`` pushed to ``registry`` under its own repository and tag, by the local engine."""
+    name, _, tag = ref.rpartition(":")
+    link.local.api.tag(ref, f"{registry}/{name}", tag)
+    for event in link.local.api.push(f"{registry}/{name}", tag=tag, stream=True, decode=True):
+        assert "error" not in event, event
+    link.local.api.remove_image(f"{registry}/{name}:{tag}")
+
+
+def test_the_host_pulls_from_the_specs_registry_when_it_holds_the_built_image(link, clean_deploy_host, cpu_images, spec_registry):
+    host, slim = clean_deploy_host, cpu_images["slim"]
+    bare(host)
+    push(link, slim, spec_registry.inside)
+    pulled = link.deliver(slim, registry=spec_registry.outside)
+    assert (pulled.method, pulled.note) == ("pull", "") and host.image_id(slim) == link.local.image(slim).id
+    assert 0.1 * link.size(slim) < pulled.bytes_moved < 0.6 * link.size(slim)  # the compressed layers the host downloaded
+
+
+def test_a_registry_holding_another_image_under_the_name_is_passed_over(link, clean_deploy_host, cpu_images, spec_registry):
+    host, slim, ssh = clean_deploy_host, cpu_images["slim"], cpu_images["ssh"]
+    bare(host)
+    name, _, tag = slim.rpartition(":")
+    link.local.api.tag(ssh, f"{spec_registry.inside}/{name}", tag)  # a stale push: ssh's image under slim's name
+    for event in link.local.api.push(f"{spec_registry.inside}/{name}", tag=tag, stream=True, decode=True):
+        assert "error" not in event, event
+    link.local.api.remove_image(f"{spec_registry.inside}/{name}:{tag}")
+    moved = link.deliver(slim, registry=spec_registry.outside)
+    assert moved.method == "forward" and host.image_id(slim) == link.local.image(slim).id
+    assert "holds another image" in moved.note and "push it again" in moved.note
+    assert not [t for t in host_images(host) if t.startswith(spec_registry.outside)]  # the stale pull is not left behind
