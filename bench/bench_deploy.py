@@ -120,8 +120,8 @@ class Bench:
         if ids:
             self.host.sh("docker rmi -f " + " ".join(sorted(ids)), check=False)
 
-    def deliver(self, ref: str, method: str, cache: Path | None = None):
-        return deliver(self.local, self.remote, self.conn, ref, methods=("present", method), cache_dir=cache or self.cache)
+    def deliver(self, ref: str, method: str):
+        return deliver(self.local, self.remote, self.conn, ref, methods=("present", method), cache_dir=self.cache)
 
     def close(self) -> None:
         for closing in ("remote", "local", "conn", "connector"):
@@ -132,6 +132,10 @@ class Bench:
             for ref in self.built.built:
                 self.docker("image", "rm", ref, check=False)
         self.images.remove()
+
+
+def human(size: float) -> str:
+    return f"{size / MB:.1f} MB" if size >= MB else f"{size / 1e3:.1f} kB"
 
 
 def say(text: str) -> None:
@@ -157,7 +161,7 @@ def main() -> None:
         }
         bench.bare()
         say("forward into an empty local registry (first push ever: every layer compressed) ...")
-        cold = bench.deliver(refs["slim"], "forward", cache=work / "registry-cold")
+        cold = bench.deliver(refs["slim"], "forward")  # also fills the local registry the timed runs use
         results: dict[tuple[str, str], list] = {}
         for run in range(args.runs):
             for name, (prepare, ref, _) in scenarios.items():
@@ -166,12 +170,12 @@ def main() -> None:
                     done = bench.deliver(ref, method)
                     assert done.method == method, done
                     results.setdefault((name, method), []).append(done)
-                    say(f"run {run + 1}: {name:30s} {method:9s} {done.bytes_moved / MB:9.1f} MB {done.seconds:6.1f} s")
+                    say(f"run {run + 1}: {name:30s} {method:9s} {human(done.bytes_moved):>10s} {done.seconds:6.1f} s")
         print()
         kind = "CPU" if args.cuda == "cpu" else f"CUDA {args.cuda}"
         print(f"Delivery to one host over SSH ({kind} images: slim {sizes['slim'] / MB:.0f} MB, jupyter {sizes['jupyter'] / MB:.0f} MB), "
               f"median of {args.runs}:")
-        print(f"  {'scenario':30s} {'method':9s} {'moved MB':>9s} {'% image':>8s} {'wall s':>7s}")
+        print(f"  {'scenario':30s} {'method':9s} {'moved':>10s} {'% image':>8s} {'wall s':>7s}")
         for name, (_, _, size) in scenarios.items():
             med = {}
             for method in ("forward", "save-load"):
@@ -179,10 +183,10 @@ def main() -> None:
                 moved = statistics.median(d.bytes_moved for d in runs)
                 wall = statistics.median(d.seconds for d in runs)
                 med[method] = (moved, wall)
-                print(f"  {name:30s} {method:9s} {moved / MB:9.1f} {100 * moved / size:7.2f}% {wall:7.1f}")
+                print(f"  {name:30s} {method:9s} {human(moved):>10s} {100 * moved / size:7.3f}% {wall:7.1f}")
             (fb, fw), (sb, sw) = med["forward"], med["save-load"]
-            print(f"  {'':30s} forward/save-load: bytes {fb / sb:.4f}x, wall {fw / sw:.2f}x")
-        print(f"  first push into an empty local registry (slim, forward): {cold.bytes_moved / MB:.1f} MB moved, {cold.seconds:.1f} s")
+            print(f"  {'':30s} forward/save-load: bytes {fb / sb:.2g}x, wall {fw / sw:.2f}x")
+        print(f"  first push into an empty local registry (slim, forward): {human(cold.bytes_moved)} moved, {cold.seconds:.1f} s")
         edit = statistics.median(d.bytes_moved for d in results[("slim after a checks/ edit", "forward")]) / sizes["slim-edited"]
         jup = statistics.median(d.bytes_moved for d in results[("jupyter onto a host with slim", "forward")]) / sizes["jupyter"]
         print(f"  targets: checks/ edit < 1% of the image: {'met' if edit < 0.01 else 'MISSED'} ({100 * edit:.3f}%); "

@@ -167,7 +167,8 @@ def spec_registry(clean_deploy_host, tmp_path):
 
     docker-registry listens on this machine's loopback (where the local engine pushes: loopback needs no TLS);
     a pump from gpurig's forward code listens on the Docker bridge's gateway address, which the host
-    container reaches, and the host's daemon.json names that address in insecure-registries.
+    container reaches, and the host's daemon.json names that address in insecure-registries. Tests ask for it
+    before ``link``: it restarts the host's dockerd, which ends the engine streams a link already holds.
     """
     import shutil
     import socket
@@ -245,7 +246,7 @@ def push(link, ref: str, registry: str) -> None:
     link.local.api.remove_image(f"{registry}/{name}:{tag}")
 
 
-def test_the_host_pulls_from_the_specs_registry_when_it_holds_the_built_image(link, clean_deploy_host, cpu_images, spec_registry):
+def test_the_host_pulls_from_the_specs_registry_when_it_holds_the_built_image(spec_registry, link, clean_deploy_host, cpu_images):
     host, slim = clean_deploy_host, cpu_images["slim"]
     bare(host)
     push(link, slim, spec_registry.inside)
@@ -254,7 +255,7 @@ def test_the_host_pulls_from_the_specs_registry_when_it_holds_the_built_image(li
     assert 0.1 * link.size(slim) < pulled.bytes_moved < 0.6 * link.size(slim)  # the compressed layers the host downloaded
 
 
-def test_a_registry_holding_another_image_under_the_name_is_passed_over(link, clean_deploy_host, cpu_images, spec_registry):
+def test_a_registry_holding_another_image_under_the_name_is_passed_over(spec_registry, link, clean_deploy_host, cpu_images):
     host, slim, ssh = clean_deploy_host, cpu_images["slim"], cpu_images["ssh"]
     bare(host)
     name, _, tag = slim.rpartition(":")
