@@ -172,10 +172,11 @@ def bench_hosts(count: int, prefix: str):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_interleaved(names, commands, env, work: Path, runs: int, venv_bin: Path, ansible_env=None, after=None) -> dict[str, list]:
+def run_interleaved(names, commands, env, work: Path, runs: int, venv_bin: Path, ansible_env=None, after=None, accept=None) -> dict[str, list]:
     """Each tool once per round, rounds repeated: {tool: [(wall, cpu, peak MiB, exit)]}; a failing tool ends the bench.
 
-    ``ansible_env`` adds settings to Ansible's environment; ``after(name)`` checks a run's output.
+    ``ansible_env`` adds settings to Ansible's environment; ``after(name)`` checks a run's output;
+    ``accept`` maps a tool to the exit codes that are not failures (default {0}).
     """
     results: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in names}
     for run in range(runs):
@@ -190,7 +191,7 @@ def run_interleaved(names, commands, env, work: Path, runs: int, venv_bin: Path,
             results[name].append(timed(commands[name], run_env, work))
             wall, cpu, rss, rc = results[name][-1]
             print(f"run {run + 1} {name:9s} {wall:7.2f}s wall  {cpu:7.2f}s cpu  {rss:5d} MiB peak  exit {rc}", flush=True)
-            if rc != 0:
+            if rc not in (accept or {}).get(name, {0}):
                 sys.exit(f"{name} failed: its figures would not be comparable")
             if name == "ansible":
                 _stop_control_masters(work / f"cp-{run}")

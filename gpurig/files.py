@@ -52,7 +52,11 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
     kernel's protected_symlinks does): a link planted by someone else in /tmp
     must not make root overwrite /etc/sudoers. Block devices are never written.
     """
-    text = to_json(data, default)
+    write_text_report(target, to_json(data, default))
+
+
+def write_text_report(target: str | Path, text: str, flag: str = "--json") -> None:
+    """``write_report`` for text already made (JUnit XML...); ``flag`` names the option in errors."""
     if str(target) == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -63,14 +67,14 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
         if owner not in (os.geteuid(), 0):
             raise GpurigError(
                 f"report path {path} is a symlink owned by another user (uid {owner})",
-                "remove it or choose another --json path",
+                f"remove it or choose another {flag} path",
             )
     try:
         st = path.stat()  # what the path leads to, through links
     except FileNotFoundError:
         st = None
     except OSError as err:
-        raise GpurigError(f"cannot write report {path}: {err.strerror}", "choose another --json path") from None
+        raise GpurigError(f"cannot write report {path}: {err.strerror}", f"choose another {flag} path") from None
     try:
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise GpurigError(f"report path {path} is a directory", "give a file name, or - for stdout")
@@ -85,4 +89,4 @@ def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | 
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, text, 0o644)
     except OSError as err:
-        raise GpurigError(f"cannot write report {path}: {err.strerror}", "choose a writable --json path") from None
+        raise GpurigError(f"cannot write report {path}: {err.strerror}", f"choose a writable {flag} path") from None

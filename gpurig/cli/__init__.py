@@ -20,10 +20,10 @@ from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
 def build_collection() -> Collection:
     """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig.cli import hosts, images, inventory, monitor, project, provision
+    from gpurig.cli import deploy, hosts, images, inventory, monitor, project, provision, verify
 
     ns = Collection()
-    for module in (project, images, hosts, inventory, provision, monitor):
+    for module in (project, images, hosts, inventory, provision, deploy, verify, monitor):
         for name in module.__all__:
             ns.add_task(getattr(module, name))
     return ns

@@ -25,7 +25,8 @@ import requests
 
 from gpurig.connection import Connection
 from gpurig.deploy import access
-from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime, parse_listening
+from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
+from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime
 from gpurig.engine import ContainerInfo, Engine, EngineError, ImageInfo, engine_error, open_engine
 from gpurig.errors import GpurigError
 from gpurig.facts import gather
@@ -45,6 +46,7 @@ class Target:
     image_ref: str
     image: ImageInfo | None  # on the build machine; None when only a registry has it
     login: str = "gpurig"  # the image's user, for the ssh lines
+    uid: int = 1000  # and its uid, which owns the workspace folders deploy makes
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,12 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
     with open_engine(conn) as engine:
         info = engine.info()
         facts = gather(conn)
-        listening = parse_listening(conn.run("ss -Hltn", warn=True, timeout=30).stdout)
+        state = read_host(conn, [v.source for t in targets for v in t.spec.volumes if not v.create])
         ours = engine.containers(label=NAME_LABEL)
-        refusals, devices = preflight(engine, targets, facts, info, listening, ours, job)
+        refusals, devices = preflight(engine, targets, facts, info, state, ours, job)
         if refusals:
-            return [ContainerOutcome(t.spec.name, "failed", image=t.image_ref, reason="; ".join(f"{r.problem} (fix: {r.fix})" for r in refusals if t.spec.name in r.container.split(", ")) or "another container of this host was refused") for t in targets]
-        outcomes = [plan(engine, t, devices.get(t.spec.name)) for t in targets]
+            return [refused(t, refusals) for t in targets]
+        outcomes = [plan(engine, t) for t in targets]
         if job.check:
             return outcomes
         moved: dict[str, Any] = {}
@@ -103,52 +105,61 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
                     moved[t.image_ref] = job.deliver(engine, conn, t, lambda text: job.progress(conn.name, text))
                 d = moved[t.image_ref]
                 out.delivery, out.bytes_moved = d.method, d.bytes_moved
+                make_workspaces(conn, t)
                 run_container(engine, conn, t, devices.get(t.spec.name), out, job)
             except GpurigError as err:
                 out.status, out.reason = "failed", str(err)
         return outcomes
 
 
-def preflight(engine: Engine, targets: list[Target], facts, info, listening, ours, job: DeployJob):
+def refused(t: Target, refusals: list[Refusal]) -> ContainerOutcome:
+    mine = [r for r in refusals if t.spec.name in r.container.split(", ")]
+    reason = "; ".join(f"{r.problem} (fix: {r.fix})" for r in mine) or "not started: another container of this host was refused"
+    return ContainerOutcome(t.spec.name, "failed", image=t.image_ref, reason=reason)
+
+
+def preflight(engine: Engine, targets: list[Target], facts, info, state: HostState, ours, job: DeployJob):
     specs = [t.spec for t in targets]
     refusals: list[Refusal] = []
     devices: dict = {}
     try:
         devices = job.assign_gpus(specs, [(g.index, g.uuid) for g in facts.gpus])
     except GpurigError as err:
-        refusals.append(Refusal(", ".join(s.name for s in specs if wants_gpus(s)), err.problem, err.fix))
+        refusals.append(Refusal(", ".join(s.name for s in specs if wants_gpus(s)) or ", ".join(s.name for s in specs), err.problem, err.fix))
     planned = [Planned(t.spec.name, t.image_ref, t.image, wants_gpus(t.spec), host_ports(t.spec)) for t in targets]
     for t in targets:
         other = engine.container(t.spec.name)
         if other is not None and NAME_LABEL not in other.labels:
             refusals.append(Refusal(t.spec.name, f"a container named {t.spec.name} exists and was not made by gpurig", "remove or rename it, or give this one another name in gpurig_containers"))
+        for v in t.spec.volumes:
+            if not v.create and not state.exists.get(v.source, True):
+                refusals.append(Refusal(t.spec.name, f"the volume source {v.source!r} does not exist on the host", "create it there (datasets are mounted read-only, never made), or fix the path"))
+        refusals += check_memlock(t.spec, state)
+        if t.spec.cpus and info.cpus and t.spec.cpus > info.cpus:
+            refusals.append(Refusal(t.spec.name, f"cpus: {t.spec.cpus:g} but the host has {info.cpus}", f"set cpus to at most {info.cpus}"))
     for p in planned:
         refusals += check_driver(p, facts, job.matrix_cudas)
     refusals += check_runtime(planned, info)
-    refusals += check_ports(planned, listening, ours)
+    refusals += check_ports(planned, state.listening, ours)
     to_move = [p for p in planned if p.image is not None and engine.image(p.image.id) is None]
     refusals += check_disk(to_move, facts, info.root_dir)
     return refusals, devices
 
 
 def wants_gpus(spec) -> bool:
-    return spec.gpus not in (None, 0, (), "none")
+    return not spec.gpus.none
 
 
 def host_ports(spec) -> tuple[tuple[str, int], ...]:
-    return tuple((p.bind, p.host_port) for p in spec.ports)
+    return tuple((p.bind, p.host) for p in spec.ports)
 
 
 def labels_for(t: Target) -> dict[str, str]:
-    settings = t.spec.settings()
-    return {
-        HASH_LABEL: t.spec.config_hash(),
-        SETTINGS_LABEL: json.dumps(settings, sort_keys=True, separators=(",", ":")),
-        IMAGE_LABEL: t.image_ref,
-    }
+    """Labels beside the spec's own (name, hash, settings): the image reference asked for, for `gpurig status`."""
+    return {IMAGE_LABEL: t.image_ref}
 
 
-def plan(engine: Engine, t: Target, devices) -> ContainerOutcome:
+def plan(engine: Engine, t: Target) -> ContainerOutcome:
     """What to do with this container: nothing, start it, create it, or replace it (with the settings that differ)."""
     out = ContainerOutcome(t.spec.name, image=t.image_ref)
     current = engine.container(t.spec.name)
@@ -197,40 +208,59 @@ def run_container(engine: Engine, conn: Connection, t: Target, devices, out: Con
                 api.remove_container(name, force=True)
             body = t.spec.create_body(t.image_ref, devices, labels_for(t))
             created = api.create_container_from_config(body, name=name)
-            keys = getattr(t.spec, "ssh_keys", ())
-            if keys:
-                api.put_archive(created["Id"], "/", _keys_archive(keys))
+            if t.spec.ssh_keys:
+                api.put_archive(created["Id"], "/", _keys_archive(t.spec.ssh_keys))
             api.start(created["Id"])
     except (docker.errors.APIError, requests.RequestException, OSError) as err:
         raise engine_error(engine.name, f"start {name}", err) from None
-    started = wait_started(engine, name, job)
-    if not started.running or started.health == "unhealthy":
+    started, exited = wait_started(engine, name, job)
+    if exited is not None or started.health == "unhealthy":
         out.status = "failed"
-        out.exit_code = started.exit_code
+        out.exit_code = exited
         out.logs = tail_logs(engine, name)
-        what = f"exited with code {started.exit_code}" if not started.running else "is unhealthy"
+        try:
+            api.stop(name, timeout=5)  # no restart loop: it stays exited, for `gpurig logs` and `status`
+        except (docker.errors.APIError, requests.RequestException, OSError):
+            pass
+        what = f"exited with code {exited}" if exited is not None else "is unhealthy"
         out.reason = f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}"
         return
     out.access = access.lines(engine, conn, t.spec, started, t.login)
 
 
-def wait_started(engine: Engine, name: str, job: DeployJob) -> ContainerInfo:
-    """The container once it is up: healthy (with a healthcheck) or still running after the settle time, or exited."""
+def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerInfo, int | None]:
+    """(the container, its exit code if it exited while starting).
+
+    Up means healthy (with a healthcheck) or still running after the settle
+    time. An exit counts even when the restart policy has already started it
+    again: a container that restarts at once is a failed start, not a running one.
+    """
     has_health = bool(((engine.container(name) or _gone(name)).raw.get("Config") or {}).get("Healthcheck"))
     if not has_health:
         try:
-            engine.api.wait(name, timeout=job.settle_s)  # returns only if it exited within the settle time
+            code = engine.api.wait(name, timeout=job.settle_s).get("StatusCode")  # returns only if it exited
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            pass  # still running after the settle time: started
+            code = None  # still running after the settle time: started
         except docker.errors.APIError as err:
             raise engine_error(engine.name, f"watch {name} start", err) from None
-        return engine.container(name) or _gone(name)
+        info = engine.container(name) or _gone(name)
+        return info, code if code is not None else _restarted(info)
     deadline = time.monotonic() + job.health_s
     while True:
         info = engine.container(name) or _gone(name)
-        if not info.running or info.health in ("healthy", "unhealthy") or time.monotonic() > deadline:
-            return info
+        restarted = _restarted(info)
+        if restarted is not None or not info.running:
+            return info, restarted if restarted is not None else info.exit_code
+        if info.health in ("healthy", "unhealthy") or time.monotonic() > deadline:
+            return info, None
         time.sleep(0.5)  # polling the engine's health state with a deadline, not a synchronisation sleep
+
+
+def _restarted(info: ContainerInfo) -> int | None:
+    """The exit code behind a restart the policy made, or None when it has not restarted."""
+    if int(info.raw.get("RestartCount") or 0) > 0 or (info.raw.get("State") or {}).get("Restarting"):
+        return info.exit_code
+    return None
 
 
 def _gone(name: str):

@@ -110,17 +110,29 @@ def _disk_for(facts: Facts, path: str):
     return best
 
 
-def parse_listening(ss_output: str) -> set[tuple[str, int]]:
-    """(address, port) of TCP listeners from ``ss -Hltn`` (IPv6 addresses keep their brackets off)."""
+def parse_listening(proc_net_tcp: str) -> set[tuple[str, int]]:
+    """(address, port) of TCP listeners from /proc/net/tcp and /proc/net/tcp6 (present on every Linux; ``ss`` is not)."""
+    import ipaddress
+    import socket
+    import struct
+
     found = set()
-    for line in ss_output.splitlines():
+    for line in proc_net_tcp.splitlines():
         fields = line.split()
-        if len(fields) < 4:
+        if len(fields) < 4 or fields[3] != "0A" or ":" not in fields[1]:  # 0A: TCP_LISTEN
             continue
-        local = fields[3]
-        addr, _, port = local.rpartition(":")
-        if not port.isdigit():
+        hex_addr, _, hex_port = fields[1].partition(":")
+        try:
+            raw = bytes.fromhex(hex_addr)
+            port = int(hex_port, 16)
+        except ValueError:
             continue
-        addr = addr.strip("[]").split("%")[0]
-        found.add(("0.0.0.0" if addr in ("*", "") else addr, int(port)))
+        if len(raw) == 4:
+            addr = socket.inet_ntop(socket.AF_INET, struct.pack("<I", struct.unpack(">I", raw)[0]))
+        elif len(raw) == 16:  # four host-order 32-bit words
+            words = struct.unpack(">4I", raw)
+            addr = str(ipaddress.IPv6Address(b"".join(struct.pack("<I", w) for w in words)))
+        else:
+            continue
+        found.add((addr, port))
     return found

@@ -49,16 +49,20 @@ def test_gpus_without_the_nvidia_runtime_point_at_provision():
     assert check_runtime([planned()], engine_info(("nvidia", "runc"))) == []
 
 
-SS = """\
-LISTEN 0      4096         0.0.0.0:22        0.0.0.0:*
-LISTEN 0      4096       127.0.0.1:8888      0.0.0.0:*
-LISTEN 0      4096            [::]:2222         [::]:*
-LISTEN 0      128   [fe80::1%eth0]:9100         [::]:*
+# /proc/net/tcp and tcp6 as the kernel writes them (addresses in host byte order per 32-bit word)
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 20531 1 0 100 0 0 10 0
+   1: 0100007F:22B8 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 30111 1 0 100 0 0 10 0
+   2: 0100007F:A2C4 0100007F:22B8 01 00000000:00000000 00:00000000 00000000  1000        0 30112 1 0 20 4 30 10 -1
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:08AE 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 20533 1 0 100 0 0 10 0
+   1: 00000000000000000000000001000000:238C 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 20534 1 0 100 0 0 10 0
 """
 
 
-def test_listening_sockets_are_read_from_ss():
-    assert parse_listening(SS) == {("0.0.0.0", 22), ("127.0.0.1", 8888), ("::", 2222), ("fe80::1", 9100)}
+def test_listening_sockets_are_read_from_proc_net_tcp():
+    assert parse_listening(PROC_NET_TCP) == {("0.0.0.0", 22), ("127.0.0.1", 8888), ("::", 2222), ("::1", 9100)}
 
 
 def container(name, ports, running=True) -> ContainerInfo:
@@ -67,7 +71,7 @@ def container(name, ports, running=True) -> ContainerInfo:
 
 
 def test_busy_ports_are_refused_but_a_replaced_containers_own_port_is_free():
-    listening = parse_listening(SS)
+    listening = parse_listening(PROC_NET_TCP)
     p = planned(ports=(("127.0.0.1", 8888), ("0.0.0.0", 2222)))
     refusals = check_ports([p], listening, [])
     assert [r.problem for r in refusals] == ["host port 8888 is in use on 127.0.0.1", "host port 2222 is in use on ::"]
@@ -92,6 +96,6 @@ def test_not_enough_disk_for_the_layers_to_move():
     assert check_disk([], f, "/var/lib/docker") == []
 
 
-@pytest.mark.parametrize("text", ["", "garbage line\n", "LISTEN 0 1 nohost 0.0.0.0:*\n"])
+@pytest.mark.parametrize("text", ["", "garbage line\n", "   0: ZZ:0016 00000000:0000 0A\n", "   0: 0102:0016 00000000:0000 0A\n"])
 def test_unreadable_ss_lines_are_skipped(text):
     assert parse_listening(text) == set()

@@ -1,0 +1,316 @@
+"""The ``deploy``, ``status``, ``logs``, ``stop`` and ``rm`` tasks: containers from the inventory's gpurig_containers.
+
+Thin: load the image spec and every selected host's containers (all errors
+before any connection), resolve each container's image on this machine, then
+run ``gpurig.deploy.apply.deploy_host`` over the fleet and present a table,
+the diffs, and the access lines (Jupyter URL with its token, ssh lines) for
+the person at the terminal. The JSON report never holds a token.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import docker
+import docker.errors
+import requests
+from rich.markup import escape
+
+from gpurig.cli.images import load_project_spec
+from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.connection import Connection
+from gpurig.deploy import containers as container_specs
+from gpurig.deploy.apply import NAME_LABEL, IMAGE_LABEL, DeployJob, Target, deploy_host
+from gpurig.engine import API_VERSION, Engine, engine_error, open_engine
+from gpurig.errors import ConfigError
+from gpurig.fleet import FleetReport, HostResult, Outcome
+from gpurig.report import console, err_console
+from gpurig.report.fleet import STATUS_STYLE
+from gpurig.report.tables import Column
+
+__all__ = ["deploy", "status", "logs", "stop", "rm"]
+
+SCHEMA = "gpurig.deploy/1"
+STATUS_SCHEMA = "gpurig.status/1"
+
+DEPLOY_HELP = {
+    "variant": "the variant to run on hosts whose inventory has no gpurig_containers (slim, ssh, jupyter, full)",
+    "spec": "image spec file (default: the one in images/)",
+}
+
+
+@host_task(help=DEPLOY_HELP, changes=True)
+def deploy(c, opts: HostOptions, variant=None, spec=None):
+    """Run the images on hosts: GPUs, ports, volumes, keys and tokens from gpurig_containers; move only missing layers."""
+    image_spec = load_project_spec(c, spec)
+    chosen = select_hosts(opts)
+    local = local_engine()
+    targets: dict[str, list[Target]] = {}
+    for host in chosen:  # every host's containers checked before any connection
+        specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
+        for w in warnings:
+            err_console.print(f"[yellow]{escape(host.name)}: {escape(w)}[/]")
+        targets[host.name] = [resolve(image_spec, s, local) for s in specs]
+
+    def move(engine: Engine, conn: Connection, t: Target, say):
+        from gpurig.deploy.delivery import deliver
+
+        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say,
+                       progress=lambda done, total: say(f"{t.image_ref}: {human(done)} of {human(total)}"))
+
+    job = DeployJob(
+        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=move,
+        matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
+        progress=progress_printer() if err_console.is_terminal or opts.verbose else (lambda host, text: None),
+    )
+
+    def work(conn: Connection) -> Outcome:
+        outcomes = deploy_host(conn, job)
+        statuses = {o.status for o in outcomes}
+        status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
+        detail = "; ".join(f"{o.name}: {o.reason}" for o in outcomes if o.status == "failed")
+        return Outcome(status=status, data=tuple(outcomes), detail=detail)
+
+    def annotate(rep: FleetReport) -> dict:
+        return {"hosts": [{"host": r.host, "status": r.status, "reason": r.reason,
+                           "containers": [o.to_dict() for o in outcomes_of(r)]} for r in rep.results]}
+
+    try:
+        report = run_hosts(opts, chosen, work, label="deploy", schema=SCHEMA, annotate=annotate)
+    finally:
+        if local:
+            local.close()
+    columns = [Column("host"), Column("container"), Column("status", styles=STATUS_STYLE), Column("action"),
+               Column("image", drop=2), Column("moved", drop=1), Column("reason")]
+    opts.show(columns, deploy_rows(report, opts.check), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    out = err_console if opts.json == "-" else console
+    if opts.diff:
+        print_diffs(report, out)
+    if opts.format == "table":
+        print_access(report, out)
+    exit_for(report)
+
+
+def progress_printer(every_s: float = 1.0):
+    """host, text -> a line on stderr, at most one a second per host (a transfer reports many times a second)."""
+    import threading
+    import time
+
+    last: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def say(host: str, text: str) -> None:
+        now = time.monotonic()
+        with lock:
+            if now - last.get(host, -every_s) < every_s:
+                return
+            last[host] = now
+        err_console.print(f"{escape(host)}: {escape(text)}", highlight=False)
+
+    return say
+
+
+def resolve(image_spec, cs, local: Engine | None) -> Target:
+    """The container with its image as this machine has it (None: only a registry has it, the host pulls it)."""
+    image = local.image(cs.image) if local else None
+    if image is None and cs.entry is not None and not image_spec.registry:
+        raise ConfigError(f"{cs.host}: {cs.name}: the image {cs.image} is not built on this machine",
+                          f"build it first: invoke build --variant {cs.variant} --torch {cs.entry.torch} --cuda {cs.entry.cuda}")
+    return Target(cs, cs.image, image, login=image_spec.user.name, uid=image_spec.user.uid)
+
+
+def local_engine() -> Engine | None:
+    """This machine's engine (where the images were built), or None when there is none."""
+    import os
+
+    api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock", version=API_VERSION, timeout=600)
+    try:
+        api.ping()
+    except (docker.errors.DockerException, requests.RequestException, OSError):
+        api.close()
+        return None
+    return Engine("local", api)
+
+
+def outcomes_of(r: HostResult) -> tuple:
+    return r.data if isinstance(r.data, tuple) else ()
+
+
+def human(n: int | None) -> str:
+    if not n:
+        return "0 B"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def deploy_rows(report: FleetReport, check: bool) -> list[list[str]]:
+    rows = []
+    for r in report.results:
+        outcomes = outcomes_of(r)
+        if not outcomes:
+            rows.append([r.host, "-", r.status, "-", "", "", r.reason])
+        for o in outcomes:
+            action = f"would {o.action}" if check and o.action != "none" else o.action
+            moved = f"{human(o.bytes_moved)} ({o.delivery})" if o.delivery else ""
+            rows.append([r.host, o.name, o.status, action, o.image, moved, o.reason])
+    return rows
+
+
+def print_diffs(report: FleetReport, out) -> None:
+    for r in report.results:
+        for o in outcomes_of(r):
+            if o.diff:
+                out.print(f"[bold]{escape(r.host)} {escape(o.name)}: {o.action}[/]")
+                for key, old, new in o.diff:
+                    if old is not None:
+                        out.print(f"[red]- {escape(key)}: {escape(shown(key, old))}[/]", soft_wrap=True)
+                    if new is not None:
+                        out.print(f"[green]+ {escape(key)}: {escape(shown(key, new))}[/]", soft_wrap=True)
+
+
+def shown(key: str, value) -> str:
+    """A setting as a person writes it: sizes as 16g, lists and mappings as JSON."""
+    import json
+
+    from gpurig.deploy.fields import human as size
+
+    if key in ("shm_size", "memory") and isinstance(value, int):
+        return size(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def print_access(report: FleetReport, out) -> None:
+    for r in report.results:
+        for o in outcomes_of(r):
+            if o.access:
+                out.print(f"[bold]{escape(r.host)} {escape(o.name)}[/]")
+                for line in o.access:
+                    out.print(escape(line), soft_wrap=True)
+
+
+# --- status, logs, stop, rm ------------------------------------------------------------------
+
+
+@host_task()
+def status(c, opts: HostOptions):
+    """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
+    chosen = select_hosts(opts)
+
+    def work(conn: Connection) -> Outcome:
+        with open_engine(conn) as engine:
+            return Outcome(status="ok", data=tuple(engine.containers(label=NAME_LABEL)))
+
+    def annotate(rep: FleetReport) -> dict:
+        return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results}}
+
+    report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA, annotate=annotate)
+    columns = [Column("host"), Column("container"), Column("state"), Column("image", drop=2), Column("gpus", drop=3),
+               Column("ports", drop=1), Column("up", drop=4)]
+    rows = []
+    for r in report.results:
+        found = outcomes_of(r)
+        if not found:
+            rows.append([r.host, "-", r.status if r.status == "failed" else "none", "", "", "", r.reason])
+        for ci in found:
+            state = ci.status + (f" ({ci.health})" if ci.health else "") + (f" exit {ci.exit_code}" if ci.status == "exited" else "")
+            gpus = ",".join(ci.device_ids) if ci.device_ids else "-"
+            ports = ", ".join(f"{ip or '*'}:{hp}->{cp}" for ip, hp, cp, _ in ci.ports)
+            rows.append([r.host, ci.name, state, ci.labels.get(IMAGE_LABEL) or ci.image, gpus, ports, uptime(ci)])
+    doc = fleet_document(opts, report, STATUS_SCHEMA, **annotate(report))
+    opts.show(columns, rows, doc=doc)
+    exit_for(report)
+
+
+def status_doc(ci) -> dict:
+    return {"name": ci.name, "id": ci.id, "image": ci.labels.get(IMAGE_LABEL) or ci.image, "image_id": ci.image_id,
+            "status": ci.status, "health": ci.health, "exit_code": ci.exit_code, "gpus": list(ci.device_ids or ()),
+            "ports": [{"host_ip": ip, "host_port": hp, "container_port": cp, "proto": pr} for ip, hp, cp, pr in ci.ports],
+            "started_at": ci.started_at.isoformat() if ci.started_at else None}
+
+
+def uptime(ci) -> str:
+    from datetime import datetime, timezone
+
+    if not ci.started_at:
+        return "-"
+    s = int((datetime.now(timezone.utc) - ci.started_at).total_seconds())
+    return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@host_task(help={"name": "the container (as in gpurig status)", "follow": "keep printing new lines until Ctrl-C", "tail": "how many lines from the end (default 100; 0 = all)"},
+           positional=["name"])
+def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
+    """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected."""
+    if not name:
+        raise ConfigError("which container? `gpurig logs -l HOST NAME`", "see the names with `gpurig status`")
+    chosen = select_hosts(opts)
+    prefix = len(chosen) > 1
+
+    def work(conn: Connection) -> Outcome:
+        with open_engine(conn) as engine:
+            found = engine.container(name)
+            if found is None or NAME_LABEL not in found.labels:
+                return Outcome(status="failed", detail=f"no gpurig container named {name} (see gpurig status)")
+            try:
+                stream = engine.api.logs(name, stream=True, follow=bool(follow), tail=int(tail) or "all", stdout=True, stderr=True)
+                for chunk in stream:
+                    text = chunk.decode(errors="replace")
+                    if prefix:
+                        text = "".join(f"{conn.name} | {line}" for line in text.splitlines(keepends=True))
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+            except (docker.errors.APIError, requests.RequestException, OSError) as err:
+                raise engine_error(conn.name, f"read the logs of {name}", err) from None
+        return Outcome(status="ok")
+
+    report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1")
+    exit_for(report)
+
+
+def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
+    chosen = select_hosts(opts)
+
+    def work(conn: Connection) -> Outcome:
+        done = []
+        with open_engine(conn) as engine:
+            mine = engine.containers(label=NAME_LABEL)
+            picked = [ci for ci in mine if not names or ci.name in names]
+            missing = sorted(set(names) - {ci.name for ci in mine})
+            for ci in picked:
+                if not opts.check:
+                    try:
+                        act(engine, ci)
+                    except (docker.errors.APIError, requests.RequestException, OSError) as err:
+                        raise engine_error(conn.name, f"{verb} {ci.name}", err) from None
+                done.append(ci.name)
+        if missing:
+            return Outcome(status="failed", data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
+        return Outcome(status="changed" if done else "ok", data=tuple(done))
+
+    report = run_hosts(opts, chosen, work, label=verb, schema=f"gpurig.{verb}/1")
+    rows = [[r.host, ", ".join(outcomes_of(r)) or "-", r.status, r.reason] for r in report.results]
+    opts.show([Column("host"), Column("containers"), Column("status", styles=STATUS_STYLE), Column("reason")], rows,
+              doc=fleet_document(opts, report, f"gpurig.{verb}/1"))
+    exit_for(report)
+
+
+def _names(name: str | None) -> list[str]:
+    return [n.strip() for n in (name or "").split(",") if n.strip()]
+
+
+@host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True, positional=["name"])
+def stop(c, opts: HostOptions, name=None):
+    """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
+    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.api.stop(ci.id, timeout=30) if ci.running else None)
+
+
+@host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True, positional=["name"])
+def rm(c, opts: HostOptions, name=None, all=False):
+    """Remove gpurig's containers (only ones gpurig made; their volumes' host folders stay)."""
+    names = _names(name)
+    if not names and not all:
+        raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST NAME[,NAME] (see gpurig status)")
+    _lifecycle(opts, names, "rm", lambda engine, ci: engine.api.remove_container(ci.id, force=True))

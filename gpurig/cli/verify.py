@@ -1,0 +1,120 @@
+"""The ``verify`` task: prove hosts from driver to achieved TFLOP/s, fleet-wide, with a fix for every failure.
+
+Thin: validate the flags and every host's GPU expectation, run
+``gpurig.verify.verify_host`` over the fleet, then present one row per host
+(its worst status, the failing record and its fix, key figures), every
+record with -v, the JSON report (--json) and JUnit XML (--junit).
+"""
+
+from __future__ import annotations
+
+from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.config import choice
+from gpurig.connection import Connection
+from gpurig.errors import ConfigError
+from gpurig.files import write_text_report
+from gpurig.fleet import FleetReport, Outcome
+from gpurig.profile import host_profile
+from gpurig.report.tables import Column
+from gpurig.verify.junit import junit_xml
+from gpurig.verify.model import HostVerdict
+from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
+
+__all__ = ["verify"]
+
+SCHEMA = "gpurig.verify/1"
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "cyan", "unreachable": "magenta"}
+
+HELP = {
+    "container": "verify inside this deployed container (docker exec) on every selected host",
+    "image": "verify a throwaway container of this image (docker run --rm, --gpus all where the host can)",
+    "level": "quick (presence and correctness, seconds) | full (adds TFLOP/s, bandwidths, NCCL, a training loop)",
+    "junit": "also write JUnit XML for CI: one testcase per probe record per host (- = stdout)",
+}
+
+HOST_COLUMNS = (
+    Column("host"),
+    Column("verdict", styles=VERDICT_STYLE),
+    Column("failing"),
+    Column("fix", drop=1),
+    Column("figures", drop=2),
+    Column("time", drop=3),
+)
+RECORD_COLUMNS = (
+    Column("host"),
+    Column("status", styles=VERDICT_STYLE),
+    Column("record"),
+    Column("measured"),
+    Column("expected", drop=2),
+    Column("detail", drop=1),
+)
+
+
+@host_task(help=HELP)
+def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
+    """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
+    plan = make_plan(container, image, level)
+    chosen = select_hosts(opts)
+    expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
+
+    def work(conn: Connection) -> Outcome:
+        gpus = expect[conn.name]
+        verdict = verify_host(conn, plan, gpus.count, gpus.model)
+        failed = verdict.failures
+        if failed:
+            return Outcome(status="failed", data=verdict, detail=f"{failed[0].id}: {failed[0].detail}")
+        return Outcome(data=verdict)
+
+    def annotate(report: FleetReport) -> dict:
+        return {"level": plan.level, "target": plan.target or None, "passed": report.exit_code == 0}
+
+    report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate)
+    if junit:
+        write_text_report(junit, junit_xml(report), "--junit")
+    columns, rows = (record_rows(report) if opts.verbose else host_rows(report))
+    if junit != "-":  # stdout already holds the XML
+        opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    exit_for(report)
+
+
+def make_plan(container: str | None, image: str | None, level: str | None) -> VerifyPlan:
+    """The run's plan from the flags; conflicting or empty values are one clear usage error."""
+    if container and image:
+        raise ConfigError("--container and --image both given", "verify either a deployed container (--container NAME) or an image (--image TAG)")
+    for flag, value in (("--container", container), ("--image", image)):
+        if value is not None and (not value.strip() or value.startswith("-")):
+            raise ConfigError(f"{flag} {value!r} is not a name", f"give {flag} the container's name or the image's tag")
+    return VerifyPlan.from_checks(choice(level or "quick", LEVELS, "--level"), container, image)
+
+
+def _verdict(data) -> HostVerdict | None:
+    return data if isinstance(data, HostVerdict) else None
+
+
+def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
+    """One row per host: worst status, the first failing record, its fix, the key figures, the time taken."""
+    rows = []
+    for r in report.results:
+        v = _verdict(r.data)
+        if v is None:
+            rows.append([r.host, r.status, "-", r.reason, "", f"{r.duration_s:.1f}s"])
+            continue
+        bad = v.failures or tuple(x for x in v.records if x.status == "warn")
+        failing = f"{bad[0].id}: {bad[0].detail}" if bad else "-"
+        more = f" (+{len(bad) - 1} more, -v shows all)" if len(bad) > 1 else ""
+        rows.append([r.host, v.worst, failing + more, bad[0].fix if bad else "", v.figures(), f"{r.duration_s:.1f}s"])
+    return list(HOST_COLUMNS), rows
+
+
+def record_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
+    """-v: every record of every host, with its fix under the detail."""
+    rows = []
+    for r in report.results:
+        v = _verdict(r.data)
+        if v is None:
+            rows.append([r.host, r.status, "-", "-", "-", r.reason])
+            continue
+        for x in v.records:
+            detail = x.detail + (f"\nfix: {x.fix}" if x.fix else "")
+            rows.append([r.host, x.status, x.id, x.shown("measured"), x.shown("expected"), detail])
+    return list(RECORD_COLUMNS), rows

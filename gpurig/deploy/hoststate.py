@@ -1,0 +1,85 @@
+"""What deploy reads from a host beside its facts, in one command: listening sockets, volume sources, dockerd's limits.
+
+Also the one thing deploy makes on the host outside Docker: the default
+workspace folders (owned by the image's user), with every path quoted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpurig.connection import Connection, quote
+from gpurig.deploy.preflight import Refusal, parse_listening
+
+CAP_SYS_RESOURCE = 24
+_MARK = "@@gpurig-deploy"
+# $@ are the volume sources; one y/n line each, in order (a path may hold anything but NUL, so no path is echoed).
+SCRIPT = f"""\
+cat /proc/net/tcp /proc/net/tcp6 2>/dev/null
+echo {_MARK} paths
+for p in "$@"; do if [ -e "$p" ]; then echo y; else echo n; fi; done
+echo {_MARK} dockerd
+pid=$(pidof dockerd 2>/dev/null | cut -d' ' -f1)
+if [ -n "$pid" ]; then grep -i 'locked memory' /proc/$pid/limits; grep '^CapEff' /proc/$pid/status; fi
+"""
+
+
+@dataclass(frozen=True)
+class HostState:
+    listening: set = field(default_factory=set)  # {(address, port)}
+    exists: dict = field(default_factory=dict)  # volume source -> bool
+    memlock_hard: int | None = None  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 unlimited; None unknown
+    can_raise_limits: bool | None = None  # whether dockerd holds CAP_SYS_RESOURCE (so containers may exceed its limits)
+
+
+def read_host(conn: Connection, sources: list[str]) -> HostState:
+    line = "sh -c " + quote(SCRIPT) + " sh " + " ".join(quote(s) for s in sources)
+    run = conn.sudo if conn.become and conn.user not in (None, "root") else conn.run
+    return parse_host_state(run(line, warn=True, timeout=60).stdout, sources)
+
+
+def parse_host_state(output: str, sources: list[str]) -> HostState:
+    sections = {"tcp": [], "paths": [], "dockerd": []}
+    current = "tcp"
+    for line in output.splitlines():
+        if line.startswith(_MARK):
+            current = line.split()[-1]
+            continue
+        sections.setdefault(current, []).append(line)
+    answers = sections["paths"]
+    exists = {s: answers[i] == "y" for i, s in enumerate(sources) if i < len(answers)}
+    memlock, capable = None, None
+    for line in sections["dockerd"]:
+        words = line.split()
+        if line.lower().startswith("max locked memory") and len(words) >= 5:
+            hard = words[4]
+            memlock = -1 if hard == "unlimited" else int(hard) if hard.isdigit() else None
+        elif line.startswith("CapEff:") and len(words) == 2:
+            try:
+                capable = bool(int(words[1], 16) >> CAP_SYS_RESOURCE & 1)
+            except ValueError:
+                pass
+    return HostState(parse_listening("\n".join(sections["tcp"])), exists, memlock, capable)
+
+
+def check_memlock(spec, state: HostState) -> list[Refusal]:
+    """A memlock ulimit above dockerd's own hard limit fails at start ("error setting rlimit") unless dockerd may raise it."""
+    if state.memlock_hard in (None, -1) or state.can_raise_limits is not False:
+        return []
+    for u in spec.ulimits:
+        if u.name == "memlock" and (u.hard == -1 or u.hard > state.memlock_hard):
+            asked = "unlimited" if u.hard == -1 else f"{u.hard} bytes"
+            return [Refusal(spec.name, f"memlock {asked} is above dockerd's hard limit of {state.memlock_hard} bytes, which it may not raise (no CAP_SYS_RESOURCE)",
+                            f"set ulimits: {{memlock: {state.memlock_hard}}} in gpurig_containers, or give docker.service LimitMEMLOCK=infinity")]
+    return []
+
+
+def make_workspaces(conn: Connection, target) -> None:
+    """The default workspace folders, made once and handed to the image's user (the user's own volumes must exist already)."""
+    made = [v.source for v in target.spec.volumes if v.create]
+    if not made:
+        return
+    uid = int(target.uid)
+    script = "; ".join(f"[ -d {quote(p)} ] || {{ mkdir -p -- {quote(p)} && chown {uid}:{uid} -- {quote(p)}; }}" for p in made)
+    run = conn.sudo if conn.become and conn.user not in (None, "root") else conn.run
+    run(script, timeout=60)

@@ -1,0 +1,325 @@
+"""One host's verification over its Connection: the host probe, the container toolkit, then the container probe.
+
+The probes travel inside the command line (compressed, as the monitor's
+agent does), so nothing is written on the host and no stdin is needed: the
+host probe runs as ``python3 -c ...`` on the host, the container probe as
+``docker exec NAME python3 -c ...`` in a deployed container or in a
+throwaway ``docker run --rm`` of an image. Three round trips per host:
+host probe, Docker/GPU facts, container probe.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import shlex
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpurig.connection import CommandTimeout, Connection, Result, last_line
+from gpurig.verify.model import HostVerdict, Record
+
+CHECKS = Path(__file__).resolve().parents[2] / "checks"
+HOST_PROBE = CHECKS / "verify_host.py"
+TORCH_PROBE = CHECKS / "verify_torch.py"
+LEVELS = ("quick", "full")
+# /dev/shm of a throwaway --image run: the size gpurig_containers recommends, so the image is judged, not Docker's default
+IMAGE_SHM = "16g"
+VERIFY_LABEL = "io.gpurig.verify"
+_SPLIT = "@@gpurig-verify@@"
+_DRIVER = re.compile(r"Kernel Module(?: for [\w.]+)?\s+(\d+\.\d+(?:\.\d+)?)")
+_UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)")
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What to verify on every selected host: the level, and a deployed container or an image (or neither)."""
+
+    level: str = "quick"
+    container: str | None = None
+    image: str | None = None
+    host_probe: str | None = None  # the probes' source text; None: that probe is not available
+    torch_probe: str | None = None
+    container_timeout_s: float | None = None  # None: 120 s quick, 600 s full
+
+    @classmethod
+    def from_checks(cls, level: str = "quick", container: str | None = None, image: str | None = None) -> VerifyPlan:
+        read = lambda p: p.read_text() if p.is_file() else None  # noqa: E731
+        return cls(level, container, image, read(HOST_PROBE), read(TORCH_PROBE))
+
+    @property
+    def target(self) -> str:
+        return f"container {self.container}" if self.container else f"image {self.image}" if self.image else ""
+
+    @property
+    def timeout_s(self) -> float:
+        if self.container_timeout_s is not None:
+            return self.container_timeout_s
+        return 600.0 if self.level == "full" else 120.0
+
+
+def embedded(source: str, name: str, args: list[str], python: str = "python3") -> list[str]:
+    """argv that runs ``source`` with ``args`` from the command line itself (no file, no stdin on the far side)."""
+    packed = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
+    boot = f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),{name!r},'exec'))"
+    return [python, "-c", boot, *args]
+
+
+def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None) -> HostVerdict:
+    """Every record for one host; a probe that cannot run is a record saying why, never an exception."""
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    records = host_records(conn, plan, expect_gpus, expect_model)
+    seconds["host"] = time.monotonic() - t0
+    if plan.container or plan.image:
+        t0 = time.monotonic()
+        facts = docker_facts(conn, plan)
+        toolkit = toolkit_records(facts, plan)
+        seconds["toolkit"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        container = container_records(conn, plan, facts, toolkit)
+        seconds["container"] = time.monotonic() - t0
+        host_uuids = facts.get("host_uuids", [])
+        assigned = assigned_gpus(host_uuids, facts.get("inspect")) if plan.container else None
+        records += toolkit + [uuid_record(host_uuids, container, assigned)] + container
+    return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
+
+
+def _sh(conn: Connection, command: str | list[str], timeout: float) -> Result:
+    """Docker and the kernel log need root where the inventory says become."""
+    return conn.sudo(command, warn=True, timeout=timeout) if conn.become else conn.run(command, warn=True, timeout=timeout)
+
+
+def parse_document(result: Result, probe: str) -> list[Record] | None:
+    """The records of a probe's JSON document on stdout (the whole output, else its last JSON line), or None."""
+    doc = None
+    try:
+        doc = json.loads(result.stdout)
+    except ValueError:
+        for line in reversed(result.stdout.splitlines()):
+            if line.startswith("{"):
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    pass
+                break
+    raw = doc.get("records") if isinstance(doc, dict) else None
+    if not isinstance(raw, list):
+        return None
+    return [Record.from_probe(probe, r) for r in raw if isinstance(r, dict)]
+
+
+def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, expect_model: str | None) -> list[Record]:
+    if plan.host_probe is None:
+        return [Record("host", "host.probe", "skip", detail="checks/verify_host.py is not in this gpurig")]
+    args = ["--json"]
+    if expect_gpus is not None:
+        args += ["--expect-gpus", str(expect_gpus)]
+    if expect_model:
+        args += ["--expect-model", expect_model]
+    try:
+        result = _sh(conn, embedded(plan.host_probe, "verify_host.py", args), 120)
+    except CommandTimeout:
+        return [Record("host", "host.probe", "fail", detail="the host probe did not finish within 120 s (a hung nvidia-smi or NVML?)",
+                       fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")]
+    records = parse_document(result, "host")
+    if records is not None:
+        return records
+    if result.exited == 127:
+        return [Record("host", "host.probe", "fail", detail="no python3 on the host to run the host probe",
+                       fix="install python3 on the host (apt-get install python3)")]
+    return [Record("host", "host.probe", "fail", detail=f"the host probe gave no records (exit {result.exited}): "
+                   f"{last_line(result.stderr, result.stdout)}", fix="run checks/verify_host.py --text on the host to see why")]
+
+
+def docker_facts(conn: Connection, plan: VerifyPlan) -> dict[str, Any]:
+    """The host's GPUs (nvidia-smi -L), Docker's runtimes, the NVIDIA hook, and the target's inspect JSON, in one round trip."""
+    if plan.container:
+        inspect = "docker inspect --type container -- " + shlex.quote(plan.container)
+    else:
+        inspect = "docker image inspect -- " + shlex.quote(plan.image or "")
+    script = "; ".join([
+        "nvidia-smi -L 2>/dev/null", f"echo {_SPLIT}",
+        "docker info --format '{{json .Runtimes}}' 2>&1", f"echo {_SPLIT}",
+        "command -v nvidia-container-runtime-hook nvidia-container-runtime 2>/dev/null", f"echo {_SPLIT}",
+        f"{inspect} 2>&1", f"echo {_SPLIT}",
+        "cat /proc/driver/nvidia/version 2>/dev/null",
+    ])
+    out = _sh(conn, ["sh", "-c", script], 60).stdout
+    parts = (out.split(_SPLIT + "\n") + [""] * 5)[:5]
+    return parse_docker_facts(*parts)
+
+
+def parse_docker_facts(gpus: str, runtimes: str, hooks: str, inspect: str, proc_version: str = "") -> dict[str, Any]:
+    """Pure: the sections of ``docker_facts`` as data (tested from recorded output)."""
+    driver = _DRIVER.search(proc_version)
+    facts: dict[str, Any] = {"host_uuids": _UUID.findall(gpus), "hook": bool(hooks.strip()), "driver": driver and driver.group(1)}
+    try:
+        facts["runtimes"] = sorted(json.loads(runtimes))
+    except ValueError:
+        facts["docker_error"] = last_line(runtimes) or "docker did not answer"
+    try:
+        found = json.loads(inspect)
+        facts["inspect"] = found[0] if isinstance(found, list) and found else None
+    except ValueError:
+        facts["inspect"] = None
+    if facts["inspect"] is None:
+        facts["inspect_error"] = last_line(inspect) or "docker inspect gave nothing"
+    return facts
+
+
+def gpu_flag(facts: dict[str, Any]) -> bool:
+    """Whether a throwaway run can and should ask for GPUs: the host has some and Docker can hand them over."""
+    return bool(facts.get("host_uuids")) and ("nvidia" in facts.get("runtimes", ()) or facts.get("hook", False))
+
+
+def toolkit_records(facts: dict[str, Any], plan: VerifyPlan) -> list[Record]:
+    """Docker usable, the nvidia runtime present and (for a deployed container) actually used."""
+    if "docker_error" in facts:
+        return [Record("toolkit", "toolkit.docker", "fail", detail=f"Docker is not usable on the host: {facts['docker_error']}",
+                       fix="gpurig provision -l HOST (installs and starts Docker; the login user needs become or the docker group)")]
+    if not facts.get("host_uuids"):
+        return [Record("toolkit", "toolkit.runtime", "skip", detail="no NVIDIA GPU visible on the host (nvidia-smi -L): no runtime to check")]
+    if not gpu_flag(facts):
+        return [Record("toolkit", "toolkit.runtime", "fail", ", ".join(facts.get("runtimes", [])) or "-", "nvidia",
+                       detail="the nvidia runtime is missing: Docker cannot give containers the host's GPUs "
+                              "(could not select device driver \"\" with capabilities: [[gpu]])",
+                       fix="gpurig provision -l HOST (installs the NVIDIA Container Toolkit and configures Docker)")]
+    if plan.image:
+        return [Record("toolkit", "toolkit.runtime", "pass", "nvidia", "nvidia", detail="throwaway run started with --gpus all")]
+    inspect = facts.get("inspect") or {}
+    host_config = inspect.get("HostConfig") or {}
+    runtime = host_config.get("Runtime") or "runc"
+    requests = host_config.get("DeviceRequests") or []
+    gpu_request = any(["gpu"] in (r.get("Capabilities") or []) or r.get("Driver") == "nvidia" for r in requests)
+    if runtime == "nvidia" or gpu_request:
+        how = "the nvidia runtime" if runtime == "nvidia" else "a GPU device request (--gpus)"
+        return [Record("toolkit", "toolkit.runtime", "pass", runtime, "nvidia", detail=f"container {plan.container} started through {how}")]
+    if not inspect:
+        return [Record("toolkit", "toolkit.runtime", "skip", detail=f"container {plan.container} not found")]
+    return [Record("toolkit", "toolkit.runtime", "fail", runtime, "nvidia",
+                   detail=f"container {plan.container} was started without GPUs (runtime {runtime}, no --gpus)",
+                   fix="add gpus: to its gpurig_containers entry (or docker run --gpus) and redeploy")]
+
+
+def container_command(plan: VerifyPlan, facts: dict[str, Any], name: str = "gpurig-verify") -> list[str]:
+    """``docker exec`` into the deployed container, or ``docker run --rm --name NAME`` of the image, running the probe."""
+    labels = ((facts.get("inspect") or {}).get("Config") or {}).get("Labels") or {}
+    args = ["--json", "--level", plan.level]
+    if labels.get("io.gpurig.cuda"):
+        args += ["--expect-cuda", labels["io.gpurig.cuda"]]
+    if plan.container:
+        return ["docker", "exec", plan.container, *embedded(plan.torch_probe or "", "verify_torch.py", args)]
+    gpus = ["--gpus", "all"] if gpu_flag(facts) else []
+    run = ["docker", "run", "--rm", "--name", name, "--pull", "never", "--label", f"{VERIFY_LABEL}=1", "--shm-size", IMAGE_SHM, *gpus,
+           "--entrypoint", "python3", plan.image or ""]
+    return [*run, *embedded(plan.torch_probe or "", "verify_torch.py", args)[1:]]
+
+
+def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any], toolkit: list[Record]) -> list[Record]:
+    if plan.torch_probe is None:
+        return [Record("container", "container.probe", "skip", detail="checks/verify_torch.py is not in this gpurig")]
+    if any(r.id == "toolkit.docker" for r in toolkit):
+        return [Record("container", "container.probe", "skip", detail="skipped: needs toolkit.docker")]
+    if facts.get("inspect") is None:
+        return [not_found(plan, facts.get("inspect_error", ""))]
+    state = (facts["inspect"].get("State") or {}) if plan.container else {}
+    if plan.container and not state.get("Running", False):
+        return [Record("container", "container.probe", "fail", state.get("Status"), "running",
+                       detail=f"container {plan.container} is not running ({state.get('Status')}, exit code {state.get('ExitCode')})",
+                       fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
+    name = f"gpurig-verify-{secrets.token_hex(4)}"
+    try:
+        result = _sh(conn, container_command(plan, facts, name), plan.timeout_s)
+    except CommandTimeout:
+        if plan.image:  # the throwaway container outlives its killed client: remove it by its name
+            _sh(conn, ["docker", "rm", "-f", name], 60)
+        return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
+                       fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
+    records = parse_document(result, "container")
+    if records is not None:
+        return records
+    return [probe_failed(result, plan, facts)]
+
+
+def not_found(plan: VerifyPlan, error: str) -> Record:
+    if plan.container:
+        return Record("container", "container.probe", "fail", detail=f"no container {plan.container} on this host: {error}",
+                      fix="check the name (docker ps / gpurig status), or deploy it: gpurig deploy")
+    return Record("container", "container.probe", "fail", detail=f"image {plan.image} is not on this host: {error}",
+                  fix="deploy it first (gpurig deploy), or give the tag of an image the host has")
+
+
+def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None = None) -> Record:
+    """Why the container probe gave no records, from Docker's or the shell's own words."""
+    text = last_line(result.stderr, result.stdout) or f"exit {result.exited}"
+    labels = (((facts or {}).get("inspect") or {}).get("Config") or {}).get("Labels") or {}
+    low = text.lower()
+    if "could not select device driver" in low:
+        return Record("container", "container.probe", "fail", detail=f"Docker could not start the container with GPUs: {text}",
+                      fix="gpurig provision -l HOST (installs the NVIDIA Container Toolkit)")
+    if "python3" in low and ("not found" in low or "no such file" in low):
+        return Record("container", "container.probe", "fail", detail=f"no python3 in {plan.target}: {text}",
+                      fix="verify an image built by gpurig (its python3 is /opt/venv/bin/python3)")
+    if "requirement error" in low or "unsatisfied condition" in low:
+        driver, needed, cuda = (facts or {}).get("driver") or "?", labels.get("io.gpurig.min-driver") or "?", labels.get("io.gpurig.cuda") or "?"
+        return Record("container", "container.probe", "fail", driver, f">= {needed}",
+                      detail=f"host driver {driver} too old for the image's CUDA {cuda} (needs >= {needed}): the container toolkit refused it: {text}",
+                      fix=f"upgrade the host driver to >= {needed} (gpurig provision), or use an image built for an older CUDA")
+    if "nvidia-container-cli" in low:
+        return Record("container", "container.probe", "fail", detail=f"the container toolkit could not start the container: {text}",
+                      fix="run nvidia-smi on the host; gpurig verify without --image/--container shows the driver's state")
+    return Record("container", "container.probe", "fail", detail=f"the container probe gave no records (exit {result.exited}): {text}",
+                  fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py")
+
+
+def assigned_gpus(host_uuids: list[str], inspect: dict[str, Any] | None) -> list[str] | None:
+    """The UUIDs a container was given (--gpus / NVIDIA_VISIBLE_DEVICES), in the host's terms; None: all of them or unknown."""
+    if not inspect:
+        return None
+    wanted: list[str] = []
+    for request in (inspect.get("HostConfig") or {}).get("DeviceRequests") or []:
+        if request.get("Count") == -1:
+            return None
+        wanted += [str(d) for d in request.get("DeviceIDs") or []]
+    if not wanted:
+        env = dict(e.split("=", 1) for e in (inspect.get("Config") or {}).get("Env") or [] if "=" in e)
+        visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        if visible in ("", "all", "void", "none"):
+            return None
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    out = []
+    for ident in wanted:
+        if ident.isdigit():
+            if int(ident) >= len(host_uuids):
+                return None  # an index the host does not have: the toolkit would have refused; nothing to compare
+            out.append(host_uuids[int(ident)])
+        else:
+            out.append(ident)
+    return out
+
+
+def uuid_record(host_uuids: list[str], container: list[Record], assigned: list[str] | None = None) -> Record:
+    """The toolkit handed the container the host's own GPUs (the ones it was assigned, where it was assigned some)."""
+    seen = next((r.measured for r in container if r.id == "cuda.devices" and r.status != "skip"), None)
+    if not host_uuids:
+        return Record("toolkit", "toolkit.uuids", "skip", detail="no NVIDIA GPU visible on the host (nvidia-smi -L)")
+    if not isinstance(seen, list) or not seen:
+        return Record("toolkit", "toolkit.uuids", "skip", detail="skipped: needs cuda.devices (the container saw no GPU)")
+    foreign = [u for u in seen if u not in host_uuids]
+    if foreign:
+        return Record("toolkit", "toolkit.uuids", "fail", seen, host_uuids,
+                      detail=f"the container sees GPUs the host does not list: {', '.join(map(str, foreign))}",
+                      fix="check NVIDIA_VISIBLE_DEVICES and the toolkit's config (nvidia-ctk), then redeploy")
+    if assigned is not None and sorted(seen) != sorted(assigned):
+        return Record("toolkit", "toolkit.uuids", "fail", seen, assigned,
+                      detail="the container sees other GPUs than it was assigned: another user's GPUs, or fewer than asked",
+                      fix="check the container's gpus: in gpurig_containers and NVIDIA_VISIBLE_DEVICES in its image/env, then redeploy")
+    mine = f"its {len(assigned)} assigned" if assigned is not None else f"{len(seen)} of the host's {len(host_uuids)}"
+    return Record("toolkit", "toolkit.uuids", "pass", len(seen), len(assigned) if assigned is not None else len(host_uuids), "GPUs",
+                  detail=f"the container sees {mine} GPUs, with the host's UUIDs")

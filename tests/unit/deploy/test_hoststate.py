@@ -1,0 +1,54 @@
+"""The one-command host read of deploy (listeners, volume sources, dockerd's limits) and the memlock pre-flight."""
+
+from __future__ import annotations
+
+from gpurig.deploy.fields import Ulimit
+from gpurig.deploy.hoststate import SCRIPT, check_memlock, parse_host_state
+
+# The sections as the script prints them on a host whose dockerd lacks CAP_SYS_RESOURCE (a container host here).
+OUTPUT = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 20531 1 0 100 0 0 10 0
+@@gpurig-deploy paths
+y
+n
+@@gpurig-deploy dockerd
+Max locked memory         8388608              8388608              bytes
+CapEff:\ta80425fb
+"""
+
+
+class Spec:
+    name = "gpurig-slim"
+
+    def __init__(self, *ulimits):
+        self.ulimits = ulimits
+
+
+def test_sections_are_read_in_order():
+    state = parse_host_state(OUTPUT, ["/data/in", "/data/odd\nname"])
+    assert state.listening == {("0.0.0.0", 22)}
+    assert state.exists == {"/data/in": True, "/data/odd\nname": False}
+    assert (state.memlock_hard, state.can_raise_limits) == (8388608, False)
+
+
+def test_memlock_above_dockerds_limit_is_refused_only_when_dockerd_cannot_raise_it():
+    state = parse_host_state(OUTPUT, [])
+    [refusal] = check_memlock(Spec(Ulimit("memlock", -1, -1)), state)
+    assert "8388608" in refusal.problem and "CAP_SYS_RESOURCE" in refusal.problem
+    assert "memlock: 8388608" in refusal.fix and "LimitMEMLOCK=infinity" in refusal.fix
+    assert check_memlock(Spec(Ulimit("memlock", 8388608, 8388608)), state) == []
+    capable = parse_host_state(OUTPUT.replace("a80425fb", "000001ffffffffff"), [])
+    assert capable.can_raise_limits is True and check_memlock(Spec(Ulimit("memlock", -1, -1)), capable) == []
+    unlimited = parse_host_state(OUTPUT.replace("8388608              8388608", "unlimited            unlimited"), [])
+    assert check_memlock(Spec(Ulimit("memlock", -1, -1)), unlimited) == []
+
+
+def test_no_dockerd_section_means_unknown_not_refused():
+    state = parse_host_state("@@gpurig-deploy paths\n@@gpurig-deploy dockerd\n", [])
+    assert (state.memlock_hard, state.can_raise_limits) == (None, None)
+    assert check_memlock(Spec(Ulimit("memlock", -1, -1)), state) == []
+
+
+def test_the_script_names_no_path_itself():
+    assert "$@" in SCRIPT and "echo \"$p\"" not in SCRIPT
