@@ -12,8 +12,10 @@
    loopback, so only the layers the host lacks cross the SSH connection.
    The host pulls a temporary ``127.0.0.1:<port>/...`` name; only when the
    pull completed and the id matches is the real name tagged, so a
-   half-moved image never carries it. The registry keeps every pushed layer,
-   so a retry after an interruption moves only what the host still lacks.
+   half-moved image never carries it. dockerd drops every layer of a pull
+   that did not finish, so the host first pulls *stages* (gpurig.deploy.stages:
+   images of the image's first k layers); after an interruption the next
+   delivery moves only the layers no completed stage holds.
 4. **save-load**: `docker save` streamed over SSH into the host's
    `docker load`: everything moves; the last resort (no registry binary, or
    the host's sshd refuses port forwarding).
