@@ -12,8 +12,10 @@
    loopback, so only the layers the host lacks cross the SSH connection.
    The host pulls a temporary ``127.0.0.1:<port>/...`` name; only when the
    pull completed and the id matches is the real name tagged, so a
-   half-moved image never carries it. The registry keeps every pushed layer,
-   so a retry after an interruption moves only what the host still lacks.
+   half-moved image never carries it. dockerd drops every layer of a pull
+   that did not finish, so the host first pulls *stages* (gpurig.deploy.stages:
+   images of the image's first k layers); after an interruption the next
+   delivery moves only the layers no completed stage holds.
 4. **save-load**: `docker save` streamed over SSH into the host's
    `docker load`: everything moves; the last resort (no registry binary, or
    the host's sshd refuses port forwarding).
@@ -25,6 +27,7 @@ save-load) or that the host downloaded from the registry (pull).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +36,10 @@ from typing import Callable, Iterable, Iterator
 import docker.errors
 import paramiko
 import requests
+import urllib3.exceptions
 
 from gpurig.connection import Connection, last_line
-from gpurig.engine import Engine, EngineError
+from gpurig.engine import Engine, EngineError, open_engine
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress
 from gpurig.deploy.stages import Staged, StageError, stage_image
@@ -85,7 +89,8 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return done("present", 0, want.id)
     if registry and "pull" in methods:
         try:
-            image_id, moved = _pull_from_registry(remote, ref, registry, want, progress, say)
+            digests = (local.api.inspect_image(want.id).get("RepoDigests") or []) if want is not None else []
+            image_id, moved = _pull_from_registry(remote, ref, registry, want, digests, progress, say)
             return done("pull", moved, image_id)
         except _FallBack as why:
             notes.append(str(why))
@@ -103,12 +108,30 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
                         "allow the save-load method, or fix the reasons above")
 
 
+def local_engine(timeout: float = 3600) -> Engine:
+    """The build machine's own engine (its unix socket, or DOCKER_HOST), where built images are."""
+    from gpurig.local import LocalConnection
+
+    return open_engine(LocalConnection("build machine"), timeout=timeout)
+
+
 # --- pull from the spec's registry ----------------------------------------------------------------
 
 
-def _pull_from_registry(remote: Engine, ref: str, registry: str, want, progress: Progress, say) -> tuple[str, int]:
+def _pull_from_registry(remote: Engine, ref: str, registry: str, want, local_digests: list[str], progress: Progress, say) -> tuple[str, int]:
+    """The host pulls ``ref`` from ``registry`` when it holds the image built here (same manifest digest, then same id)."""
     parsed = parse_reference(ref)
     source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
+    try:  # asks the registry for the manifest through the host's engine: no layer moves yet
+        digest = remote.api.inspect_distribution(source)["Descriptor"]["digest"]
+    except (docker.errors.APIError, requests.RequestException, OSError, KeyError) as err:
+        reason = getattr(err, "explanation", None) or err
+        raise _FallBack(f"registry {registry} did not give {source} to {remote.name}: {last_line(str(reason))}") from None
+    if want is not None:
+        repository = source.rpartition(":")[0]
+        pushed = {d.split("@", 1)[1] for d in local_digests if d.split("@", 1)[0] == repository}
+        if pushed and digest not in pushed:
+            raise _FallBack(f"registry {registry} holds another image under {source} than this machine built (push it again)")
     say(f"pulling {source} from the registry")
     try:
         pulled = _host_pull(remote, source, PullProgress(progress))
@@ -198,43 +221,70 @@ def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
                 _untag(remote, tag)
 
 
+_PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so one's cleanup never untags another's push
+
+
 def _push(local: Engine, image_id: str, staged: str) -> None:
+    """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there)."""
     name, _, tag = staged.rpartition(":")
-    try:
-        local.api.tag(image_id, name, tag)
+    with _PUSHING:
         try:
-            for event in local.api.push(name, tag=tag, stream=True, decode=True):
-                if "error" in event:
-                    raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
-        finally:
-            _untag(local, staged)
-    except (docker.errors.APIError, requests.RequestException, OSError) as err:
-        raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
+            local.api.tag(image_id, name, tag)
+            try:
+                for event in local.api.push(name, tag=tag, stream=True, decode=True):
+                    if "error" in event:
+                        raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
+            finally:
+                _untag(local, staged)
+        except (docker.errors.APIError, requests.RequestException, OSError) as err:
+            raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
 
 
 # --- the host's pull, with progress ----------------------------------------------------------------
 
 
+LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)  # the engine's stream broke off
+PULL_ATTEMPTS = 3
+
+
 def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
-    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched."""
+    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched.
+
+    A stream to the engine that breaks off before the pull said it was done is asked again (a pull is
+    idempotent, and the layers of completed stages stay). Seen once, on a loaded machine: the engine's
+    answer ended mid-pull (its cause not found).
+    """
+    for attempt in range(1, PULL_ATTEMPTS + 1):
+        try:
+            _pull_once(remote.api, source, tracker)
+            return tracker.finish()
+        except _StreamLost as lost:
+            if attempt == PULL_ATTEMPTS:
+                raise PullFailed(f"the connection to the engine broke off {PULL_ATTEMPTS} times: {lost}") from None
+    raise AssertionError("unreachable")
+
+
+class _StreamLost(Exception):
+    pass
+
+
+def _pull_once(api, source: str, tracker: PullProgress) -> None:
     name, _, tag = source.rpartition(":")
-    api = remote.api
     try:
         # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
         response = api._post(api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
-    except (requests.RequestException, OSError) as err:
-        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    except LOST as err:
+        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
     try:
         api._raise_for_status(response)
         for event in _events(api, response):
             tracker.feed(event)
     except docker.errors.APIError as err:
         raise PullFailed(last_line(str(err.explanation or err))) from None
-    except (requests.RequestException, OSError) as err:
-        raise PullFailed(last_line(str(err)) or type(err).__name__) from None
+    except LOST as err:
+        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
     finally:
         response.close()  # on an interruption the engine sees its client leave and stops the pull
-    return tracker.finish()
 
 
 def _events(api, response) -> Iterator[dict]:
@@ -263,7 +313,7 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
                 if "no space left on device" in message:
                     raise _disk_full(remote, message)
                 raise DeliveryError(f"{remote.name}: docker load refused {ref}: {message}", "deploy again; see the host's dockerd log")
-    except (docker.errors.APIError, requests.RequestException, OSError) as err:
+    except (docker.errors.APIError, *LOST) as err:
         message = last_line(str(getattr(err, "explanation", None) or err)) or type(err).__name__
         if "no space left on device" in message:
             raise _disk_full(remote, message) from None

@@ -18,6 +18,7 @@ dockerd use plain HTTP for registries on 127.0.0.0/8, so the host pulls
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -113,7 +114,7 @@ CONFIG = """\
 version: 0.1
 log: {{level: error, accesslog: {{disabled: true}}}}
 storage:
-  filesystem: {{rootdirectory: "{root}"}}
+  filesystem: {{rootdirectory: {root}}}
   delete: {{enabled: true}}
   maintenance: {{uploadpurging: {{enabled: false}}}}
 http:
@@ -152,12 +153,12 @@ class LocalRegistry:
         last = ""
         for port in self._ports():
             config = self.cache_dir / f"config-{os.getpid()}.yml"
-            config.write_text(CONFIG.format(root=self.cache_dir / "data", port=port, secret=secrets.token_hex(16)))
+            config.write_text(CONFIG.format(root=json.dumps(str(self.cache_dir / "data")), port=port, secret=secrets.token_hex(16)))
             log = self.cache_dir / f"registry-{os.getpid()}.log"
             with open(log, "wb") as out:
                 proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            if self._wait_ready(proc, port, deadline_s):
+            if self._wait_ready(proc, port, deadline_s) and proc.poll() is None:  # not another server's answer
                 self._proc, self.port = proc, port
                 (self.cache_dir / "port").write_text(f"{port}\n")
                 return
@@ -199,7 +200,9 @@ class LocalRegistry:
 
 
 def _free(port: int) -> bool:
+    """Nothing listens on it (connections of the last run in TIME_WAIT do not count: the registry binds with SO_REUSEADDR)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True

@@ -49,12 +49,17 @@ class CpuImages:
                 self.refs[variant] = self.build(self.project, variant)
             return self.refs[variant]
 
-    def build(self, project: Path, variant: str) -> str:
-        proc = gpurig(project, "build", "--variant", variant, "--cuda", "cpu", "--label", self.label, timeout=1800)
+    def build(self, project: Path, variant: str, cuda: str = "cpu") -> str:
+        """`gpurig build` of ``variant`` in ``project``; its ref. ``cuda`` other than cpu builds the spec's CUDA entry."""
+        proc = gpurig(project, "build", "--variant", variant, "--cuda", cuda, "--label", self.label, timeout=3600)
         assert proc.returncode == 0, f"gpurig build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
         spec = (project / "images" / "pytorch.yaml").read_text().split("\n", 1)[0].split(":", 1)[1].strip()
-        ref = f"{spec}:{images_kit.CPU_TORCH}-cpu-{variant}"
-        self.built += [ref, f"{spec}:{variant}-cpu"]
+        if cuda == "cpu":
+            torch, cuda_tag = images_kit.CPU_TORCH, "cpu"
+        else:
+            torch, cuda_tag = images_kit.CUDA_TORCH, "cu" + cuda.replace(".", "")
+        ref = f"{spec}:{torch}-{cuda_tag}-{variant}"
+        self.built += [ref, f"{spec}:{variant}-{cuda_tag}"]
         return ref
 
     def copy_project(self, dest: Path, spec_name: str) -> Path:
