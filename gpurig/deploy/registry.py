@@ -115,7 +115,7 @@ version: 0.1
 log: {{level: error, accesslog: {{disabled: true}}}}
 storage:
   filesystem: {{rootdirectory: {root}}}
-  delete: {{enabled: true}}
+  delete: {{enabled: false}}
   maintenance: {{uploadpurging: {{enabled: false}}}}
 http:
   addr: "127.0.0.1:{port}"
@@ -149,11 +149,17 @@ class LocalRegistry:
         if not self.binary:
             raise RegistryError("no docker-registry binary on this machine",
                                 "install Debian's docker-registry package (scripts/setup.sh does)")
-        (self.cache_dir / "data").mkdir(parents=True, exist_ok=True)
+        # Only this user: the cache holds every image delivered, the config the registry's HTTP secret.
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.cache_dir.chmod(0o700)
+        (self.cache_dir / "data").mkdir(exist_ok=True)
+        reap_orphans(self.cache_dir)
         last = ""
         for port in self._ports():
             config = self.cache_dir / f"config-{os.getpid()}.yml"
-            config.write_text(CONFIG.format(root=json.dumps(str(self.cache_dir / "data")), port=port, secret=secrets.token_hex(16)))
+            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(CONFIG.format(root=json.dumps(str(self.cache_dir / "data")), port=port, secret=secrets.token_hex(16)))
             log = self.cache_dir / f"registry-{os.getpid()}.log"
             with open(log, "wb") as out:
                 proc = subprocess.Popen([self.binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
@@ -197,6 +203,32 @@ class LocalRegistry:
                 pass
             time.sleep(0.05)  # polling interval while the registry starts
         return False
+
+
+def reap_orphans(cache_dir: Path) -> list[int]:
+    """Stop registries whose gpurig died without stopping them (SIGKILL, a lost terminal): their config names a dead pid.
+
+    Each registry runs from ``config-<gpurig pid>.yml``; a registry process whose
+    config's gpurig pid is gone is stopped and its files removed. Returns the pids stopped.
+    """
+    stopped = []
+    for config in cache_dir.glob("config-*.yml"):
+        owner = config.stem.split("-", 1)[1]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        needle = str(config).encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if needle in (proc / "cmdline").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), 15)
+                    stopped.append(int(proc.name))
+            except OSError:
+                continue
+        config.unlink(missing_ok=True)
+        (cache_dir / f"registry-{owner}.log").unlink(missing_ok=True)
+    return stopped
 
 
 def _free(port: int) -> bool:
