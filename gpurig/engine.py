@@ -169,16 +169,9 @@ class Engine:
 
     def image(self, ref: str) -> ImageInfo | None:
         """The image ``ref`` (a name:tag or an id) names on this host, or None."""
-        try:
-            data = self.api.inspect_image(ref)
-        except docker.errors.ImageNotFound:
+        data = self._inspect(self.api.inspect_image, f"inspect image {ref}", ref)
+        if data is None:
             return None
-        except docker.errors.APIError as err:
-            if err.status_code == 404:
-                return None
-            raise self._error(f"inspect image {ref}", err) from None
-        except (requests.RequestException, OSError) as err:
-            raise self._error(f"inspect image {ref}", err) from None
         return ImageInfo(
             id=data["Id"],
             tags=tuple(data.get("RepoTags") or ()),
@@ -187,16 +180,21 @@ class Engine:
         )
 
     def container(self, name: str) -> ContainerInfo | None:
+        data = self._inspect(self.api.inspect_container, f"inspect container {name}", name)
+        return None if data is None else container_info(data)
+
+    def _inspect(self, fn, what: str, key: str) -> dict | None:
+        """``fn(key)``'s answer, or None when the engine says there is no such thing."""
         try:
-            return container_info(self.api.inspect_container(name))
+            return fn(key)
         except docker.errors.NotFound:
             return None
         except docker.errors.APIError as err:
             if err.status_code == 404:
                 return None
-            raise self._error(f"inspect container {name}", err) from None
+            raise self._error(what, err) from None
         except (requests.RequestException, OSError) as err:
-            raise self._error(f"inspect container {name}", err) from None
+            raise self._error(what, err) from None
 
     def containers(self, label: str | None = None) -> list[ContainerInfo]:
         """Every container (running or not), optionally only those carrying ``label`` (``key`` or ``key=value``)."""
