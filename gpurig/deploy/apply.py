@@ -98,7 +98,10 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
             return outcomes
         moved: dict[str, Any] = {}
         for t, out in zip(targets, outcomes):
-            if out.action == "none":
+            if out.action == "none":  # untouched, and still worth saying how to reach it
+                running = engine.container(t.spec.name)
+                if running is not None:
+                    out.access = access.lines(engine, conn, t.spec, running, t.login, job.show_token)
                 continue
             try:
                 if t.image_ref not in moved:

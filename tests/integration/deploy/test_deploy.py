@@ -56,7 +56,8 @@ def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_invento
     inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "shm_size": "2g"}))
     first = run(gpurig_cli, cpu_images, inv, "deploy", "--json", str(tmp_path / "deploy.json"))
     made = containers_of(report(tmp_path))["gpurig-slim"]
-    assert made["status"] == "changed" and made["action"] == "create" and made["bytes_moved"] > 0
+    assert made["status"] == "changed" and made["action"] == "create"
+    assert made["delivery"] in ("forward", "present")  # present when another test of the session moved it already
     info = clean_deploy_host.inspect("gpurig-slim")
     assert info["State"]["Running"], first.stdout
     cid = info["Id"]
