@@ -302,22 +302,28 @@ def open_engine(conn: Connection, timeout: float = 120) -> Engine:
     return engine
 
 
+def needs_sudo(conn: Connection) -> bool:
+    """Whether the Docker socket (and other root-only things) need sudo: become asked and the login is not root."""
+    return conn.become and conn.user not in (None, "root")
+
+
 def dial_command(conn: Connection) -> str:
-    """``docker system dial-stdio``, through ``sudo -n`` when the inventory asks for become and the login is not root."""
-    if conn.become and conn.user not in (None, "root"):
+    """``docker system dial-stdio``, through ``sudo -n`` when ``needs_sudo``."""
+    if needs_sudo(conn):
         return shlex.join(["sudo", "-n", "--", *DIAL])
     return shlex.join(DIAL)
 
 
 def diagnose(conn: Connection, err: BaseException) -> EngineError:
     """Why the engine did not answer, asked of the host with a plain command (one line, with the fix)."""
+    from gpurig.steps.model import Admin
+
     try:
-        probe = conn.sudo if conn.become and conn.user not in (None, "root") else conn.run
-        result = probe("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
+        result = Admin(conn, needs_sudo(conn)).run("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
     except HostError as host_err:
         return EngineError(str(host_err.problem), host_err.fix)
     text = (result.stderr + result.stdout).strip()
-    if result.exited == 0 and "sudo -n" in dial_command(conn):
+    if result.exited == 0 and needs_sudo(conn):
         # docker answers through sudo with the password gpurig was given, but the API stream's sudo -n cannot ask for one
         return EngineError(
             f"{conn.name}: the Docker engine answers only through sudo with a password, which its API stream cannot give",

@@ -21,7 +21,8 @@ from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task,
 from gpurig.connection import Connection
 from gpurig.deploy import containers as container_specs
 from gpurig.deploy.apply import NAME_LABEL, IMAGE_LABEL, DeployJob, Target, deploy_host
-from gpurig.engine import API_VERSION, Engine, engine_error, open_engine
+from gpurig.build import human_size
+from gpurig.engine import Engine, EngineError, engine_error, open_engine
 from gpurig.errors import ConfigError
 from gpurig.fleet import FleetReport, HostResult, Outcome
 from gpurig.report import console, err_console
@@ -123,15 +124,12 @@ def resolve(image_spec, cs, local: Engine | None) -> Target:
 
 def local_engine() -> Engine | None:
     """This machine's engine (where the images were built), or None when there is none."""
-    import os
+    from gpurig.deploy.delivery import local_engine as build_engine
 
-    api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock", version=API_VERSION, timeout=600)
     try:
-        api.ping()
-    except (docker.errors.DockerException, requests.RequestException, OSError):
-        api.close()
+        return build_engine()
+    except EngineError:
         return None
-    return Engine("local", api)
 
 
 def outcomes_of(r: HostResult) -> tuple:
@@ -139,13 +137,7 @@ def outcomes_of(r: HostResult) -> tuple:
 
 
 def human(n: int | None) -> str:
-    if not n:
-        return "0 B"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""
+    return human_size(n or 0)
 
 
 def deploy_rows(report: FleetReport, check: bool) -> list[list[str]]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from gpurig.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
+from gpurig.engine import needs_sudo
+from gpurig.steps.model import Admin
 
 CAP_SYS_RESOURCE = 24
 _MARK = "@@gpurig-deploy"
@@ -34,8 +36,7 @@ class HostState:
 
 def read_host(conn: Connection, sources: list[str]) -> HostState:
     line = "sh -c " + quote(SCRIPT) + " sh " + " ".join(quote(s) for s in sources)
-    run = conn.sudo if conn.become and conn.user not in (None, "root") else conn.run
-    return parse_host_state(run(line, warn=True, timeout=60).stdout, sources)
+    return parse_host_state(Admin(conn, needs_sudo(conn)).run(line, warn=True, timeout=60).stdout, sources)
 
 
 def parse_host_state(output: str, sources: list[str]) -> HostState:
@@ -81,5 +82,4 @@ def make_workspaces(conn: Connection, target) -> None:
         return
     uid = int(target.uid)
     script = "; ".join(f"[ -d {quote(p)} ] || {{ mkdir -p -- {quote(p)} && chown {uid}:{uid} -- {quote(p)}; }}" for p in made)
-    run = conn.sudo if conn.become and conn.user not in (None, "root") else conn.run
-    run(script, timeout=60)
+    Admin(conn, needs_sudo(conn)).run(script, timeout=60)
