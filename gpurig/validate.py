@@ -40,6 +40,8 @@ def excerpt(value: object, limit: int = 40) -> str:
     """
     if isinstance(value, str) and "://" in value and "@" in value:
         value = strip_userinfo(value)
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # repr() of a huge int is slow, or refused past 4300 digits
+        return f"a number of about {int(value.bit_length() * 0.30103)} digits"
     text = repr(value)
     if len(text) <= limit:
         return text

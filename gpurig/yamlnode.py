@@ -98,7 +98,7 @@ class Node:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(f"expected a whole number, got {_kind(value)}", f"write e.g. {example}")
         if not low <= value <= high:
-            raise self.fail(f"{value} is out of range ({low}-{high})", f"write e.g. {example}")
+            raise self.fail(f"{validate.excerpt(value)} is out of range ({low}-{high})", f"write e.g. {example}")
         return value
 
     def boolean(self, example: str) -> bool:

@@ -183,6 +183,11 @@ def _name_problem(value: str) -> str | None:
     return None if _NAME.fullmatch(value) else "is not a container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*, at most 128)"
 
 
+def _bare(text: str) -> str:
+    """A version as written, escaped and cut like any excerpt but without the quotes around it."""
+    return validate.excerpt(text).strip("'\"")
+
+
 def _digest(value: str) -> str:
     return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
@@ -273,7 +278,8 @@ class _Entry:
             raise (keys.get("torch") or keys["cuda"]).fail(err.problem, err.fix) from None
         except SpecError as err:
             raise (keys.get("torch") or keys["cuda"]).fail(
-                f"torch={torch or 'any'} cuda={cuda or 'any'} is not in the matrix of {self.spec.path}", err.fix) from None
+                f"torch={_bare(torch) if torch else 'any'} cuda={_bare(cuda) if cuda else 'any'} "
+                f"is not in the matrix of {self.spec.path}", err.fix) from None
         return entry, self.spec.image_ref(entry, variant)
 
     def _default_ports(self, variant: str) -> tuple[Port, ...]:

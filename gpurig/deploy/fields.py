@@ -107,7 +107,7 @@ def size(node: Node, example: str) -> int:
     value = node.value
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 < value < MAX_SIZE:
-            raise node.fail(f"{value} is not a size", f"write e.g. {example}")
+            raise node.fail(f"{validate.excerpt(value)} is not a size", f"write e.g. {example}")
         return value
     if not isinstance(value, str):
         raise node.fail("expected a size such as 16g or a number of bytes", f"write e.g. {example}")

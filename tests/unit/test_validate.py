@@ -132,3 +132,10 @@ def test_excerpt_is_short_escaped_and_one_line():
 def test_matches_is_whole_string():
     assert v.matches(re.compile(r"[a-z]+"), "abc") and not v.matches(re.compile(r"[a-z]+"), "abc\n")
     assert not v.matches(re.compile(r"[a-z]+"), 5)
+
+
+def test_excerpt_of_a_huge_number_is_short_and_never_raises():
+    from gpurig.validate import excerpt
+
+    assert excerpt(10**5000 - 1) == "a number of about 5000 digits"
+    assert excerpt(12345) == "12345"

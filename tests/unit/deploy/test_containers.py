@@ -481,3 +481,16 @@ def test_a_count_keeps_the_gpus_its_container_holds():
     # no longer free: chosen afresh
     held = {"gpurig-jupyter-bob": (("3",), False)}
     assert assign_gpus([alice], HOST_GPUS, current={"gpurig-jupyter-alice": ("2", "3")}, held=held) == {"gpurig-jupyter-alice": ("0", "1")}
+
+
+@pytest.mark.parametrize("entry", [
+    {"variant": "slim", "gpus": 10**5000 - 1},
+    {"variant": "slim", "cuda": "cpu", "shm_size": 10**5000 - 1},
+    {"variant": "slim", "cuda": "cpu", "memory": 10**5000 - 1},
+    {"variant": "slim", "torch": "2.14\n$(id)\0"},
+    {"variant": "slim", "cuda": "13.0\n-rf"},
+    {"variant": "slim", "torch": "2.9.1\n", "cuda": "13.0"},
+])
+def test_hostile_values_get_one_short_line(entry):
+    message = error(entry)
+    assert len(message.splitlines()) == 1 and len(message) < 400 and "\0" not in message
