@@ -295,16 +295,17 @@ def _names(name: str | None) -> list[str]:
     return [n.strip() for n in (name or "").split(",") if n.strip()]
 
 
-@host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True, positional=["name"])
+# stop and rm take --name, not a positional: Invoke makes positionals required, and both have a no-name form.
+@host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True)
 def stop(c, opts: HostOptions, name=None):
     """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
     _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.api.stop(ci.id, timeout=30) if ci.running else None)
 
 
-@host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True, positional=["name"])
+@host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True)
 def rm(c, opts: HostOptions, name=None, all=False):
     """Remove gpurig's containers (only ones gpurig made; their volumes' host folders stay)."""
     names = _names(name)
     if not names and not all:
-        raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST NAME[,NAME] (see gpurig status)")
+        raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST --name NAME[,NAME] (see gpurig status)")
     _lifecycle(opts, names, "rm", lambda engine, ci: engine.api.remove_container(ci.id, force=True))

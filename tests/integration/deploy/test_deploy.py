@@ -80,9 +80,11 @@ def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_invento
     # status, logs, stop, rm
     status = run(gpurig_cli, cpu_images, inv, "status")
     assert "gpurig-slim" in status.stdout and "running" in status.stdout
-    run(gpurig_cli, cpu_images, inv, "stop", "gpurig-slim")
+    run(gpurig_cli, cpu_images, inv, "stop", "--name", "gpurig-slim")
     assert not clean_deploy_host.inspect("gpurig-slim")["State"]["Running"]
-    run(gpurig_cli, cpu_images, inv, "rm", "gpurig-slim")
+    nameless = run(gpurig_cli, cpu_images, inv, "rm", check_rc=2)
+    assert "--all" in nameless.stderr and len(nameless.stderr.strip().splitlines()) == 1
+    run(gpurig_cli, cpu_images, inv, "rm", "--name", "gpurig-slim")
     assert clean_deploy_host.inspect("gpurig-slim") is None
 
 
