@@ -28,6 +28,9 @@ systemctl disable --now docker-registry >/dev/null 2>&1 || service docker-regist
 systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1 || true
 
 log "installing gpurig and its test tools"
+# A distribution's own python3 (Debian 12's) refuses pip installs (PEP 668) unless told: this
+# machine is set up for gpurig and its tests, as root, so it is told.
+export PIP_BREAK_SYSTEM_PACKAGES=1
 python3 -m pip install -q -e '.[test]'
 # The CPU build of torch, for the probe tests on this (GPU-less) machine.
 python3 -m pip install -q 'torch==2.13.0' || log "torch not installed: the probe's torch tests will be skipped"
