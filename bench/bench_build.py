@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpurig.build import human_size, resolve_ca_bundle  # noqa: E402
-from gpurig.docker import find_client  # noqa: E402
+from gpurig.image.build import human_size, resolve_ca_bundle  # noqa: E402
+from gpurig.image.dockercli import find_client  # noqa: E402
 
 LABEL = "io.gpurig.bench"
 # The bench's own base name (bootstrapped, labelled, removed at the end): other users of the engine may

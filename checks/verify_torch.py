@@ -35,7 +35,7 @@ MIN_SHM = 1 << 30  # DataLoader workers hand every batch over through /dev/shm
 DOCKER_DEFAULT_SHM = 64 << 20
 
 # CUDA toolkit -> minimum Linux driver (NVIDIA CUDA Toolkit Release Notes, "CUDA Toolkit and
-# Corresponding Driver Versions"; the same rows as gpurig/compat.py CUDA_RELEASES, copied: no import).
+# Corresponding Driver Versions"; the same rows as gpurig/image/compat.py CUDA_RELEASES, copied: no import).
 MIN_DRIVER = (
     ("11.8", "520.61.05"),
     ("12.0", "525.60.13"),

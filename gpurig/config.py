@@ -26,7 +26,7 @@ try:  # Invoke reads config files with its own copy of PyYAML
 except ImportError:
     _YAML_ERRORS = (yaml.YAMLError,)
 
-from gpurig.hostkeys import HOST_KEY_POLICIES
+from gpurig.connect.hostkeys import HOST_KEY_POLICIES
 from gpurig.errors import ConfigError, did_you_mean
 
 # What marks a directory as a gpurig project, looked for from the working directory upwards.

@@ -18,15 +18,15 @@ from rich.markup import escape
 
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.connection import Connection
+from gpurig.connect.connection import Connection
 from gpurig.deploy import containers as container_specs
 from gpurig.deploy.apply import NAME_LABEL, IMAGE_LABEL, DeployJob, Target, deploy_host
-from gpurig.build import human_size
-from gpurig.engine import Engine, EngineError, engine_error, open_engine
+from gpurig.image.build import human_size
+from gpurig.connect.engine import Engine, EngineError, engine_error, open_engine
 from gpurig.errors import ConfigError
-from gpurig.fleet import FleetReport, HostResult, Outcome
+from gpurig.connect.fleet import FleetReport, HostResult, Outcome
 from gpurig.report import console, err_console
-from gpurig.report.fleet import STATUS_STYLE
+from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]

@@ -9,15 +9,15 @@ from invoke.exceptions import Exit
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import positive_number
-from gpurig.connection import Connection
+from gpurig.connect.connection import Connection
 from gpurig.errors import GpurigError
 from gpurig.facts import Facts, gather
 from gpurig.files import write_report
-from gpurig.fleet import FleetReport, Outcome
-from gpurig.readiness import lacks
-from gpurig.report.fleet import STATUS_STYLE
+from gpurig.connect.fleet import FleetReport, Outcome
+from gpurig.facts.readiness import lacks
+from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column, rows_document
-from gpurig.spec import MatrixEntry
+from gpurig.image.spec import MatrixEntry
 
 __all__ = ["hosts", "facts", "exec_"]
 

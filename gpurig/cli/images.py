@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig import compat
+from gpurig.image import compat
 from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.errors import LintError, SpecError
-from gpurig.build import shorten
-from gpurig.lint import failing, lint as run_hadolint
-from gpurig.pipeline import BuildObserver
-from gpurig.render import BuildContext, check_renderable, render_matrix
+from gpurig.image.build import shorten
+from gpurig.image.lint import failing, lint as run_hadolint
+from gpurig.image.pipeline import BuildObserver
+from gpurig.image.render import BuildContext, check_renderable, render_matrix
 from gpurig.config import choice
 from gpurig.report import console
 from gpurig.report.tables import FORMATS, Column, show
-from gpurig.spec import ImageSpec, find_specs, load_spec
+from gpurig.image.spec import ImageSpec, find_specs, load_spec
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
@@ -138,9 +138,9 @@ BUILD_HELP = {
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
     refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
-    from gpurig.build import human_size, refuse_credentials, resolve_ca_bundle
-    from gpurig.docker import find_client
-    from gpurig.pipeline import build_all
+    from gpurig.image.build import human_size, refuse_credentials, resolve_ca_bundle
+    from gpurig.image.dockercli import find_client
+    from gpurig.image.pipeline import build_all
 
     labels = parse_labels(label or [])
     image_spec = load_project_spec(c, spec)
@@ -236,7 +236,7 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-# How each base came to be, as `gpurig images` explains it (the io.gpurig.base.source label).
+# How each base came to be, as `gpurig images` explains it (the io.gpurig.image.baseimage.source label).
 BASE_ORIGINS = {
     "pulled": "pulled",
     "local": "local",
@@ -247,8 +247,8 @@ BASE_ORIGINS = {
 @task(help={"spec": "image spec file (default: every spec in images/)", "format": FORMAT_HELP + " (piped: tsv)"})
 def images(c, spec=None, format=None):
     """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
-    from gpurig.build import human_size, project_images
-    from gpurig.docker import find_client
+    from gpurig.image.build import human_size, project_images
+    from gpurig.image.dockercli import find_client
 
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in find_specs(project_root(c) / "images")]
     projects = sorted({s.name for s in specs})
@@ -260,7 +260,7 @@ def images(c, spec=None, format=None):
     rows = []
     for image in found:
         labels = (image.get("Config") or {}).get("Labels") or {}
-        origin = labels.get("io.gpurig.base.source", "")
+        origin = labels.get("io.gpurig.image.baseimage.source", "")
         base = labels.get("org.opencontainers.image.base.name", "?")
         rows.append((
             " ".join(image.get("RepoTags") or []),

@@ -9,7 +9,7 @@ from gpurig.cli.base import task
 from gpurig.config import settings
 from gpurig.errors import InventoryError
 from gpurig.inventory import load_inventory
-from gpurig.inventory import view as inventory_view
+from gpurig.inventory import listing as inventory_view
 
 __all__ = ["inventory"]
 

@@ -28,14 +28,14 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, task
 from gpurig.config import Settings, choice, settings
-from gpurig.connection import Connection
-from gpurig.ssh import Connector, SSHSettings
+from gpurig.connect.connection import Connection
+from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.errors import InventoryError
 from gpurig.files import write_report
-from gpurig.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
+from gpurig.connect.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
 from gpurig.inventory import Host, load_inventory
 from gpurig.report import console, err_console
-from gpurig.report.fleet import FleetProgress, print_recap
+from gpurig.report.fleetrun import FleetProgress, print_recap
 from gpurig.report.tables import FORMATS, Column, Row, document, show
 
 SELECT_HELP = {

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from gpurig.cli.base import project_root
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.connection import Connection
+from gpurig.connect.connection import Connection
 from gpurig.errors import ConfigError, GpurigError
-from gpurig.fleet import FleetReport, HostResult, Outcome
-from gpurig.profile import host_profile
+from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
-from gpurig.report.fleet import STATUS_STYLE
+from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.spec import find_specs, load_spec
+from gpurig.image.spec import find_specs, load_spec
 from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
 
 __all__ = ["provision"]

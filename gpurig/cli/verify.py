@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import choice
-from gpurig.connection import Connection
+from gpurig.connect.connection import Connection
 from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
-from gpurig.fleet import FleetReport, Outcome
-from gpurig.profile import host_profile
+from gpurig.connect.fleet import FleetReport, Outcome
+from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
 from gpurig.verify.junit import junit_xml
-from gpurig.verify.model import HostVerdict
+from gpurig.verify.records import HostVerdict
 from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
 
 __all__ = ["verify"]

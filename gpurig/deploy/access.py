@@ -15,8 +15,8 @@ import shlex
 import docker.errors
 import requests
 
-from gpurig.connection import Connection
-from gpurig.engine import ContainerInfo, Engine
+from gpurig.connect.connection import Connection
+from gpurig.connect.engine import ContainerInfo, Engine
 
 JUPYTER_PORT, SSH_PORT = 8888, 22
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")  # a host name, IPv4/IPv6 literal or user name; nothing ssh_config would read as syntax

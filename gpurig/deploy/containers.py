@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpurig import validate
+from gpurig.strict import validate
 from gpurig.deploy import fields
 from gpurig.deploy.fields import Gpus, Port, Ulimit, Volume
 from gpurig.deploy.sharing import assign_gpus, check_together
 from gpurig.errors import CompatError, InventoryError, SpecError, did_you_mean
 from gpurig.inventory import Host
-from gpurig.profile import host_profile
-from gpurig.spec import ImageSpec, MatrixEntry
-from gpurig.yamlnode import Node
+from gpurig.inventory.profile import host_profile
+from gpurig.image.spec import ImageSpec, MatrixEntry
+from gpurig.strict.yamlnode import Node
 
 KEYS = ("name", "user", "variant", "torch", "cuda", "image", "gpus", "share", "ports", "volumes", "datasets", "env",
         "shm_size", "ipc", "ulimits", "cpus", "memory", "restart", "ssh_keys", "command")

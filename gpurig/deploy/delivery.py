@@ -38,8 +38,8 @@ import paramiko
 import requests
 import urllib3.exceptions
 
-from gpurig.connection import Connection, last_line
-from gpurig.engine import Engine, EngineError, open_engine
+from gpurig.connect.connection import Connection, last_line
+from gpurig.connect.engine import Engine, EngineError, open_engine
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress
 from gpurig.deploy.stages import Staged, StageError, stage_image
@@ -110,7 +110,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
 
 def local_engine(timeout: float = 3600) -> Engine:
     """The build machine's own engine (its unix socket, or DOCKER_HOST), where built images are."""
-    from gpurig.local import LocalConnection
+    from gpurig.connect.local import LocalConnection
 
     return open_engine(LocalConnection("build machine"), timeout=timeout)
 

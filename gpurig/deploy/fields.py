@@ -1,6 +1,6 @@
 """Readers for the fields of one ``gpurig_containers`` entry: ports, volumes, env, sizes, ulimits, GPUs, SSH keys.
 
-Each reader takes the field's :class:`gpurig.yamlnode.Node` and returns typed,
+Each reader takes the field's :class:`gpurig.strict.yamlnode.Node` and returns typed,
 frozen values or raises the node's error (file, host, key path, rule, fix).
 Paths and env values are kept exactly as written: deploy hands them to the
 Engine API as JSON, never to a shell, so only what Docker itself cannot take
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpurig import validate, yamlio
+from gpurig.strict import validate, yamlio
 from gpurig.errors import did_you_mean
-from gpurig.yamlnode import Node
+from gpurig.strict.yamlnode import Node
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 

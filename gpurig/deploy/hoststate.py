@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpurig.connection import Connection, quote
+from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
-from gpurig.engine import needs_sudo
-from gpurig.steps.model import Admin
+from gpurig.connect.engine import needs_sudo
+from gpurig.steps.plan import Admin
 
 CAP_SYS_RESOURCE = 24
 _MARK = "@@gpurig-deploy"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpurig import compat
-from gpurig.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.image import compat
+from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.facts import Facts
 
 MIN_DRIVER_LABEL = "io.gpurig.min-driver"

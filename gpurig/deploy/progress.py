@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpurig.connection import last_line
+from gpurig.connect.connection import last_line
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all; 0 while not known)
 

@@ -14,7 +14,7 @@ from gpurig.errors import InventoryError
 if TYPE_CHECKING:
     from gpurig.deploy.containers import ContainerSpec
     from gpurig.deploy.fields import Gpus
-    from gpurig.yamlnode import Node
+    from gpurig.strict.yamlnode import Node
 
 
 def check_together(specs: list[ContainerSpec], nodes: list[Node]) -> None:

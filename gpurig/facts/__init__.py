@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpurig.connection import Connection, last_line
+from gpurig.connect.connection import Connection, last_line
 from gpurig.errors import HostError
 from gpurig.facts.parsers import (  # the parsers and their data classes are this package's API
     DaemonConfig,
@@ -40,7 +40,7 @@ from gpurig.facts.parsers import (  # the parsers and their data classes are thi
 )
 from gpurig.facts.probes import ABSENT, FACTS_SCRIPT, MARK, PROBES, RC_MARK, Section, facts_script, split_sections
 from gpurig.facts.system import SystemFacts, parse_system
-from gpurig.validate import excerpt, strip_userinfo
+from gpurig.strict.validate import excerpt, strip_userinfo
 
 
 @dataclass(frozen=True)

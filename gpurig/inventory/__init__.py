@@ -16,11 +16,11 @@ the file, the key path and the rule: a host listed twice in one group (also
 through a range), one host given two different values for a var, a port that
 is ``true`` or ``22.9``, a host name, address or user that a shell or ssh could
 act on, ranges past ``hostrange.MAX_NAMES_PER_PATTERN`` names and inventories past
-``MAX_HOSTS``. Every file is read through :mod:`gpurig.yamlio`.
+``MAX_HOSTS``. Every file is read through :mod:`gpurig.strict.yamlio`.
 """
 
 from gpurig.inventory.hostrange import expand_host_pattern
 from gpurig.inventory.loader import MAX_HOSTS, load_inventory
-from gpurig.inventory.model import Group, Host, Inventory
+from gpurig.inventory.hostgroups import Group, Host, Inventory
 
 __all__ = ["Group", "Host", "Inventory", "MAX_HOSTS", "expand_host_pattern", "load_inventory"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import string
 
-from gpurig import validate
+from gpurig.strict import validate
 from gpurig.errors import InventoryError
 
 MAX_NAMES_PER_PATTERN = 10_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gpurig import validate
+from gpurig.strict import validate
 from gpurig.errors import did_you_mean
 
 CONNECTIONS = ("ssh", "paramiko", "smart", "local")

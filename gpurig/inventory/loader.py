@@ -11,12 +11,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from gpurig import validate
+from gpurig.strict import validate
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory.hostrange import expand_host_pattern
 from gpurig.inventory.hostvars import CHECKS, as_boolean, as_port, connection_settings
-from gpurig.inventory.model import Group, Host, Inventory
-from gpurig.yamlio import load_yaml
+from gpurig.inventory.hostgroups import Group, Host, Inventory
+from gpurig.strict.yamlio import load_yaml
 
 MAX_HOSTS = 100_000
 # host-in-group pairs, counting every ancestor group: bounds the work that deep

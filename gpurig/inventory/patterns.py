@@ -19,10 +19,10 @@ import re
 from typing import TYPE_CHECKING, Sequence
 
 from gpurig.errors import InventoryError, did_you_mean
-from gpurig.validate import excerpt
+from gpurig.strict.validate import excerpt
 
 if TYPE_CHECKING:
-    from gpurig.inventory.model import Host, Inventory
+    from gpurig.inventory.hostgroups import Host, Inventory
 
 _TERMS = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")  # ':'-separated, keeping [...] whole
 _SUBSCRIPT = re.compile(r"(.+)\[(?:(-?[0-9]+)|(-?[0-9]+)?\s*:\s*(-?[0-9]+)?)\]")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gpurig.monitor import MonitorError
-from gpurig.monitor.model import GpuSample, Sample
+from gpurig.monitor.samples import GpuSample, Sample
 
 NA = "[N/A]"
 

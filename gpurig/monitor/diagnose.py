@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import mean
 
-from gpurig.monitor.model import HEAT_OR_POWER, GpuSample, Sample
+from gpurig.monitor.samples import HEAT_OR_POWER, GpuSample, Sample
 from gpurig.monitor.session import Run
 
 MIN_SAMPLES = 3

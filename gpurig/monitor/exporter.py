@@ -22,7 +22,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.registry import Collector
 
 from gpurig.monitor import MonitorError
-from gpurig.monitor.model import GpuSample, Sample
+from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
 
 MAX_AGE_S = 1.0  # samples arrive about once a second

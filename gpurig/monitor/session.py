@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from gpurig.monitor.model import Sample, sample_from_record
+from gpurig.monitor.samples import Sample, sample_from_record
 
 # Samples kept in memory per host for the summary and the diagnosis: a day at 1/s.
 HISTORY = 86_400

@@ -53,9 +53,9 @@ def configure_logging(verbosity: int = 0) -> None:
     """Where log lines go: stderr, one line each (tracebacks only at -vv).
 
     What is logged at each verbosity (gpurig's levels, paramiko only at -vv)
-    is decided in one place, ``gpurig.ssh.configure_logging``.
+    is decided in one place, ``gpurig.connect.ssh.configure_logging``.
     """
-    from gpurig.ssh import configure_logging as set_levels
+    from gpurig.connect.ssh import configure_logging as set_levels
 
     handler = _StderrHandler(tracebacks=verbosity >= 2)
     gpurig_log = logging.getLogger("gpurig")

@@ -13,11 +13,11 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from gpurig.connection import Connection
+from gpurig.connect.connection import Connection
 from gpurig.errors import GpurigError
 from gpurig.facts import Facts, gather as gather_facts
-from gpurig.profile import HostProfile
-from gpurig.steps.model import Admin, Plan, Step, StepResult
+from gpurig.inventory.profile import HostProfile
+from gpurig.steps.plan import Admin, Plan, Step, StepResult
 
 ResultHandler = Callable[[StepResult], None]
 

@@ -16,9 +16,9 @@ import re
 from typing import Any, Mapping
 
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
-from gpurig.steps.files import BACKUP_SUFFIX, unified_diff, write_file_command
-from gpurig.steps.model import Change, Plan, Step
+from gpurig.inventory.profile import HostProfile
+from gpurig.steps.hostfiles import BACKUP_SUFFIX, unified_diff, write_file_command
+from gpurig.steps.plan import Change, Plan, Step
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 RESTART_DOCKER = "if [ -d /run/systemd/system ]; then systemctl restart docker; else service docker restart; fi"

@@ -11,10 +11,10 @@ from __future__ import annotations
 import shlex
 
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, dpkg_arch, install_command
-from gpurig.steps.files import write_file_command
-from gpurig.steps.model import Change, Plan, Step
+from gpurig.steps.hostfiles import write_file_command
+from gpurig.steps.plan import Change, Plan, Step
 
 ENGINES = {"distro": ("docker.io",), "docker": ("docker-ce", "docker-ce-cli", "containerd.io")}
 CLIENTS = {"distro": ("docker-cli",), "docker": ()}  # Debian 13 ships the client apart, only recommended by docker.io

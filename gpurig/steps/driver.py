@@ -1,6 +1,6 @@
 """The ``driver`` step: an NVIDIA driver loaded and new enough for the newest CUDA among the images this host runs.
 
-The minimum comes from ``gpurig.compat`` for that CUDA (the host's
+The minimum comes from ``gpurig.image.compat`` for that CUDA (the host's
 ``gpurig_images``, else the spec's default entry). With
 ``gpurig_driver.install: true`` a missing or old driver is installed from the
 OS (Debian's non-free ``nvidia-driver``, Ubuntu's ``nvidia-driver-NNN-server``)
@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from gpurig.compat import CUDA_RELEASES, min_driver
+from gpurig.image.compat import CUDA_RELEASES, min_driver
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import candidate_guard, download_command, dpkg_arch, install_command, upstream
 from gpurig.steps.gpus import NO_GPU
-from gpurig.steps.model import Change, Plan, Step
+from gpurig.steps.plan import Change, Plan, Step
 
 _CUDA_TAG = re.compile(r"(?:^|[-_.:])cu(\d{2,3})(?=$|[-_.])")
 CUDA_KEYRING = "/var/cache/gpurig/cuda-keyring.deb"
@@ -46,7 +46,7 @@ def newest_cuda(images: Sequence[str], default: str | None) -> tuple[str | None,
 
 
 def newest_cuda_for(driver: str) -> str | None:
-    """The newest CUDA (from gpurig.compat) whose images this driver version runs with their full feature set."""
+    """The newest CUDA (from gpurig.image.compat) whose images this driver version runs with their full feature set."""
     served = [r.cuda for r in CUDA_RELEASES if upstream(driver) >= upstream(r.min_driver)]
     return max(served, key=upstream) if served else None
 

@@ -7,10 +7,10 @@ no NVIDIA GPU, so a CPU host still gets Docker.
 from __future__ import annotations
 
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import install_command
-from gpurig.steps.files import write_file_command
-from gpurig.steps.model import Change, Plan, Step
+from gpurig.steps.hostfiles import write_file_command
+from gpurig.steps.plan import Change, Plan, Step
 
 NO_GPU = "no NVIDIA GPU on this host"
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import shlex
 import time
 
-from gpurig.connection import CommandError
+from gpurig.connect.connection import CommandError
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
-from gpurig.local import LocalConnection
-from gpurig.profile import HostProfile
+from gpurig.connect.local import LocalConnection
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps.driver import installed_driver, mismatch
-from gpurig.steps.model import Admin, Change, Plan, Step
+from gpurig.steps.plan import Admin, Change, Plan, Step
 
 # Detached, so the command returns before sshd goes down with the host.
 REBOOT = "nohup sh -c 'sleep 2; systemctl reboot || reboot' >/dev/null 2>&1 &"

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from gpurig.errors import InventoryError
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, install_command
 from gpurig.steps.daemon import DAEMON_JSON, RESTART_DOCKER, merge, render
-from gpurig.steps.files import unified_diff, write_file_command
+from gpurig.steps.hostfiles import unified_diff, write_file_command
 from gpurig.steps.gpus import NO_GPU
-from gpurig.steps.model import Change, Plan, Step
+from gpurig.steps.plan import Change, Plan, Step
 
 PACKAGE = "nvidia-container-toolkit"
 KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.asc"

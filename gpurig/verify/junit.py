@@ -15,8 +15,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Iterable
 
-from gpurig.fleet import FleetReport, HostResult
-from gpurig.verify.model import HostVerdict, Record
+from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.verify.records import HostVerdict, Record
 
 
 def junit_xml(report: FleetReport) -> str:

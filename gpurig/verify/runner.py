@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpurig.connection import CommandTimeout, Connection, Result, last_line
-from gpurig.verify.model import HostVerdict, Record
+from gpurig.connect.connection import CommandTimeout, Connection, Result, last_line
+from gpurig.verify.records import HostVerdict, Record
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
 HOST_PROBE = CHECKS / "verify_host.py"

@@ -1,7 +1,7 @@
 """Fixtures every integration test may use. Containers acting as fresh hosts: a Debian 12 image with sshd and sudo, one new container per test.
 
 The image is built once per test session from the locally bootstrapped
-Debian base (gpurig.base: local, else pulled, else debootstrapped) with
+Debian base (gpurig.image.baseimage: local, else pulled, else debootstrapped) with
 Debian's own openssh-server and sudo; every container runs sshd as its main
 process (no systemd: the steps tested here need none), publishes it on a
 free port of 127.0.0.1 and authorizes the session's test key for user
@@ -51,7 +51,7 @@ CMD ["/bin/sh", "-c", "ssh-keygen -A -q && exec /usr/sbin/sshd -D -e"]
 @dataclass(frozen=True)
 class Docker:
     path: str
-    client: object = None  # gpurig.docker.DockerClient, for gpurig.base
+    client: object = None  # gpurig.image.dockercli.DockerClient, for gpurig.image.baseimage
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
         proc = subprocess.run([self.path, *args], capture_output=True, text=True, timeout=timeout, **kw)
@@ -93,7 +93,7 @@ def container_kit():
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from gpurig.docker import find_client
+    from gpurig.image.dockercli import find_client
     from gpurig.errors import DockerError
 
     if os.geteuid() != 0:
@@ -108,8 +108,8 @@ def docker_engine():
 @pytest.fixture(scope="session")
 def host_image(docker_engine) -> str:
     """The fresh-host image, built once per session (about a minute with a cold base, seconds after)."""
-    from gpurig.base import ensure_base
-    from gpurig.spec import Bootstrap
+    from gpurig.image.baseimage import ensure_base
+    from gpurig.image.spec import Bootstrap
 
     base = ensure_base(docker_engine.client, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
     tag = f"gpurig-test-host:{SESSION}"

@@ -67,8 +67,8 @@ def base_tag(kit, suite: str) -> str:
 
 def build_image(docker, kit, key: str, bases: list) -> str:
     """The host image for ``key`` (debian12, debian13) on a freshly debootstrapped base; the base's id goes to ``bases``."""
-    from gpurig.base import bootstrap_base
-    from gpurig.spec import Bootstrap
+    from gpurig.image.baseimage import bootstrap_base
+    from gpurig.image.spec import Bootstrap
 
     suite = SUITES[key]
     base = base_tag(kit, suite)

@@ -1,4 +1,4 @@
-"""gpurig.build's pure parts: the build command line, progress parsing, reports."""
+"""gpurig.image.build's pure parts: the build command line, progress parsing, reports."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpurig import build as b
-from gpurig.docker import DockerClient
+from gpurig.image import build as b
+from gpurig.image.dockercli import DockerClient
 from gpurig.errors import DockerError
-from gpurig.render import render
-from gpurig.spec import load_spec
+from gpurig.image.render import render
+from gpurig.image.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_credentials_in_urls_are_redacted():
 
 
 def test_credentials_in_build_urls_are_refused_before_they_reach_a_layer():
-    from gpurig.spec import BuildSettings
+    from gpurig.image.spec import BuildSettings
 
     b.refuse_credentials(BuildSettings(pip_index="https://pypi.example.com/simple"))
     with pytest.raises(DockerError) as err:

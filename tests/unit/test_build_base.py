@@ -1,12 +1,12 @@
-"""gpurig.base's pure parts: how the base that was used is named and described."""
+"""gpurig.image.baseimage's pure parts: how the base that was used is named and described."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from gpurig.base import BaseImage, _slim_down, bootstrap_description, bootstrap_tag
-from gpurig.spec import Bootstrap
+from gpurig.image.baseimage import BaseImage, _slim_down, bootstrap_description, bootstrap_tag
+from gpurig.image.spec import Bootstrap
 
 BOOKWORM = Bootstrap("bookworm", "http://deb.debian.org/debian")
 
@@ -49,7 +49,7 @@ def test_slim_down_keeps_apt_working_and_adds_updates(tmp_path: Path):
 
 
 def test_an_overrunning_bootstrap_goes_with_its_children(monkeypatch, tmp_path: Path):
-    import gpurig.base as base
+    import gpurig.image.baseimage as base
 
     monkeypatch.setattr(base, "DEBOOTSTRAP_TIMEOUT_S", 2)
     pidfile = tmp_path / "child.pid"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpurig import compat
+from gpurig.image import compat
 from gpurig.errors import CompatError
 
 # gpu-facts.md table 1, as published: (torch, stable, experimental)

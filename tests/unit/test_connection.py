@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from gpurig.connection import CommandError, CommandTimeout, last_line, to_shell
+from gpurig.connect.connection import CommandError, CommandTimeout, last_line, to_shell
 from gpurig.errors import HostError
 from gpurig.inventory import Host
-from gpurig.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import Connector, SSHSettings
 
 
 def local_host() -> Host:

@@ -1,4 +1,4 @@
-"""gpurig.docker's pure parts: which docker client can build with BuildKit, and stopping a child on the way out."""
+"""gpurig.image.dockercli's pure parts: which docker client can build with BuildKit, and stopping a child on the way out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpurig import docker as d
+from gpurig.image import dockercli as d
 from gpurig.errors import DockerError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpurig.connection import Result
-from gpurig.engine import diagnose, dial_command
+from gpurig.connect.connection import Result
+from gpurig.connect.engine import diagnose, dial_command
 
 
 class Conn:

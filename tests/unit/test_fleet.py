@@ -8,10 +8,10 @@ import threading
 
 from rich.console import Console
 
-from gpurig.ssh import Connector, SSHSettings
-from gpurig.fleet import Outcome, run_fleet
+from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.fleet import Outcome, run_fleet
 from gpurig.inventory import Host
-from gpurig.report.fleet import FleetProgress, print_recap
+from gpurig.report.fleetrun import FleetProgress, print_recap
 
 
 def hosts(n: int) -> list[Host]:

@@ -23,9 +23,9 @@ from unittest import mock
 import pytest
 
 from gpurig.errors import SpecError
-from gpurig.render import render_matrix
-from gpurig.spec import load_spec
-from gpurig.yamlnode import Node
+from gpurig.image.render import render_matrix
+from gpurig.image.spec import load_spec
+from gpurig.strict.yamlnode import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOADS = ["\n", '"', "'", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "#", "\\"]

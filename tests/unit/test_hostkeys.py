@@ -10,11 +10,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpurig.connection import HostKeyError
+from gpurig.connect.connection import HostKeyError
 from gpurig.errors import HostError
-from gpurig.hostkeys import KnownHosts, fingerprint
-from gpurig.ssh import SSHSettings
-from gpurig.target import SSHTarget
+from gpurig.connect.hostkeys import KnownHosts, fingerprint
+from gpurig.connect.ssh import SSHSettings
+from gpurig.connect.target import SSHTarget
 
 
 def _pub_key(tmp_path: Path, name: str) -> paramiko.PKey:

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from gpurig.render import render
-from gpurig.spec import load_spec
+from gpurig.image.render import render
+from gpurig.image.spec import load_spec
 
 SOURCE = "org.opencontainers.image.source"
 

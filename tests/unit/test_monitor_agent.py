@@ -17,7 +17,7 @@ import psutil
 import pynvml
 import pytest
 
-from gpurig.local import LocalConnection
+from gpurig.connect.local import LocalConnection
 from gpurig.errors import HostError
 from gpurig.monitor.agent import LineBuffer, agent_command, watch
 from gpurig.monitor.session import Run

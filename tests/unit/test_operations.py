@@ -17,7 +17,7 @@ import pytest
 
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
-from gpurig.profile import host_profile
+from gpurig.inventory.profile import host_profile
 from gpurig.steps import STEPS
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 
 from gpurig.errors import InventoryError
 from gpurig.inventory import Host, load_inventory
-from gpurig.profile import PROFILE_KEYS, DriverSettings, GpuExpectation, host_profile
+from gpurig.inventory.profile import PROFILE_KEYS, DriverSettings, GpuExpectation, host_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 

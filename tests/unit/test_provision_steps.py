@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpurig.cli.provision import pick_steps
-from gpurig.connection import CommandError, ConnectionLost, Result
+from gpurig.connect.connection import CommandError, ConnectionLost, Result
 from gpurig.errors import ConfigError, HostError, InventoryError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
-from gpurig.profile import host_profile
+from gpurig.inventory.profile import host_profile
 from gpurig.steps import Admin, RebootStep, ToolkitStep
 from gpurig.steps.apt import candidate_guard, install_command
 
@@ -143,7 +143,7 @@ def test_check_mode_never_reboots():
 
 
 def test_reboot_never_runs_over_a_local_connection():
-    from gpurig.local import LocalConnection
+    from gpurig.connect.local import LocalConnection
 
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))

@@ -6,10 +6,10 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from gpurig import quoting
+from gpurig.image import quoting
 from gpurig.errors import RenderError
-from gpurig.render import environment, render
-from gpurig.spec import load_spec
+from gpurig.image.render import environment, render
+from gpurig.image.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = ['"', "'", "$(id)", "`id`", "#", "\\", "${HOME}", " ; rm -rf / ", "a b"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.facts import parse_facts
-from gpurig.readiness import lacks, verdict
+from gpurig.facts.readiness import lacks, verdict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 

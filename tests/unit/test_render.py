@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpurig.errors import CompatError, RenderError
-from gpurig.lint import failing, lint
-from gpurig.render import image_labels, render, render_matrix, torch_requirement
-from gpurig.spec import MatrixEntry, load_spec
+from gpurig.image.lint import failing, lint
+from gpurig.image.render import image_labels, render, render_matrix, torch_requirement
+from gpurig.image.spec import MatrixEntry, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = load_spec(ROOT / "images" / "pytorch.yaml")

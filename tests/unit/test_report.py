@@ -18,10 +18,10 @@ from rich.console import Console
 from gpurig.cli.hosts import facts_rows
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
-from gpurig.fleet import FleetReport, HostResult
-from gpurig.report.fleet import host_counts, print_recap
+from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.report.fleetrun import host_counts, print_recap
 from gpurig.report.tables import Column, fit_columns, rows_document, show
-from gpurig.spec import MatrixEntry
+from gpurig.image.spec import MatrixEntry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 LONG_REASON = (

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.errors import CompatError, SpecError
-from gpurig.spec import MatrixEntry, find_specs, load_spec
+from gpurig.image.spec import MatrixEntry, find_specs, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

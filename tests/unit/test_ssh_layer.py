@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpurig.ssh import _RemotePid, configure_logging
+from gpurig.connect.ssh import _RemotePid, configure_logging
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def test_paramiko_lines_reach_the_handlers_only_at_vv(verbosity, caplog):
     noisy.error("Exception (client): Error reading SSH protocol banner")
     verbosity(1)
     noisy.error("still hidden at -v")
-    logging.getLogger("gpurig.hostkeys").info("recorded host key")
+    logging.getLogger("gpurig.connect.hostkeys").info("recorded host key")
     verbosity(2)
     noisy.debug("shown at -vv")
     assert [r.getMessage() for r in caplog.records] == ["recorded host key", "shown at -vv"]
@@ -44,11 +44,11 @@ def test_the_remote_pid_line_is_taken_off_stderr_wherever_it_arrives():
 
 
 def test_the_sudo_password_leaves_the_environment_before_any_child_starts(monkeypatch, tmp_path):
-    import gpurig.ssh
+    import gpurig.connect.ssh
     from gpurig.inventory import Host
-    from gpurig.ssh import Connector, SSHSettings
+    from gpurig.connect.ssh import Connector, SSHSettings
 
-    monkeypatch.setattr(gpurig.ssh, "_ENV_PASSWORD", {"value": None})
+    monkeypatch.setattr(gpurig.connect.ssh, "_ENV_PASSWORD", {"value": None})
     monkeypatch.setenv("GPURIG_SUDO_PASSWORD", "s3cret-pw")
     connector = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))
     local = connector.open(Host("here", ("ungrouped",), {}, connection="local"))

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 from gpurig.steps import Change, Plan, Step, converge
-from gpurig.steps.files import write_file_command
+from gpurig.steps.hostfiles import write_file_command
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "debian12-root.txt"
 
@@ -154,7 +154,7 @@ def test_facts_cut_short_fail_the_host_instead_of_planning_from_half(conn, tmp_p
 
 
 def test_a_host_lost_after_a_change_fails_the_next_step(conn, tmp_path, gathered):
-    from gpurig.connection import ConnectionLost
+    from gpurig.connect.connection import ConnectionLost
 
     def gather(c):
         if gathered.calls:

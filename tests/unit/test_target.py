@@ -10,8 +10,8 @@ import paramiko
 import pytest
 
 from gpurig.inventory import Host
-from gpurig.ssh import Connector, SSHSettings
-from gpurig.target import TargetError, load_ssh_config, resolve_target
+from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.target import TargetError, load_ssh_config, resolve_target
 
 
 def target(h: Host, config: Path | None = None):

@@ -1,4 +1,4 @@
-"""gpurig.validate: each grammar accepts what real files hold and refuses what a shell, ssh or pip could act on."""
+"""gpurig.strict.validate: each grammar accepts what real files hold and refuses what a shell, ssh or pip could act on."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gpurig import validate as v
+from gpurig.strict import validate as v
 
 # Characters that mean something to a shell or to ssh's %-expansion; none may reach one inside a name.
 SHELL_SPECIAL = ["$(id)", "`id`", ";", "|", "&", "<", ">", "'", '"', "\\", "%h", "!", "#", "*", "?", "{a,b}", "~"]
@@ -135,7 +135,7 @@ def test_matches_is_whole_string():
 
 
 def test_excerpt_of_a_huge_number_is_short_and_never_raises():
-    from gpurig.validate import excerpt
+    from gpurig.strict.validate import excerpt
 
     assert excerpt(10**5000 - 1) == "a number of about 5000 digits"
     assert excerpt(12345) == "12345"

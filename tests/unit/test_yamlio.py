@@ -1,4 +1,4 @@
-"""gpurig.yamlio: users' YAML files read with bounded work and strict meaning, every failure one line."""
+"""gpurig.strict.yamlio: users' YAML files read with bounded work and strict meaning, every failure one line."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from gpurig import yamlio
+from gpurig.strict import yamlio
 from gpurig.errors import SpecError
-from gpurig.yamlio import load_yaml, parse_yaml
+from gpurig.strict.yamlio import load_yaml, parse_yaml
 
 
 def refused(text: str) -> str:
@@ -168,7 +168,7 @@ def test_non_utf8_names_the_byte(tmp_path):
 @pytest.mark.parametrize("text", ["a: " + "[" * 30000 + "]" * 30000, "- " * 30000 + "x\n"])
 def test_nesting_past_what_libyaml_can_compose_is_refused_not_a_crash(text):
     # libyaml's composer recurses in C: 30,000 levels in 60 KB used to end gpurig with SIGSEGV.
-    code = "import sys; from gpurig.yamlio import parse_yaml; from gpurig.errors import SpecError\n" \
+    code = "import sys; from gpurig.strict.yamlio import parse_yaml; from gpurig.errors import SpecError\n" \
            "try:\n    parse_yaml(sys.stdin.read(), 'deep.yaml', error=SpecError)\nexcept SpecError as e:\n    print(e)\n"
     proc = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-500:]

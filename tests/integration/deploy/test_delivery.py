@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpurig.deploy.delivery import deliver, local_engine
-from gpurig.engine import open_engine
+from gpurig.connect.engine import open_engine
 from gpurig.inventory import load_inventory
-from gpurig.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import Connector, SSHSettings
 
 pytestmark = pytest.mark.integration
 MB = 1024 * 1024

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from gpurig.engine import EngineError, open_engine
+from gpurig.connect.engine import EngineError, open_engine
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpurig.connection import (
+from gpurig.connect.connection import (
     AuthError,
     CommandError,
     CommandTimeout,
@@ -19,7 +19,7 @@ from gpurig.connection import (
 )
 from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
-from gpurig.ssh import Connector
+from gpurig.connect.ssh import Connector
 
 from .conftest import free_port, keygen, ssh_fingerprint
 
@@ -174,7 +174,7 @@ def test_wrong_sudo_password_is_reported_as_such(settings, sudo_user, sshd, make
 
 def test_sudo_without_a_password_says_what_to_set(settings, sudo_user, sshd, monkeypatch, make_host):
     monkeypatch.delenv("GPURIG_SUDO_PASSWORD", raising=False)
-    monkeypatch.setattr("gpurig.ssh._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
+    monkeypatch.setattr("gpurig.connect.ssh._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
     name, _ = sudo_user
     with pytest.raises(SudoPasswordError) as err:
         Connector(settings).open(make_host(sshd.port, user=name)).sudo("true")

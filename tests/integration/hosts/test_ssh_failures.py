@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connection import CommandTimeout, UnreachableError
+from gpurig.connect.connection import CommandTimeout, UnreachableError
 from gpurig.facts import gather
-from gpurig.fleet import run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.inventory import load_inventory
-from gpurig.ssh import Connector
+from gpurig.connect.ssh import Connector
 
 from .conftest import fake_listener, free_port
 

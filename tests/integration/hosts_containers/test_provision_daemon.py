@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.inventory import load_inventory
-from gpurig.profile import host_profile
+from gpurig.inventory.profile import host_profile
 from gpurig.steps import DaemonStep, converge
 
 pytestmark = pytest.mark.integration

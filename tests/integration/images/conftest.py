@@ -122,7 +122,7 @@ DOCKER = "docker"
 
 @pytest.fixture(scope="session")
 def docker_client():
-    from gpurig.docker import find_client
+    from gpurig.image.dockercli import find_client
 
     global DOCKER
     try:
@@ -173,8 +173,8 @@ def cli(project) -> Cli:
 @pytest.fixture(scope="session")
 def base(docker_client, project):
     """The Debian base, once per session: local if present, else pulled, else bootstrapped (labelled, removed at end)."""
-    from gpurig.base import ensure_base
-    from gpurig.spec import load_spec
+    from gpurig.image.baseimage import ensure_base
+    from gpurig.image.spec import load_spec
 
     spec = load_spec(project / "images" / "pytorch.yaml")
     said: list[str] = []

@@ -43,7 +43,7 @@ def test_docker_missing(cli, tmp_path):
 def test_no_buildkit_client(cli, tmp_path):
     """A docker client of 23.0 or later without the buildx plugin (this machine's /usr/local/bin/docker)."""
     candidates = [d for d in ("/usr/local/bin/docker",) if os.path.exists(d)]
-    from gpurig.docker import probe_client, supports_buildkit
+    from gpurig.image.dockercli import probe_client, supports_buildkit
 
     lacking = [d for d in candidates if not supports_buildkit(probe_client(d).version, probe_client(d).buildx)]
     if not lacking:

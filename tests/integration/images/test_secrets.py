@@ -21,7 +21,7 @@ PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re
 
 def host_only_cas() -> list[bytes]:
     """Certificates in the host's CA bundle (the one passed as a build secret) that Debian's bundle lacks."""
-    from gpurig.build import resolve_ca_bundle
+    from gpurig.image.build import resolve_ca_bundle
 
     bundle = resolve_ca_bundle("auto")
     if bundle is None:
@@ -79,7 +79,7 @@ def test_the_scan_finds_a_planted_key_and_ca(base, tmp_path):
     """The scanner itself: an image with a private key and the host's CA bundle copied in is caught."""
     found, _ = base
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id")], check=True)
-    from gpurig.build import resolve_ca_bundle
+    from gpurig.image.build import resolve_ca_bundle
 
     bundle = resolve_ca_bundle("auto")
     lines = [f"FROM {found.ref}", "COPY id /root/.ssh/id_ed25519"]

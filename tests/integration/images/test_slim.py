@@ -38,7 +38,7 @@ def test_report_pins_what_was_built(build, docker_client):
     assert report["settings"]["ca_bundle"] in ("passed as build secret", "none")
     assert report["duration_s"] > 0 and report["steps"]["total"] >= 8
     labels = inspected["Config"]["Labels"]
-    assert labels["io.gpurig.torch"] == CPU_TORCH and labels["io.gpurig.base.source"] == report["base"]["origin"]
+    assert labels["io.gpurig.torch"] == CPU_TORCH and labels["io.gpurig.image.baseimage.source"] == report["base"]["origin"]
     assert report["steps"]["total"] == report["steps"]["cached"] + report["steps"]["ran"]
 
 

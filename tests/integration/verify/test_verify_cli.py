@@ -114,7 +114,7 @@ def test_a_probe_past_its_timeout_leaves_no_container(docker_engine, torch_image
     """The library call with a local connection: the throwaway container is removed by name when the probe overruns."""
     import dataclasses
 
-    from gpurig.local import LocalConnection
+    from gpurig.connect.local import LocalConnection
     from gpurig.verify.runner import VerifyPlan, verify_host
 
     plan = dataclasses.replace(VerifyPlan.from_checks("quick", image=torch_image), host_probe=None, container_timeout_s=0.5)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpurig.deploy.access import lines, ssh_config_block
-from gpurig.engine import ContainerInfo
-from gpurig.target import SSHTarget
+from gpurig.connect.engine import ContainerInfo
+from gpurig.connect.target import SSHTarget
 
 
 class Conn:

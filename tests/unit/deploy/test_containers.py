@@ -15,7 +15,7 @@ from gpurig.deploy.containers import DEFAULT_SHM, ContainerSpec, assign_gpus, lo
 from gpurig.deploy.fields import GiB, MiB, fingerprint
 from gpurig.errors import InventoryError
 from gpurig.inventory import Host, load_inventory
-from gpurig.spec import load_spec
+from gpurig.image.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_spec(ROOT / "images" / "pytorch.yaml")

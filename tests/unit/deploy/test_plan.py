@@ -6,9 +6,9 @@ from pathlib import Path
 
 from gpurig.deploy.apply import Target, plan
 from gpurig.deploy.containers import load_containers
-from gpurig.engine import ContainerInfo, ImageInfo
+from gpurig.connect.engine import ContainerInfo, ImageInfo
 from gpurig.inventory import Host
-from gpurig.spec import load_spec
+from gpurig.image.spec import load_spec
 
 SPEC = load_spec(Path(__file__).resolve().parents[3] / "images" / "pytorch.yaml")
 IMAGE = ImageInfo("sha256:" + "1" * 64, ("pytorch:2.14.1-cu130-jupyter",), {}, 10)

@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from gpurig.cli.verify import host_rows, make_plan, record_rows
-from gpurig.connection import Result
+from gpurig.connect.connection import Result
 from gpurig.errors import ConfigError
-from gpurig.fleet import FleetReport, HostResult
+from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.verify.junit import junit_xml
-from gpurig.verify.model import HostVerdict, Record
+from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
     VerifyPlan, container_command, embedded, parse_docker_facts, parse_document, probe_failed, toolkit_records, uuid_record,
 )
@@ -209,7 +209,7 @@ def test_json_report_validates_against_its_schema():
 
     from gpurig.cli.options import HostOptions, fleet_document
     from gpurig.config import settings
-    from gpurig.fleet import jsonable
+    from gpurig.connect.fleet import jsonable
 
     schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())
     opts = HostOptions(settings=settings(Config()), limit=())

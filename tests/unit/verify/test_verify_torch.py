@@ -81,7 +81,7 @@ def test_driver_table_rows(probe, cuda, driver, floor):
 
 
 def test_driver_table_matches_gpurigs(probe):
-    from gpurig.compat import CUDA_RELEASES
+    from gpurig.image.compat import CUDA_RELEASES
 
     assert dict(probe.MIN_DRIVER) == {r.cuda: r.min_driver for r in CUDA_RELEASES}
 

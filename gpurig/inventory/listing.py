@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpurig.errors import InventoryError, did_you_mean
-from gpurig.inventory.model import Host, Inventory
-from gpurig.validate import excerpt
+from gpurig.inventory.hostgroups import Host, Inventory
+from gpurig.strict.validate import excerpt
 
 # --graph prints a group once under each parent, so a lattice of groups could ask for billions of lines.
 MAX_GRAPH_LINES = 1_000_000

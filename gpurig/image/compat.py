@@ -103,7 +103,7 @@ def torch_release(torch_version: str) -> TorchRelease:
     known = ", ".join(row.minor for row in TORCH_RELEASES)
     raise CompatError(
         f"torch {torch_version} is not in gpurig's compatibility table",
-        f"use one of torch {known}, or add its row to gpurig/compat.py TORCH_RELEASES",
+        f"use one of torch {known}, or add its row to gpurig/image/compat.py TORCH_RELEASES",
     )
 
 
@@ -114,7 +114,7 @@ def cuda_release(cuda: str) -> CudaRelease:
     known = ", ".join(row.cuda for row in CUDA_RELEASES)
     raise CompatError(
         f"CUDA {cuda} is not in gpurig's driver table",
-        f"use one of CUDA {known}, or add its row to gpurig/compat.py CUDA_RELEASES",
+        f"use one of CUDA {known}, or add its row to gpurig/image/compat.py CUDA_RELEASES",
     )
 
 

@@ -26,7 +26,7 @@ import urllib3.connection
 from docker.transport.basehttpadapter import BaseHTTPAdapter
 from docker.transport.sshconn import SSHConnectionPool
 
-from gpurig.connection import Connection, last_line
+from gpurig.connect.connection import Connection, last_line
 from gpurig.errors import HostError
 
 API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
@@ -281,7 +281,7 @@ def _time(text: str | None) -> datetime | None:
 
 def open_engine(conn: Connection, timeout: float = 120) -> Engine:
     """The Docker engine of ``conn``'s host; a clear EngineError when there is none or it cannot be used."""
-    from gpurig.ssh import SSHConnection
+    from gpurig.connect.ssh import SSHConnection
 
     if isinstance(conn, SSHConnection):
         conn.connect()  # resolves the login user, which decides on sudo
@@ -316,7 +316,7 @@ def dial_command(conn: Connection) -> str:
 
 def diagnose(conn: Connection, err: BaseException) -> EngineError:
     """Why the engine did not answer, asked of the host with a plain command (one line, with the fix)."""
-    from gpurig.steps.model import Admin
+    from gpurig.steps.plan import Admin
 
     try:
         result = Admin(conn, needs_sudo(conn)).run("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)

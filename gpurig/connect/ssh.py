@@ -4,7 +4,7 @@
 parsed ~/.ssh/config, the sudo password, one transport per jump host. Its
 ``open(host)`` turns an inventory host into a local connection or an
 ``SSHConnection``, which only ever sees the resolved ``SSHTarget``
-(``gpurig.target``); ``gpurig.sshtransport`` opens the authenticated transports.
+(``gpurig.connect.target``); ``gpurig.connect.transport`` opens the authenticated transports.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable
 
 import paramiko
 
-from gpurig.connection import (
+from gpurig.connect.connection import (
     SUDO_PASSWORD_ENV,
     Connection,
     ConnectionLost,
@@ -33,11 +33,11 @@ from gpurig.connection import (
     short_command,
 )
 from gpurig.errors import HostError
-from gpurig.hostkeys import KnownHosts, check_policy
+from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.inventory import Host
-from gpurig.local import LocalConnection
-from gpurig.sshtransport import open_transport
-from gpurig.target import SSHTarget, load_ssh_config, resolve_target
+from gpurig.connect.local import LocalConnection
+from gpurig.connect.transport import open_transport
+from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gpurig.base import BaseImage, ensure_base
-from gpurig.build import (
+from gpurig.image.baseimage import BaseImage, ensure_base
+from gpurig.image.build import (
     BuildResult,
     ProgressParser,
     StepLog,
@@ -19,9 +19,9 @@ from gpurig.build import (
     run_build,
     write_json_atomic,
 )
-from gpurig.docker import DockerClient
-from gpurig.render import BuildContext
-from gpurig.spec import ImageSpec
+from gpurig.image.dockercli import DockerClient
+from gpurig.image.render import BuildContext
+from gpurig.image.spec import ImageSpec
 
 
 class BuildObserver:
@@ -46,9 +46,9 @@ class BuildObserver:
 def base_labels(base: BaseImage) -> dict[str, str]:
     """What every image records about its base. Only what the base *is*, never how this run got it, so that
     an unchanged rebuild keeps its image id (the base found locally today was bootstrapped yesterday)."""
-    labels = {"io.gpurig.base.source": base.origin, "io.gpurig.base.id": base.image_id}
+    labels = {"io.gpurig.image.baseimage.source": base.origin, "io.gpurig.image.baseimage.id": base.image_id}
     if base.bootstrap:
-        labels["io.gpurig.base.bootstrap"] = base.bootstrap
+        labels["io.gpurig.image.baseimage.bootstrap"] = base.bootstrap
     return labels
 
 

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpurig.connection import Connection, OutputCollector, Result
+from gpurig.connect.connection import Connection, OutputCollector, Result
 from gpurig.errors import HostError
 
 

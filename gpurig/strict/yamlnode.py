@@ -1,6 +1,6 @@
 """A YAML value with its key path: typed accessors that refuse, never coerce, with one line naming file, key and rule.
 
-Values are checked by the ``*_problem`` functions of gpurig/validate.py (or
+Values are checked by the ``*_problem`` functions of gpurig/strict/validate.py (or
 any ``Check``: value -> rule broken, or None); error messages quote a value
 only as a short escaped excerpt, and name an unknown key only when it looks
 like a key (a spec path may be a link to some other file).
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from gpurig import validate
+from gpurig.strict import validate
 from gpurig.errors import GpurigError, did_you_mean
 
 Check = Callable[[str], "str | None"]

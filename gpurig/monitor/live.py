@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpurig.monitor.diagnose import Finding
-from gpurig.monitor.model import Sample
+from gpurig.monitor.samples import Sample
 from gpurig.monitor.session import Run
 
 

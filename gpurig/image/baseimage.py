@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from gpurig.connection import last_line
-from gpurig.docker import DockerClient, stop
+from gpurig.connect.connection import last_line
+from gpurig.image.dockercli import DockerClient, stop
 from gpurig.errors import DockerError
-from gpurig.quoting import dq
-from gpurig.spec import Bootstrap
+from gpurig.image.quoting import dq
+from gpurig.image.spec import Bootstrap
 
 BOOTSTRAP_LABEL = "io.gpurig.bootstrap"
 PULL_TIMEOUT_S = 180

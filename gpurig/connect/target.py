@@ -1,7 +1,7 @@
 """Where and as whom to connect: an ``SSHTarget`` from inventory host vars, ~/.ssh/config and ProxyJump.
 
 Inventory values are checked before anything reads them: the host address,
-user, port and every jump hop must be plain names (``gpurig.validate``).
+user, port and every jump hop must be plain names (``gpurig.strict.validate``).
 paramiko's ``SSHConfig.lookup`` runs ``Match exec`` lines of the user's
 ~/.ssh/config through a shell with ``%h`` expanded, so a host name such as
 ``x;touch /tmp/pwn`` must never reach it (CVE-2023-51385 is the same hole in
@@ -22,7 +22,7 @@ import paramiko
 
 from gpurig.errors import HostError
 from gpurig.inventory import Host
-from gpurig.validate import excerpt, hostname_problem, port_problem, user_problem
+from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem
 
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 # ssh options accepted and not needed: gpurig keeps one connection per host open and sends keepalives itself.

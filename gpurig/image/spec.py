@@ -6,9 +6,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpurig import compat, validate, yamlio
+from gpurig.image import compat
+from gpurig.strict import validate, yamlio
 from gpurig.errors import CompatError, SpecError, did_you_mean
-from gpurig.yamlnode import Check, Node
+from gpurig.strict.yamlnode import Check, Node
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class ImageSpec:
 
 
 # --- loading -------------------------------------------------------------------
-# Every value gets a type-specific check at load time (gpurig/validate.py): what
+# Every value gets a type-specific check at load time (gpurig/strict/validate.py): what
 # passes is what the templates may quote into a Dockerfile; the rest is refused
 # with one line naming the file, the key path and the rule.
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Iterator
 
-from gpurig.connection import last_line
+from gpurig.connect.connection import last_line
 from gpurig.errors import DockerError
 
 _VERSION = re.compile(r"version (\d+)\.(\d+)\.(\d+)")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import jinja2
 
-from gpurig import compat, quoting
+from gpurig.image import compat, quoting
 from gpurig.errors import CompatError, RenderError
-from gpurig.spec import ImageSpec, MatrixEntry, Variant
-from gpurig.validate import excerpt, strip_userinfo
+from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
+from gpurig.strict.validate import excerpt, strip_userinfo
 
 CONTEXT_META = "gpurig-context.json"
 # Which project an image belongs to: the spec's name, the same in every copy of the project and with or
@@ -64,7 +64,7 @@ def _environment(templates_dir: str) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
-        # values are sealed (gpurig.quoting): they reach the output only through | sh, | dq or | word
+        # values are sealed (gpurig.image.quoting): they reach the output only through | sh, | dq or | word
         finalize=quoting.finalize,
     )
     env.filters.update(quoting.FILTERS)

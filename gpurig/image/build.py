@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from gpurig.docker import DockerClient
+from gpurig.image.dockercli import DockerClient
 from gpurig.errors import DockerError
 from gpurig.files import atomic_write, to_json
-from gpurig.render import PROJECT_LABEL, BuildContext
+from gpurig.image.render import PROJECT_LABEL, BuildContext
 
 REPORT_SCHEMA = 1
 PROBE_LABEL = "io.gpurig.probe"

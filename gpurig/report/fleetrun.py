@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpurig.fleet import STATUSES, FleetEvents, FleetReport, HostResult
+from gpurig.connect.fleet import STATUSES, FleetEvents, FleetReport, HostResult
 
 STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "skipped": "cyan"}
 

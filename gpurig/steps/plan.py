@@ -15,10 +15,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpurig.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
+from gpurig.connect.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
-from gpurig.profile import HostProfile
+from gpurig.inventory.profile import HostProfile
 
 STEP_STATUSES = ("ok", "changed", "skipped", "failed")
 

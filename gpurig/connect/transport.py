@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Iterator
 
 import paramiko
 
-from gpurig.connection import AuthError, UnreachableError
-from gpurig.hostkeys import KnownHosts, fingerprint
-from gpurig.target import SSHTarget
+from gpurig.connect.connection import AuthError, UnreachableError
+from gpurig.connect.hostkeys import KnownHosts, fingerprint
+from gpurig.connect.target import SSHTarget
 
 if TYPE_CHECKING:
-    from gpurig.ssh import SSHSettings
+    from gpurig.connect.ssh import SSHSettings
 
 _KEY_CACHE: dict[tuple[str, float], paramiko.PKey] = {}
 _KEY_LOCK = threading.Lock()

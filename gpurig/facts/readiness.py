@@ -1,12 +1,12 @@
 """What a host lacks to run an image, read from its facts: the rules behind the facts table's verdict.
 
 Pure: facts and the image's CUDA in, a tuple of short reasons out (empty
-when the host is ready). The driver minimum comes from gpurig/compat.py.
+when the host is ready). The driver minimum comes from gpurig/image/compat.py.
 """
 
 from __future__ import annotations
 
-from gpurig import compat
+from gpurig.image import compat
 from gpurig.facts import Facts
 
 NVIDIA_RUNTIME = "nvidia"

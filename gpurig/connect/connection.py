@@ -1,7 +1,7 @@
 """The Connection interface: run / sudo / put / get on one host, the Result of a command, its errors, quoting.
 
 Everything above this module holds a ``Connection`` and never asks which kind
-it is (``gpurig.local`` or ``gpurig.ssh``; ``gpurig.ssh.Connector`` opens
+it is (``gpurig.connect.local`` or ``gpurig.connect.ssh``; ``gpurig.connect.ssh.Connector`` opens
 either from an inventory host).
 
 Commands are shell lines. Pass a list to have every element quoted with

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from gpurig.connection import HostKeyError, quote
+from gpurig.connect.connection import HostKeyError, quote
 from gpurig.errors import HostError
 from gpurig.files import atomic_write
 
 if TYPE_CHECKING:
-    from gpurig.target import SSHTarget
+    from gpurig.connect.target import SSHTarget
 
 log = logging.getLogger(__name__)
 

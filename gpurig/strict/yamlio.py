@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gpurig.errors import GpurigError
-from gpurig.validate import excerpt
+from gpurig.strict.validate import excerpt
 
 MAX_BYTES = 5 * 1024 * 1024
 # Aliases may repeat a subtree, but not blow the document up: the expanded

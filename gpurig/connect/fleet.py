@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from gpurig.config import DEFAULTS
-from gpurig.connection import Connection, ConnectError
+from gpurig.connect.connection import Connection, ConnectError
 from gpurig.files import write_report
 from gpurig.errors import GpurigError
 from gpurig.inventory import Host
-from gpurig.ssh import Connector
+from gpurig.connect.ssh import Connector
 
 log = logging.getLogger(__name__)
 

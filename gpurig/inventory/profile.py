@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory import Host
-from gpurig.validate import excerpt, image_ref_problem, user_problem
+from gpurig.strict.validate import excerpt, image_ref_problem, user_problem
 
 DRIVER_SOURCES = ("distro", "nvidia")  # the OS's own packages, or NVIDIA's CUDA repository
 DOCKER_SOURCES = ("distro", "docker")  # docker.io from the OS, or Docker's own repository

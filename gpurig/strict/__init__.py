@@ -1,0 +1,1 @@
+"""Reading users' YAML and the grammar of every value they give."""
