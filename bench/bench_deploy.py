@@ -39,10 +39,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
 
-from gpurig.deploy.delivery import deliver, local_engine  # noqa: E402
 from gpurig.connect.engine import open_engine  # noqa: E402
-from gpurig.inventory import load_inventory  # noqa: E402
 from gpurig.connect.ssh import Connector, SSHSettings  # noqa: E402
+from gpurig.deploy.delivery import deliver, local_engine  # noqa: E402
+from gpurig.inventory import load_inventory  # noqa: E402
 
 MB = 1e6
 
@@ -59,8 +59,9 @@ def load_root_conftest():
 class Bench:
     def __init__(self, work: Path, cuda: str) -> None:
         from deploy.cpuimages import CpuImages, images_kit, make_project
-        from gpurig.image.dockercli import find_client
         from systemd_kit import SystemdHosts, SystemdImages, authorized_keys
+
+        from gpurig.image.dockercli import find_client
 
         root = load_root_conftest()
         session = "bench" + uuid.uuid4().hex[:7]

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_facts import ansible_ssh_env, bench_args, bench_hosts, run_interleaved, write_inventories  # noqa: E402
+
 from gpurig.facts import PROBES  # noqa: E402
 
 CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES

@@ -10,9 +10,10 @@ validated ``Settings``; a bad value is one line naming where it came from.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from invoke import Config
@@ -26,8 +27,10 @@ try:  # Invoke reads config files with its own copy of PyYAML
 except ImportError:
     _YAML_ERRORS = (yaml.YAMLError,)
 
-from gpurig.connect.hostkeys import HOST_KEY_POLICIES
 from gpurig.errors import ConfigError, did_you_mean
+
+# How unknown SSH host keys are met; the settings name them, connect/hostkeys.py enforces them.
+HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 
 # What marks a directory as a gpurig project, looked for from the working directory upwards.
 PROJECT_MARKERS = ("gpurig.yaml", "images", "tasks.py")

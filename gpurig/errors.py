@@ -60,3 +60,11 @@ def did_you_mean(word: str, choices) -> str:
 
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+def last_line(*texts: str | None, default: str = "") -> str:
+    """The last non-empty line (stripped) of the first text that has one: ``last_line(stderr, stdout)``."""
+    for text in texts:
+        for line in reversed((text or "").splitlines()):
+            if line.strip():
+                return line.strip()
+    return default

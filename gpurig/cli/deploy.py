@@ -19,12 +19,12 @@ from rich.markup import escape
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
-from gpurig.deploy import containers as container_specs
-from gpurig.deploy.apply import NAME_LABEL, IMAGE_LABEL, DeployJob, Target, deploy_host
-from gpurig.image.build import human_size
 from gpurig.connect.engine import Engine, EngineError, engine_error, open_engine
-from gpurig.errors import ConfigError
 from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.deploy import containers as container_specs
+from gpurig.deploy.apply import IMAGE_LABEL, NAME_LABEL, DeployJob, Target, deploy_host
+from gpurig.errors import ConfigError
+from gpurig.image.build import human_size
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column

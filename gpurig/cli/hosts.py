@@ -10,14 +10,14 @@ from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import positive_number
 from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import GpurigError
 from gpurig.facts import Facts, gather
-from gpurig.files import write_report
-from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.facts.readiness import lacks
+from gpurig.files import write_report
+from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column, rows_document
-from gpurig.image.spec import MatrixEntry
 
 __all__ = ["hosts", "facts", "exec_"]
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig.image import compat
 from gpurig.cli.base import project_root, refuse_dry, task
+from gpurig.config import choice
 from gpurig.errors import LintError, SpecError
+from gpurig.image import compat
 from gpurig.image.build import shorten
-from gpurig.image.lint import failing, lint as run_hadolint
+from gpurig.image.lint import failing
+from gpurig.image.lint import lint as run_hadolint
 from gpurig.image.pipeline import BuildObserver
 from gpurig.image.render import BuildContext, check_renderable, render_matrix
-from gpurig.config import choice
+from gpurig.image.spec import ImageSpec, find_specs, load_spec
 from gpurig.report import console
 from gpurig.report.tables import FORMATS, Column, show
-from gpurig.image.spec import ImageSpec, find_specs, load_spec
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
@@ -190,7 +191,7 @@ class BuildProgress(BuildObserver):
         )
         self.task = None
 
-    def __enter__(self) -> "BuildProgress":
+    def __enter__(self) -> BuildProgress:
         self.progress.__enter__()
         return self
 

@@ -8,8 +8,8 @@ import sys
 from gpurig.cli.base import task
 from gpurig.config import settings
 from gpurig.errors import InventoryError
-from gpurig.inventory import load_inventory
 from gpurig.inventory import listing as inventory_view
+from gpurig.inventory import load_inventory
 
 __all__ = ["inventory"]
 

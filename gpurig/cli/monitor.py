@@ -11,14 +11,14 @@ from rich.live import Live
 
 from gpurig.cli.options import HostOptions, fleet_document, host_task, make_connector, select_hosts
 from gpurig.connect.fleet import FleetReport
+from gpurig.files import write_report
 from gpurig.monitor import MonitorError
 from gpurig.monitor.agent import monitor_fleet
 from gpurig.monitor.csvfile import CsvWriter, write_csv
 from gpurig.monitor.diagnose import diagnose
+from gpurig.monitor.live import findings_view, live_table, summary_table
 from gpurig.monitor.record import Recorder, load_run
 from gpurig.monitor.session import Run
-from gpurig.monitor.live import findings_view, live_table, summary_table
-from gpurig.files import write_report
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import print_recap
 

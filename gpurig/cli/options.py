@@ -21,18 +21,19 @@ from __future__ import annotations
 import functools
 import getpass
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, task
 from gpurig.config import Settings, choice, settings
 from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
 from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.errors import InventoryError
 from gpurig.files import write_report
-from gpurig.connect.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
 from gpurig.inventory import Host, load_inventory
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import FleetProgress, print_recap

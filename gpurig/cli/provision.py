@@ -8,20 +8,20 @@ the diffs when asked, and the recap.
 
 from __future__ import annotations
 
-from rich.markup import escape
-
 from pathlib import Path
+
+from rich.markup import escape
 
 from gpurig.cli.base import project_root
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
-from gpurig.errors import ConfigError, GpurigError
 from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.errors import ConfigError, GpurigError
+from gpurig.image.spec import find_specs, load_spec
 from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.image.spec import find_specs, load_spec
 from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
 
 __all__ = ["provision"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import choice
 from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
-from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
 from gpurig.verify.junit import junit_xml

@@ -15,11 +15,11 @@ import codecs
 import getpass
 import secrets
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
-from gpurig.errors import HostError
+from gpurig.errors import HostError, last_line
 
 SUDO_PASSWORD_ENV = "GPURIG_SUDO_PASSWORD"
 
@@ -109,13 +109,6 @@ def to_shell(command: Command) -> str:
     return shlex.join(str(part) for part in command)
 
 
-def last_line(*texts: str | None, default: str = "") -> str:
-    """The last non-empty line (stripped) of the first text that has one: ``last_line(stderr, stdout)``."""
-    for text in texts:
-        for line in reversed((text or "").splitlines()):
-            if line.strip():
-                return line.strip()
-    return default
 
 
 def short_command(command: str, width: int = 80) -> str:
@@ -221,6 +214,18 @@ class Connection:
                 f"set ${SUDO_PASSWORD_ENV} or use --ask-sudo-password (or allow NOPASSWD in sudoers)",
             )
         return self._checked(result, warn)
+
+    @property
+    def needs_sudo(self) -> bool:
+        """The one sudo rule: the inventory asks for become (``ansible_become``) and the login user is not root."""
+        return self.become and self._user_name() != "root"
+
+    def admin(self, command: Command, *, warn: bool = False, timeout: float | None = None,
+              on_output: OutputHandler | None = None) -> Result:
+        """Run with the rights the inventory grants: through sudo when ``needs_sudo``, else as the login user."""
+        if self.needs_sudo:
+            return self.sudo(command, warn=warn, timeout=timeout, on_output=on_output)
+        return self.run(command, warn=warn, timeout=timeout, on_output=on_output)
 
     def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
         """Copy a local file to the host, atomically (temp name, then rename)."""

@@ -26,8 +26,8 @@ import urllib3.connection
 from docker.transport.basehttpadapter import BaseHTTPAdapter
 from docker.transport.sshconn import SSHConnectionPool
 
-from gpurig.connect.connection import Connection, last_line
-from gpurig.errors import HostError
+from gpurig.connect.connection import Connection
+from gpurig.errors import HostError, last_line
 
 API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
 DIAL = ["docker", "system", "dial-stdio"]
@@ -302,28 +302,21 @@ def open_engine(conn: Connection, timeout: float = 120) -> Engine:
     return engine
 
 
-def needs_sudo(conn: Connection) -> bool:
-    """Whether the Docker socket (and other root-only things) need sudo: become asked and the login is not root."""
-    return conn.become and conn.user not in (None, "root")
-
-
 def dial_command(conn: Connection) -> str:
     """``docker system dial-stdio``, through ``sudo -n`` when ``needs_sudo``."""
-    if needs_sudo(conn):
+    if conn.needs_sudo:
         return shlex.join(["sudo", "-n", "--", *DIAL])
     return shlex.join(DIAL)
 
 
 def diagnose(conn: Connection, err: BaseException) -> EngineError:
     """Why the engine did not answer, asked of the host with a plain command (one line, with the fix)."""
-    from gpurig.steps.plan import Admin
-
     try:
-        result = Admin(conn, needs_sudo(conn)).run("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
+        result = conn.admin("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
     except HostError as host_err:
         return EngineError(str(host_err.problem), host_err.fix)
     text = (result.stderr + result.stdout).strip()
-    if result.exited == 0 and needs_sudo(conn):
+    if result.exited == 0 and conn.needs_sudo:
         # docker answers through sudo with the password gpurig was given, but the API stream's sudo -n cannot ask for one
         return EngineError(
             f"{conn.name}: the Docker engine answers only through sudo with a password, which its API stream cannot give",

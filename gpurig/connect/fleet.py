@@ -13,18 +13,19 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpurig.config import DEFAULTS
-from gpurig.connect.connection import Connection, ConnectError
-from gpurig.files import write_report
-from gpurig.errors import GpurigError
-from gpurig.inventory import Host
+from gpurig.connect.connection import ConnectError, Connection
 from gpurig.connect.ssh import Connector
+from gpurig.errors import GpurigError
+from gpurig.files import write_report
+from gpurig.inventory import Host
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
+from gpurig.config import HOST_KEY_POLICIES
 from gpurig.connect.connection import HostKeyError, quote
 from gpurig.errors import HostError
 from gpurig.files import atomic_write
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 
 
 def check_policy(policy: str) -> None:

@@ -17,9 +17,9 @@ import selectors
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import paramiko
 
@@ -32,12 +32,12 @@ from gpurig.connect.connection import (
     UnreachableError,
     short_command,
 )
-from gpurig.errors import HostError
 from gpurig.connect.hostkeys import KnownHosts, check_policy
-from gpurig.inventory import Host
 from gpurig.connect.local import LocalConnection
-from gpurig.connect.transport import open_transport
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
+from gpurig.connect.transport import open_transport
+from gpurig.errors import HostError
+from gpurig.inventory import Host
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,9 @@ class SSHConnection(Connection):
             self._target = self._resolve()
             self.user = self._target.user
         return self._target
+
+    def _user_name(self) -> str:
+        return self.target.user or super()._user_name()
 
     def connect(self) -> None:
         with self._lock:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import paramiko
 

@@ -17,17 +17,18 @@ import io
 import json
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import docker.errors
 import requests
 
 from gpurig.connect.connection import Connection
+from gpurig.connect.engine import ContainerInfo, Engine, EngineError, ImageInfo, engine_error, open_engine
 from gpurig.deploy import access
 from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime
-from gpurig.connect.engine import ContainerInfo, Engine, EngineError, ImageInfo, engine_error, open_engine
 from gpurig.errors import GpurigError
 from gpurig.facts import gather
 

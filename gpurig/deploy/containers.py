@@ -20,18 +20,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from gpurig.strict import validate
 from gpurig.deploy import fields
 from gpurig.deploy.fields import Gpus, Port, Ulimit, Volume
 from gpurig.deploy.sharing import assign_gpus, check_together
 from gpurig.errors import CompatError, InventoryError, SpecError, did_you_mean
+from gpurig.image.spec import ImageSpec, MatrixEntry
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
-from gpurig.image.spec import ImageSpec, MatrixEntry
+from gpurig.strict import validate
 from gpurig.strict.yamlnode import Node
 
 KEYS = ("name", "user", "variant", "torch", "cuda", "image", "gpus", "share", "ports", "volumes", "datasets", "env",

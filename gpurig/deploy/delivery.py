@@ -29,20 +29,21 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import docker.errors
 import paramiko
 import requests
 import urllib3.exceptions
 
-from gpurig.connect.connection import Connection, last_line
+from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, open_engine
-from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress
+from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
+from gpurig.errors import last_line
 
 METHODS = ("present", "pull", "forward", "save-load")
 DISK_FULL_FIX = "free space on the host (`docker image prune`, or remove images it no longer runs) and deploy again"

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpurig.strict import validate, yamlio
 from gpurig.errors import did_you_mean
+from gpurig.strict import validate, yamlio
 from gpurig.strict.yamlnode import Node
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
-from gpurig.connect.engine import needs_sudo
-from gpurig.steps.plan import Admin
 
 CAP_SYS_RESOURCE = 24
 _MARK = "@@gpurig-deploy"
@@ -36,7 +34,7 @@ class HostState:
 
 def read_host(conn: Connection, sources: list[str]) -> HostState:
     line = "sh -c " + quote(SCRIPT) + " sh " + " ".join(quote(s) for s in sources)
-    return parse_host_state(Admin(conn, needs_sudo(conn)).run(line, warn=True, timeout=60).stdout, sources)
+    return parse_host_state(conn.admin(line, warn=True, timeout=60).stdout, sources)
 
 
 def parse_host_state(output: str, sources: list[str]) -> HostState:
@@ -82,4 +80,4 @@ def make_workspaces(conn: Connection, target) -> None:
         return
     uid = int(target.uid)
     script = "; ".join(f"[ -d {quote(p)} ] || {{ mkdir -p -- {quote(p)} && chown {uid}:{uid} -- {quote(p)}; }}" for p in made)
-    Admin(conn, needs_sudo(conn)).run(script, timeout=60)
+    conn.admin(script, timeout=60)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpurig.image import compat
 from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.facts import Facts
+from gpurig.image import compat
 
 MIN_DRIVER_LABEL = "io.gpurig.min-driver"
 CUDA_LABEL = "io.gpurig.cuda"

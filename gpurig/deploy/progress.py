@@ -11,9 +11,9 @@ forward's meter), ``moved`` gives them and wins over the events' own counts.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from gpurig.connect.connection import last_line
+from gpurig.errors import last_line
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all; 0 while not known)
 

@@ -7,7 +7,8 @@ an index and its UUID are known to be the same GPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from gpurig.errors import InventoryError
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpurig.connect.connection import Connection, last_line
-from gpurig.errors import HostError
+from gpurig.connect.connection import Connection
+from gpurig.errors import HostError, last_line
 from gpurig.facts.parsers import (  # the parsers and their data classes are this package's API
     DaemonConfig,
     Disk,

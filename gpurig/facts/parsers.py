@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpurig.connect.connection import last_line
+from gpurig.errors import last_line
 from gpurig.facts.probes import Section
 
 

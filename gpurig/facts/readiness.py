@@ -6,8 +6,8 @@ when the host is ready). The driver minimum comes from gpurig/image/compat.py.
 
 from __future__ import annotations
 
-from gpurig.image import compat
 from gpurig.facts import Facts
+from gpurig.image import compat
 
 NVIDIA_RUNTIME = "nvidia"
 

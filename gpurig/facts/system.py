@@ -8,8 +8,8 @@ absent (no dpkg, no systemd) gives empty values, never an exception.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 # Packages whose dpkg state steps read; 'nvidia-driver-[0-9]*' catches Ubuntu's per-branch names.
 PACKAGES = ("docker.io", "docker-ce", "nvidia-container-toolkit", "nvidia-driver", "nvidia-driver-[0-9]*",

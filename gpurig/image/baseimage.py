@@ -15,13 +15,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from gpurig.connect.connection import last_line
+from gpurig.errors import DockerError, last_line
 from gpurig.image.dockercli import DockerClient, stop
-from gpurig.errors import DockerError
 from gpurig.image.quoting import dq
 from gpurig.image.spec import Bootstrap
 

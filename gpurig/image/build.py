@@ -11,13 +11,13 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
-from gpurig.image.dockercli import DockerClient
 from gpurig.errors import DockerError
 from gpurig.files import atomic_write, to_json
+from gpurig.image.dockercli import DockerClient
 from gpurig.image.render import PROJECT_LABEL, BuildContext
 
 REPORT_SCHEMA = 1

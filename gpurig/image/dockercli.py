@@ -15,12 +15,12 @@ import re
 import signal
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO
 
-from gpurig.connect.connection import last_line
-from gpurig.errors import DockerError
+from gpurig.errors import DockerError, last_line
 
 _VERSION = re.compile(r"version (\d+)\.(\d+)\.(\d+)")
 _PUSHED = re.compile(r"digest: (sha256:[0-9a-f]{64})")

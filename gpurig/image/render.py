@@ -13,8 +13,8 @@ from pathlib import Path
 
 import jinja2
 
-from gpurig.image import compat, quoting
 from gpurig.errors import CompatError, RenderError
+from gpurig.image import compat, quoting
 from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
 from gpurig.strict.validate import excerpt, strip_userinfo
 

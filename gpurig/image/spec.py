@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpurig.errors import CompatError, SpecError, did_you_mean
 from gpurig.image import compat
 from gpurig.strict import validate, yamlio
-from gpurig.errors import CompatError, SpecError, did_you_mean
 from gpurig.strict.yamlnode import Check, Node
 
 

@@ -19,8 +19,8 @@ act on, ranges past ``hostrange.MAX_NAMES_PER_PATTERN`` names and inventories pa
 ``MAX_HOSTS``. Every file is read through :mod:`gpurig.strict.yamlio`.
 """
 
+from gpurig.inventory.hostgroups import Group, Host, Inventory
 from gpurig.inventory.hostrange import expand_host_pattern
 from gpurig.inventory.loader import MAX_HOSTS, load_inventory
-from gpurig.inventory.hostgroups import Group, Host, Inventory
 
 __all__ = ["Group", "Host", "Inventory", "MAX_HOSTS", "expand_host_pattern", "load_inventory"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import string
 
-from gpurig.strict import validate
 from gpurig.errors import InventoryError
+from gpurig.strict import validate
 
 MAX_NAMES_PER_PATTERN = 10_000
 _NAME_RANGE = re.compile(r"\[([0-9a-zA-Z]*):([0-9a-zA-Z]*)(?::([0-9]+))?\]")

@@ -6,10 +6,11 @@ so its error names that file and key; any var not in ``CHECKS`` is free.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from gpurig.strict import validate
 from gpurig.errors import did_you_mean
+from gpurig.strict import validate
 
 CONNECTIONS = ("ssh", "paramiko", "smart", "local")
 _TRUE = ("yes", "on", "1", "true", "y", "t")

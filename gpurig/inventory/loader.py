@@ -6,16 +6,17 @@ from __future__ import annotations
 import os
 import re
 from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
-from gpurig.strict import validate
 from gpurig.errors import InventoryError, did_you_mean
+from gpurig.inventory.hostgroups import Group, Host, Inventory
 from gpurig.inventory.hostrange import expand_host_pattern
 from gpurig.inventory.hostvars import CHECKS, as_boolean, as_port, connection_settings
-from gpurig.inventory.hostgroups import Group, Host, Inventory
+from gpurig.strict import validate
 from gpurig.strict.yamlio import load_yaml
 
 MAX_HOSTS = 100_000

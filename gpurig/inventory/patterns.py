@@ -16,7 +16,8 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.strict.validate import excerpt

@@ -11,9 +11,10 @@ would be valid: never a silently ignored setting.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory import Host

@@ -15,11 +15,11 @@ import zlib
 from pathlib import Path
 
 from gpurig.connect.connection import Connection
-from gpurig.errors import HostError
 from gpurig.connect.fleet import FleetReport, run_fleet
+from gpurig.connect.ssh import Connector
+from gpurig.errors import HostError
 from gpurig.inventory import Host
 from gpurig.monitor.session import Run
-from gpurig.connect.ssh import Connector
 
 AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
 CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends

@@ -15,8 +15,9 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gpurig.monitor import MonitorError
 from gpurig.monitor.samples import GpuSample, Sample

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpurig.files import write_report
 from gpurig.monitor import MonitorError

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gpurig.monitor.samples import Sample, sample_from_record
 

@@ -7,8 +7,9 @@ names are said under the table; ``--format tsv`` or ``json`` show them all).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console

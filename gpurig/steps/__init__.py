@@ -14,7 +14,7 @@ from gpurig.steps.daemon import DaemonStep
 from gpurig.steps.docker import DockerStep
 from gpurig.steps.driver import DriverStep
 from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
-from gpurig.steps.plan import STEP_STATUSES, Admin, Change, Plan, Step, StepResult
+from gpurig.steps.plan import STEP_STATUSES, Change, Plan, Step, StepResult
 from gpurig.steps.reboot import RebootStep
 from gpurig.steps.toolkit import ToolkitStep
 
@@ -24,6 +24,6 @@ STEPS: dict[str, type[Step]] = {
 }
 
 __all__ = [
-    "STEPS", "STEP_STATUSES", "Admin", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
+    "STEPS", "STEP_STATUSES", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
     "PersistenceStep", "Plan", "RebootStep", "Step", "StepResult", "ToolkitStep", "converge", "converge_rebooting",
 ]

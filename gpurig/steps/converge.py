@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from gpurig.connect.connection import Connection
 from gpurig.errors import GpurigError
-from gpurig.facts import Facts, gather as gather_facts
+from gpurig.facts import Facts
+from gpurig.facts import gather as gather_facts
 from gpurig.inventory.profile import HostProfile
-from gpurig.steps.plan import Admin, Plan, Step, StepResult
+from gpurig.steps.plan import Plan, Step, StepResult
 
 ResultHandler = Callable[[StepResult], None]
 
@@ -37,7 +38,6 @@ def converge(
     ``diff`` keeps each file change's unified diff in the results (otherwise
     dropped, so a report never carries file content unasked).
     """
-    admin = Admin(conn, wanted.become)
     facts = gather(conn)
     unknown = _incomplete(facts, "")
     results: list[StepResult] = []
@@ -49,7 +49,7 @@ def converge(
         elif unknown:
             result = StepResult(step.name, "failed", unknown)
         else:
-            result, changed = _run_step(step, facts, wanted, admin, check)
+            result, changed = _run_step(step, facts, wanted, conn, check)
             if changed:
                 try:
                     facts = gather(conn)
@@ -89,7 +89,7 @@ def converge_rebooting(
     return again + rebooted
 
 
-def _run_step(step: Step, facts: Facts, wanted: HostProfile, admin: Admin, check: bool) -> tuple[StepResult, bool]:
+def _run_step(step: Step, facts: Facts, wanted: HostProfile, conn: Connection, check: bool) -> tuple[StepResult, bool]:
     """(result, whether the host changed)."""
     try:
         plan = step.plan(facts, wanted)
@@ -100,7 +100,7 @@ def _run_step(step: Step, facts: Facts, wanted: HostProfile, admin: Admin, check
     if check:
         return StepResult(step.name, "changed", f"would change (check mode): {plan.reason}", plan.changes), False
     try:
-        step.apply(admin, plan)
+        step.apply(conn, plan)
     except GpurigError as err:
         # No later step runs on this host, so there is nothing to gather facts again for.
         return StepResult(step.name, "failed", str(err), plan.changes), False

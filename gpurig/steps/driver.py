@@ -13,10 +13,10 @@ from the facts' ``apt-cache policy`` and again on the host after
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from gpurig.image.compat import CUDA_RELEASES, min_driver
 from gpurig.facts import Facts
+from gpurig.image.compat import CUDA_RELEASES, min_driver
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import candidate_guard, download_command, dpkg_arch, install_command, upstream
 from gpurig.steps.gpus import NO_GPU

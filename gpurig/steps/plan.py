@@ -5,7 +5,7 @@ returns a ``Plan``: the ``Change``s it would make (a line a human reads, the
 shell commands that make it, a unified diff for files), or why nothing is
 needed (``ok``), or why the step does not apply (``skipped``), or why it
 cannot proceed (``failed``). ``apply`` runs a plan's commands, each written
-to be idempotent, as the host's administrator (``Admin``). Planning never
+to be idempotent, as the host's administrator (``Connection.admin``). Planning never
 touches the host, so every plan is tested from recorded facts alone.
 """
 
@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpurig.connect.connection import Command, CommandError, CommandTimeout, Connection, ConnectionLost, Result
+from gpurig.connect.connection import CommandError, CommandTimeout, Connection, ConnectionLost
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
@@ -94,19 +94,6 @@ class StepResult:
         }
 
 
-class Admin:
-    """Runs commands with the rights steps need: through sudo when the inventory sets ``ansible_become``, else as the login user."""
-
-    def __init__(self, conn: Connection, become: bool) -> None:
-        self.conn = conn
-        self.become = become
-
-    def run(self, command: Command, *, warn: bool = False, timeout: float | None = None) -> Result:
-        if self.become:
-            return self.conn.sudo(command, warn=warn, timeout=timeout)
-        return self.conn.run(command, warn=warn, timeout=timeout)
-
-
 class Step:
     """A concern on a host (docker, daemon, driver...). Subclasses set ``name`` and write ``plan``.
 
@@ -122,38 +109,38 @@ class Step:
     def plan(self, facts: Facts, wanted: HostProfile) -> Plan:
         raise NotImplementedError
 
-    def apply(self, admin: Admin, plan: Plan) -> None:
+    def apply(self, conn: Connection, plan: Plan) -> None:
         for change in plan.changes:
             folders = sorted({remote.rsplit("/", 1)[0] for _, remote in change.uploads})
             try:
-                self._upload(admin, change, folders)
-                self._run_commands(admin, change)
+                self._upload(conn, change, folders)
+                self._run_commands(conn, change)
             finally:
                 for folder in folders:  # on failure too: nothing of ours stays in /tmp
                     try:
-                        admin.conn.run(["rm", "-rf", "--", folder], warn=True)
+                        conn.run(["rm", "-rf", "--", folder], warn=True)
                     except GpurigError:
                         pass
 
     @staticmethod
-    def _upload(admin: Admin, change: Change, folders: list[str]) -> None:
+    def _upload(conn: Connection, change: Change, folders: list[str]) -> None:
         for folder in folders:
             # A fresh 0700 folder of the login user's, never one found there: in a shared /tmp another user could
             # have made it first and swap a .deb that root then installs. mkdir without -p fails on anything there.
-            admin.conn.run(f"rm -rf -- {shlex.quote(folder)} 2>/dev/null; mkdir -m 0700 -- {shlex.quote(folder)}")
+            conn.run(f"rm -rf -- {shlex.quote(folder)} 2>/dev/null; mkdir -m 0700 -- {shlex.quote(folder)}")
         for local, remote in change.uploads:
-            admin.conn.put(local, remote)
+            conn.put(local, remote)
 
-    def _run_commands(self, admin: Admin, change: Change) -> None:
+    def _run_commands(self, conn: Connection, change: Change) -> None:
         for command in change.commands:
             try:
-                admin.run(command, timeout=self.timeout_s)
+                conn.admin(command, timeout=self.timeout_s)
             except CommandError as err:
                 # The command line itself (a script, file content) means nothing to a reader: its last words do.
                 said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
                 why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
                 fix = change.fix or err.fix
-                if "permission denied" in why.lower() and not admin.become:
+                if "permission denied" in why.lower() and not conn.become:
                     fix = "set ansible_become: true for this host (the login user is not root)"
                 raise HostError(f"could not {change.summary}: {why}", fix) from None
             except CommandTimeout:

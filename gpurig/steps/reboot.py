@@ -12,13 +12,13 @@ from __future__ import annotations
 import shlex
 import time
 
-from gpurig.connect.connection import CommandError
+from gpurig.connect.connection import CommandError, Connection
+from gpurig.connect.local import LocalConnection
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
-from gpurig.connect.local import LocalConnection
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.driver import installed_driver, mismatch
-from gpurig.steps.plan import Admin, Change, Plan, Step
+from gpurig.steps.plan import Change, Plan, Step
 
 # Detached, so the command returns before sshd goes down with the host.
 REBOOT = "nohup sh -c 'sleep 2; systemctl reboot || reboot' >/dev/null 2>&1 &"
@@ -67,16 +67,16 @@ class RebootStep(Step):
         return Plan.change(f"reboot needed: {why}",
                            Change(f"reboot and wait for the host to come back (at most {self.wait_s:.0f} s)", (REBOOT, came_back)))
 
-    def apply(self, admin: Admin, plan: Plan) -> None:
+    def apply(self, conn: Connection, plan: Plan) -> None:
         reboot, came_back = plan.changes[0].commands
-        if isinstance(admin.conn, LocalConnection):
+        if isinstance(conn, LocalConnection):
             raise HostError("this is the machine gpurig runs on (ansible_connection: local); gpurig never reboots it",
                             "reboot it by hand")
-        admin.run(reboot)
+        conn.admin(reboot)
         end = time.monotonic() + self.wait_s
-        while time.monotonic() < end and not getattr(admin.conn, "closed", False):  # closed: Ctrl-C, stop waiting
+        while time.monotonic() < end and not getattr(conn, "closed", False):  # closed: Ctrl-C, stop waiting
             try:
-                admin.conn.run(came_back, timeout=15)
+                conn.run(came_back, timeout=15)
                 return
             except CommandError:
                 pass  # still the old boot: the reboot has not happened yet

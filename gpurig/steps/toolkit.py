@@ -20,8 +20,8 @@ from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, install_command
 from gpurig.steps.daemon import DAEMON_JSON, RESTART_DOCKER, merge, render
-from gpurig.steps.hostfiles import unified_diff, write_file_command
 from gpurig.steps.gpus import NO_GPU
+from gpurig.steps.hostfiles import unified_diff, write_file_command
 from gpurig.steps.plan import Change, Plan, Step
 
 PACKAGE = "nvidia-container-toolkit"

@@ -9,11 +9,12 @@ like a key (a spec path may be a link to some other file).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from gpurig.strict import validate
 from gpurig.errors import GpurigError, did_you_mean
+from gpurig.strict import validate
 
 Check = Callable[[str], "str | None"]
 # No legitimate value (URL, requirement, path) is longer; a longer one only costs memory and log space.

@@ -6,7 +6,7 @@ verdicts for CI. The probes themselves are standalone scripts (checks/
 verify_host.py, checks/verify_torch.py) that import nothing of gpurig.
 """
 
-from gpurig.verify.records import Record, HostVerdict, STATUS_ORDER, worst_status
+from gpurig.verify.records import STATUS_ORDER, HostVerdict, Record, worst_status
 from gpurig.verify.runner import VerifyPlan, verify_host
 
 __all__ = ["Record", "HostVerdict", "STATUS_ORDER", "worst_status", "VerifyPlan", "verify_host"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Iterable
+from collections.abc import Iterable
 
 from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.verify.records import HostVerdict, Record

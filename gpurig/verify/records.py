@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 STATUSES = ("pass", "warn", "fail", "skip")
 STATUS_ORDER = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}

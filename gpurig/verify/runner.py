@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpurig.connect.connection import CommandTimeout, Connection, Result, last_line
+from gpurig.connect.connection import CommandTimeout, Connection, Result
+from gpurig.errors import last_line
 from gpurig.verify.records import HostVerdict, Record
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
@@ -90,11 +91,6 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
     return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
 
 
-def _sh(conn: Connection, command: str | list[str], timeout: float) -> Result:
-    """Docker and the kernel log need root where the inventory says become."""
-    return conn.sudo(command, warn=True, timeout=timeout) if conn.become else conn.run(command, warn=True, timeout=timeout)
-
-
 def parse_document(result: Result, probe: str) -> list[Record] | None:
     """The records of a probe's JSON document on stdout (the whole output, else its last JSON line), or None."""
     doc = None
@@ -123,7 +119,7 @@ def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, ex
     if expect_model:
         args += ["--expect-model", expect_model]
     try:
-        result = _sh(conn, embedded(plan.host_probe, "verify_host.py", args), 120)
+        result = conn.admin(embedded(plan.host_probe, "verify_host.py", args), warn=True, timeout=120)
     except CommandTimeout:
         return [Record("host", "host.probe", "fail", detail="the host probe did not finish within 120 s (a hung nvidia-smi or NVML?)",
                        fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")]
@@ -150,7 +146,7 @@ def docker_facts(conn: Connection, plan: VerifyPlan) -> dict[str, Any]:
         f"{inspect} 2>&1", f"echo {_SPLIT}",
         "cat /proc/driver/nvidia/version 2>/dev/null",
     ])
-    out = _sh(conn, ["sh", "-c", script], 60).stdout
+    out = conn.admin(["sh", "-c", script], warn=True, timeout=60).stdout
     parts = (out.split(_SPLIT + "\n") + [""] * 5)[:5]
     return parse_docker_facts(*parts)
 
@@ -235,10 +231,10 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any],
                        fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
     name = f"gpurig-verify-{secrets.token_hex(4)}"
     try:
-        result = _sh(conn, container_command(plan, facts, name), plan.timeout_s)
+        result = conn.admin(container_command(plan, facts, name), warn=True, timeout=plan.timeout_s)
     except CommandTimeout:
         if plan.image:  # the throwaway container outlives its killed client: remove it by its name
-            _sh(conn, ["docker", "rm", "-f", name], 60)
+            conn.admin(["docker", "rm", "-f", name], warn=True, timeout=60)
         return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
                        fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
     records = parse_document(result, "container")

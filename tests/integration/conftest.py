@@ -93,8 +93,8 @@ def container_kit():
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from gpurig.image.dockercli import find_client
     from gpurig.errors import DockerError
+    from gpurig.image.dockercli import find_client
 
     if os.geteuid() != 0:
         pytest.skip("container hosts need root (docker, debootstrap)")

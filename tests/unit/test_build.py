@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.errors import DockerError
 from gpurig.image import build as b
 from gpurig.image.dockercli import DockerClient
-from gpurig.errors import DockerError
 from gpurig.image.render import render
 from gpurig.image.spec import load_spec
 

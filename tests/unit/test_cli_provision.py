@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_cli import assert_one_line_error, gpurig
 
 

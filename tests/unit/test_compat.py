@@ -2,8 +2,8 @@
 
 import pytest
 
-from gpurig.image import compat
 from gpurig.errors import CompatError
+from gpurig.image import compat
 
 # gpu-facts.md table 1, as published: (torch, stable, experimental)
 PUBLISHED_TORCH = [

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from gpurig.connect.connection import CommandError, CommandTimeout, last_line, to_shell
-from gpurig.errors import HostError
-from gpurig.inventory import Host
+from gpurig.connect.connection import CommandError, CommandTimeout, to_shell
 from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.errors import HostError, last_line
+from gpurig.inventory import Host
 
 
 def local_host() -> Host:

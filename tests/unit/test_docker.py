@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gpurig.image import dockercli as d
 from gpurig.errors import DockerError
+from gpurig.image import dockercli as d
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,14 @@ class Conn:
         self.become, self.user = become, user
         self._result = Result("gpu-01", "docker version", exited, out, err, 0.1)
 
+    @property
+    def needs_sudo(self):
+        return self.become and self.user != "root"
+
     def sudo(self, command, **kw):
         return self._result
 
-    run = sudo
+    run = admin = sudo
 
 
 @pytest.mark.parametrize("conn, problem, fix", [

@@ -8,8 +8,8 @@ import threading
 
 from rich.console import Console
 
-from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.connect.fleet import Outcome, run_fleet
+from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.inventory import Host
 from gpurig.report.fleetrun import FleetProgress, print_recap
 

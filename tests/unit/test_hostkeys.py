@@ -11,10 +11,10 @@ import paramiko
 import pytest
 
 from gpurig.connect.connection import HostKeyError
-from gpurig.errors import HostError
 from gpurig.connect.hostkeys import KnownHosts, fingerprint
 from gpurig.connect.ssh import SSHSettings
 from gpurig.connect.target import SSHTarget
+from gpurig.errors import HostError
 
 
 def _pub_key(tmp_path: Path, name: str) -> paramiko.PKey:

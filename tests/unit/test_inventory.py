@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.inventory import loader as inventory_loader
 from gpurig.errors import InventoryError
 from gpurig.inventory import expand_host_pattern, load_inventory
+from gpurig.inventory import loader as inventory_loader
 
 REPO_INVENTORY = Path(__file__).resolve().parents[2] / "inventory" / "hosts.yaml"
 

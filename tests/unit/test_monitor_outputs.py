@@ -19,11 +19,11 @@ from gpurig.monitor import MonitorError
 from gpurig.monitor.csvfile import HEADER, CsvWriter
 from gpurig.monitor.diagnose import diagnose
 from gpurig.monitor.exporter import RunCollector, parse_listen
-from gpurig.monitor.samples import GpuSample, Sample
+from gpurig.monitor.live import findings_view, live_table
 from gpurig.monitor.plot import PANELS, plot
 from gpurig.monitor.record import Recorder, load_run
+from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
-from gpurig.monitor.live import findings_view, live_table
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "tests" / "fixtures" / "monitor" / "runs"

@@ -13,7 +13,7 @@ from gpurig.errors import ConfigError, HostError, InventoryError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
-from gpurig.steps import Admin, RebootStep, ToolkitStep
+from gpurig.steps import RebootStep, ToolkitStep
 from gpurig.steps.apt import candidate_guard, install_command
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
@@ -73,7 +73,7 @@ class RebootingHost:
             raise ConnectionLost("gpu-01: connection lost", "check the host")
         return result
 
-    sudo = run
+    sudo = admin = run
 
 
 def test_reboot_waits_for_a_new_boot_id(monkeypatch):
@@ -81,7 +81,7 @@ def test_reboot_waits_for_a_new_boot_id(monkeypatch):
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     host = RebootingHost(["back", "old", "down", "down", "back"])
-    step.apply(Admin(host, become=True), plan)
+    step.apply(host, plan)
     assert "systemctl reboot" in host.commands[0]
     assert host.commands[1:] == ['test "$(cat /proc/sys/kernel/random/boot_id)" != c0ffee00-1b2c-4d3e-8f4a-5b6c7d8e9f01'] * 4
 
@@ -91,7 +91,7 @@ def test_reboot_gives_up_after_its_bound(monkeypatch):
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=0.05)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     with pytest.raises(HostError, match="did not come back within 0 s"):
-        step.apply(Admin(RebootingHost(["back"] + ["down"] * 10_000), become=True), plan)
+        step.apply(RebootingHost(["back"] + ["down"] * 10_000), plan)
 
 
 def test_candidate_guard_refuses_an_old_candidate_on_the_host(tmp_path):
@@ -148,7 +148,7 @@ def test_reboot_never_runs_over_a_local_connection():
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     with pytest.raises(HostError, match="never reboots it"):
-        step.apply(Admin(LocalConnection("here"), become=True), plan)
+        step.apply(LocalConnection("here", become=True), plan)
 
 
 def test_a_toolkit_pin_is_a_version_not_a_prefix():

@@ -6,8 +6,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from gpurig.image import quoting
 from gpurig.errors import RenderError
+from gpurig.image import quoting
 from gpurig.image.render import environment, render
 from gpurig.image.spec import load_spec
 

@@ -16,12 +16,12 @@ import pytest
 from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
+from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
-from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import host_counts, print_recap
 from gpurig.report.tables import Column, fit_columns, rows_document, show
-from gpurig.image.spec import MatrixEntry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 LONG_REASON = (

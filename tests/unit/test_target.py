@@ -9,9 +9,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpurig.inventory import Host
 from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.connect.target import TargetError, load_ssh_config, resolve_target
+from gpurig.inventory import Host
 
 
 def target(h: Host, config: Path | None = None):

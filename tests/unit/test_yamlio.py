@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from gpurig.strict import yamlio
 from gpurig.errors import SpecError
+from gpurig.strict import yamlio
 from gpurig.strict.yamlio import load_yaml, parse_yaml
 
 

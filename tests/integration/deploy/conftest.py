@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from systemd_kit import SystemdHosts, authorized_keys, inventory_for
 
 from .cpuimages import CpuImages, images_kit, make_project

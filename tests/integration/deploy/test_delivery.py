@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.deploy.delivery import deliver, local_engine
 from gpurig.connect.engine import open_engine
-from gpurig.inventory import load_inventory
 from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.deploy.delivery import deliver, local_engine
+from gpurig.inventory import load_inventory
 
 pytestmark = pytest.mark.integration
 MB = 1024 * 1024

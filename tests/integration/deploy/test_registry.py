@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 import urllib.request
+from pathlib import Path
 
 import pytest
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from gpurig.connect.fleet import FleetInterrupted, Outcome, run_fleet
 from gpurig.connect.ssh import Connector
 from gpurig.facts import Facts, gather
-from gpurig.connect.fleet import FleetInterrupted, Outcome, run_fleet
 from gpurig.inventory import load_inventory
 
 

@@ -17,9 +17,9 @@ from gpurig.connect.connection import (
     SudoPasswordError,
     UnreachableError,
 )
+from gpurig.connect.ssh import Connector
 from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
-from gpurig.connect.ssh import Connector
 
 from .conftest import free_port, keygen, ssh_fingerprint
 

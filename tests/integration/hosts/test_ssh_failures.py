@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpurig.connect.connection import CommandTimeout, UnreachableError
-from gpurig.facts import gather
 from gpurig.connect.fleet import run_fleet
-from gpurig.inventory import load_inventory
 from gpurig.connect.ssh import Connector
+from gpurig.facts import gather
+from gpurig.inventory import load_inventory
 
 from .conftest import fake_listener, free_port
 

@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from systemd_kit import SUITES, SystemdHosts, authorized_keys, inventory_for  # noqa: F401 - inventory_for: for the tests
 
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.inventory import load_inventory
 from gpurig.inventory.profile import host_profile
-from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.steps import STEPS, converge
 
 from .conftest import inventory_for

@@ -15,7 +15,6 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from conftest import SESSION, SPEC_NAME, TEST_LABEL, docker, run_in, write_spec
 
 UPSTREAM = "http://deb.debian.org"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import CUDA, CUDA_TORCH, health_records, run_in
 
 EXTENSION = r'''

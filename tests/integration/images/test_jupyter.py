@@ -7,7 +7,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import docker, host_port, wait_for
 
 

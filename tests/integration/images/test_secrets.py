@@ -7,10 +7,9 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import pytest
-
-from conftest import CUDA, docker
 import conftest
+import pytest
+from conftest import CUDA, docker
 
 # A whole PEM key (libraries such as gnutls contain the marker alone, as a format string).
 PRIVATE_KEY = re.compile(rb"-----BEGIN ((?:[A-Z]+ )?PRIVATE KEY)-----\s*(?:Proc-Type[^\n]*\n[^\n]*\n\s*)?[A-Za-z0-9+/=\s]{64,}-----END \1-----")

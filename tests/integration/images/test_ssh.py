@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
 import paramiko
 import pytest
-
 from conftest import CPU_TORCH, host_port, port_open, wait_for
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpurig.deploy.access import lines, ssh_config_block
 from gpurig.connect.engine import ContainerInfo
 from gpurig.connect.target import SSHTarget
+from gpurig.deploy.access import lines, ssh_config_block
 
 
 class Conn:

@@ -14,8 +14,8 @@ import yaml
 from gpurig.deploy.containers import DEFAULT_SHM, ContainerSpec, assign_gpus, load_containers
 from gpurig.deploy.fields import GiB, MiB, fingerprint
 from gpurig.errors import InventoryError
-from gpurig.inventory import Host, load_inventory
 from gpurig.image.spec import load_spec
+from gpurig.inventory import Host, load_inventory
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_spec(ROOT / "images" / "pytorch.yaml")

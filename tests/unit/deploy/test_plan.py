@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpurig.connect.engine import ContainerInfo, ImageInfo
 from gpurig.deploy.apply import Target, plan
 from gpurig.deploy.containers import load_containers
-from gpurig.connect.engine import ContainerInfo, ImageInfo
-from gpurig.inventory import Host
 from gpurig.image.spec import load_spec
+from gpurig.inventory import Host
 
 SPEC = load_spec(Path(__file__).resolve().parents[3] / "images" / "pytorch.yaml")
 IMAGE = ImageInfo("sha256:" + "1" * 64, ("pytorch:2.14.1-cu130-jupyter",), {}, 10)

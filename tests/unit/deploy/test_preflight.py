@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.deploy.preflight import Planned, check_disk, check_driver, check_ports, check_runtime, parse_listening
 from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.deploy.preflight import Planned, check_disk, check_driver, check_ports, check_runtime, parse_listening
 from gpurig.facts import parse_facts
 
 FACTS = Path(__file__).resolve().parents[2] / "fixtures" / "facts"

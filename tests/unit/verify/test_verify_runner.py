@@ -9,12 +9,19 @@ import pytest
 
 from gpurig.cli.verify import host_rows, make_plan, record_rows
 from gpurig.connect.connection import Result
-from gpurig.errors import ConfigError
 from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.errors import ConfigError
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
-    VerifyPlan, container_command, embedded, parse_docker_facts, parse_document, probe_failed, toolkit_records, uuid_record,
+    VerifyPlan,
+    container_command,
+    embedded,
+    parse_docker_facts,
+    parse_document,
+    probe_failed,
+    toolkit_records,
+    uuid_record,
 )
 
 SMI_L = ("GPU 0: NVIDIA H200 (UUID: GPU-2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11)\n"

@@ -1,0 +1,103 @@
+"""The package's shape: every module in a layer folder, no two modules with one name, no import that climbs a layer.
+
+A newcomer should be able to tell from the tree where a change goes: image
+building under image/, reaching hosts under connect/, and so on. These tests
+keep the tree that way as it grows.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gpurig"
+
+# Lowest first. A module may import its own layer and the layers below it; layers of one rank are
+# siblings and import neither each other nor anything above them.
+LAYERS: list[tuple[str, ...]] = [
+    ("gpurig", "gpurig.errors"),
+    ("gpurig.files", "gpurig.skeleton"),
+    ("gpurig.strict",),
+    ("gpurig.config",),
+    ("gpurig.image", "gpurig.inventory"),
+    ("gpurig.connect",),
+    ("gpurig.facts",),
+    ("gpurig.steps",),
+    ("gpurig.deploy",),
+    ("gpurig.verify", "gpurig.monitor"),
+    ("gpurig.report",),
+    ("gpurig.cli",),
+]
+TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "files.py", "config.py", "skeleton.py"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "skeleton" in path.relative_to(PACKAGE).parts[:-1]:
+            continue  # a wheel build's copy of the project folders, not code
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _layer_of(module: str) -> tuple[int, str]:
+    best: tuple[int, str] | None = None
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (rank, name)
+    assert best is not None, f"{module} is in no layer: add its folder to LAYERS"
+    return best
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names if alias.name.startswith("gpurig"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("gpurig"):
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in MODULES)
+    return names
+
+
+MODULES = _modules()
+
+
+def test_top_level_holds_only_the_shared_basics():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in TOP_LEVEL_MODULES)
+    assert not loose, f"modules outside a layer folder: {loose}"
+
+
+def test_no_two_modules_share_a_name():
+    by_name = defaultdict(list)
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            by_name[path.stem].append(module)
+    clashes = {name: mods for name, mods in by_name.items() if len(mods) > 1}
+    assert not clashes
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_never_climb_a_layer(module):
+    rank, layer = _layer_of(module)
+    climbing = []
+    for imported in sorted(_imports(MODULES[module])):
+        other_rank, other_layer = _layer_of(imported)
+        if other_layer == layer or other_rank < rank:
+            continue
+        climbing.append(f"{imported} ({other_layer})")
+    assert not climbing, f"{module} ({layer}) imports from above or beside it: {climbing}"
+
+
+def test_the_layer_check_sees_a_climbing_import(tmp_path):
+    # The rule itself: a module low in the tree that reaches up is caught.
+    assert _layer_of("gpurig.connect.engine")[0] < _layer_of("gpurig.steps.plan")[0]
+    assert _layer_of("gpurig.monitor.agent")[0] == _layer_of("gpurig.verify.runner")[0]
+    assert _layer_of("gpurig.monitor.agent")[1] != _layer_of("gpurig.verify.runner")[1]
