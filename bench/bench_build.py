@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build figures: warm rebuild after a checks/ edit, image size against its content, what jupyter adds on a host with slim, gpurig's slim beside a naive Dockerfile.
+"""Build figures: warm rebuild after a checks/ edit, image size against its content, what jupyter adds
+on a host with slim, gpurig's slim beside a naive Dockerfile.
 
     python bench/bench_build.py [--cuda cpu|13.0] [--runs 3] [--keep]
 

@@ -73,7 +73,8 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
     inv_dir = work / "inventory"
     inv_dir.mkdir()
     known = inv_dir / "known_hosts"  # gpurig's project known_hosts; the others are pointed at it
-    known.write_text("".join(f"{h.known_hosts_name} {h.host_key.with_suffix('.pub').read_text().split()[0]} {h.host_key.with_suffix('.pub').read_text().split()[1]}\n" for h in hosts))
+    # each line: the name, then the public key file's key type and key (its comment dropped)
+    known.write_text("".join(f"{h.known_hosts_name} {' '.join(h.host_key.with_suffix('.pub').read_text().split()[:2])}\n" for h in hosts))
     lines = [
         "all:",
         "  vars:",

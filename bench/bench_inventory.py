@@ -78,7 +78,8 @@ def main() -> None:
         for n in sizes:
             inventory = write_inventory(work / f"hosts-{n}.yaml", n)
             for name, (argv, src) in commands(inventory, args.ansible, baseline).items():
-                env = {**os.environ, "PYTHONPATH": str(src), "COLUMNS": "120", "ANSIBLE_HOME": str(work / "ansible"), "ANSIBLE_LOCAL_TEMP": str(work / "ansible")}
+                ansible = str(work / "ansible")
+                env = {**os.environ, "PYTHONPATH": str(src), "COLUMNS": "120", "ANSIBLE_HOME": ansible, "ANSIBLE_LOCAL_TEMP": ansible}
                 runs = args.baseline_runs if src is baseline and baseline is not None else args.runs
                 results = [timed([a.replace("{src}", str(src)) for a in argv], env, work) for _ in range(runs)]
                 if any(r[3] != 0 for r in results):

@@ -101,7 +101,9 @@ sys.stdin.read()
 
 
 def bench_exporter(rounds: int, concurrency: int) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", EXPORTER, str(FIXTURE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXPORTER, str(FIXTURE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     port = int(proc.stdout.readline())
     url = f"http://127.0.0.1:{port}/metrics"
     request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})  # as Prometheus asks
@@ -163,7 +165,11 @@ def bench_fleet(hosts: int, seconds: float) -> None:
         subprocess.run(["chown", "-R", f"{user}:{user}", str(ssh)], check=True)
         started = farm.start(hosts, prefix="mb")
         inv = [Host(f"mb{i:02d}", ("ungrouped",), {}, address="127.0.0.1", port=h.port, user=user, key_file=str(key)) for i, h in enumerate(started)]
-        connector = Connector(SSHSettings(connect_timeout=10, project_known_hosts=work / "known_hosts", user_known_hosts=None, ssh_config=None, allow_agent=False, look_for_keys=False, host_key_policy="accept-new"))
+        settings = SSHSettings(
+            connect_timeout=10, project_known_hosts=work / "known_hosts", user_known_hosts=None, ssh_config=None,
+            allow_agent=False, look_for_keys=False, host_key_policy="accept-new",
+        )  # fmt: skip
+        connector = Connector(settings)
         run = Run()
         window: dict[str, float] = {}
 

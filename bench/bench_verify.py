@@ -53,7 +53,9 @@ def main() -> None:
         figures = {
             "gpurig CLI start (gpurig --version)": timed([sys.executable, "-c", CLI, "--version"], args.runs, env=env)[0],
             "docker run --rm (container start, no python)": timed(["docker", "run", "--rm", "--entrypoint", "true", args.image], args.runs)[0],
-            "docker run --rm python3 -c 'import torch'": timed(["docker", "run", "--rm", "--entrypoint", "python3", args.image, "-c", "import torch"], args.runs)[0],
+            "docker run --rm python3 -c 'import torch'": timed(
+                ["docker", "run", "--rm", "--entrypoint", "python3", args.image, "-c", "import torch"], args.runs
+            )[0],
         }
         wall, proc = timed(verify, args.runs, env=env)
         figures["gpurig verify --image (quick), whole command"] = wall

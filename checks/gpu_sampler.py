@@ -109,7 +109,10 @@ class HostSampler:
     @staticmethod
     def _cpu_times():
         if psutil is not None:
-            return [(t.user + t.nice, t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0), t.idle, getattr(t, "iowait", 0.0)) for t in psutil.cpu_times(percpu=True)]
+            return [
+                (t.user + t.nice, t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0), t.idle, getattr(t, "iowait", 0.0))
+                for t in psutil.cpu_times(percpu=True)
+            ]
         return _proc_cpu_times()
 
     def sample(self):
@@ -330,7 +333,8 @@ class SmiSource:
         query = ["--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
         first = subprocess.run([smi, *query], capture_output=True, text=True, timeout=30)
         if first.returncode != 0:
-            raise RuntimeError((first.stdout + first.stderr).strip().splitlines()[0] if (first.stdout + first.stderr).strip() else f"nvidia-smi exited {first.returncode}")
+            said = (first.stdout + first.stderr).strip()
+            raise RuntimeError(said.splitlines()[0] if said else f"nvidia-smi exited {first.returncode}")
         self._take(first.stdout.splitlines())
         ms = max(100, int(interval * 1000))
         self.proc = subprocess.Popen([smi, *query, "-lms", str(ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

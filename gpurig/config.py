@@ -154,16 +154,18 @@ def settings(config: Mapping[str, Any], **flags: Any) -> Settings:
     config (``invoke`` with tasks.py) is layered afresh from the project's files
     and env, so both entry points see the same values.
     """
-    if not isinstance(config, GpurigConfig):
+    if isinstance(config, GpurigConfig):
+        layered = config
+    else:
         root = root_of(config)
-        config = project_config(root)
+        layered = project_config(root)
         if root:
-            config.load_overrides({"root": str(root)})
+            layered.load_overrides({"root": str(root)})
     unknown = [k for k in flags if k not in DEFAULTS]
     if unknown:
         raise TypeError(f"unknown settings {unknown}")
-    values = {key: config.get(key, default) for key, default in DEFAULTS.items()}
-    source = {key: _source(config, key) for key in DEFAULTS}
+    values = {key: layered.get(key, default) for key, default in DEFAULTS.items()}
+    source = {key: _source(layered, key) for key in DEFAULTS}
     for key, value in flags.items():
         if value is not None:
             values[key] = value

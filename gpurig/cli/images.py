@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.config import choice
@@ -15,7 +17,10 @@ from gpurig.image.pipeline import BuildObserver
 from gpurig.image.render import BuildContext, check_renderable, render_matrix
 from gpurig.image.spec import ImageSpec, find_specs, load_spec
 from gpurig.report import console
-from gpurig.report.tables import FORMATS, Column, show
+from gpurig.report.tables import FORMATS, Column, Row, show
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID  # rich.progress itself is imported when a build starts
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
@@ -108,7 +113,9 @@ def matrix(c, spec=None, format="table"):
     """Show the versions matrix with the minimum host driver each image needs."""
     fmt = choice(format, FORMATS, "--format")
     image = load_project_spec(c, spec)
-    columns = [Column("torch"), Column("CUDA", key="cuda"), Column("min driver"), Column("compat floor", drop=2), Column("tag", drop=1), Column("variants", drop=3)]
+    columns = [
+        Column("torch"), Column("CUDA", key="cuda"), Column("min driver"), Column("compat floor", drop=2), Column("tag", drop=1), Column("variants", drop=3)
+    ]
     rows = []
     for entry in image.matrix:
         rows.append([
@@ -189,7 +196,7 @@ class BuildProgress(BuildObserver):
             console=console,
             transient=True,
         )
-        self.task = None
+        self.task: TaskID | None = None  # the image being built: set by started(), which the pipeline calls first
 
     def __enter__(self) -> BuildProgress:
         self.progress.__enter__()
@@ -207,6 +214,7 @@ class BuildProgress(BuildObserver):
         self.task = self.progress.add_task("starting", image=context.image_ref, total=None)
 
     def step(self, context: BuildContext, kind: str, step, parser) -> None:
+        assert self.task is not None, "step() before started()"
         if kind == "start":
             self.progress.update(self.task, total=step.total, description=shorten(step.text, 60))
         elif kind == "done":
@@ -278,7 +286,7 @@ def images(c, spec=None, format=None):
                       "under the registry's name; `docker rmi` it to build on the registry's image.")
 
 
-def print_rows(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str | None = None) -> None:
+def print_rows(title: str, columns: tuple[str, ...], rows: Sequence[Row], fmt: str | None = None) -> None:
     """Rows in ``fmt``; by default a table on a terminal and tab-separated lines when piped (for scripts and logs)."""
     fmt = choice(fmt, FORMATS, "--format") if fmt else ("table" if console.is_terminal else "tsv")
     show(console, [Column(name) for name in columns], rows, fmt, title=title, schema="gpurig.images/1")

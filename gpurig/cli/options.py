@@ -127,7 +127,8 @@ def host_task(help: dict[str, str] | None = None, *, connect: bool = True, chang
             common = {n: kw.pop(n) for n in shared if n in kw}
             return fn(c, host_options(c, **common), **kw)
 
-        wrapper.__signature__ = signature
+        # inspect.signature (and so Invoke) reads __signature__, which typeshed's functools._Wrapped does not declare.
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]
         merged_help = {**{n: helps[n] for n in shared}, **(help or {})}
         incrementable = [*task_kwargs.pop("incrementable", ()), "verbose"]
         iterable = [*task_kwargs.pop("iterable", ()), "limit"]

@@ -93,7 +93,7 @@ class KnownHosts:
             self._record(name, key)
 
     def _known(self, name: str) -> list[tuple[Path | None, paramiko.PKey]]:
-        found = []
+        found: list[tuple[Path | None, paramiko.PKey]] = []
         for path, keys in ((self.project, self._project_keys), (self.user, self._user_keys)):
             entry = keys.lookup(name)
             if entry:

@@ -196,7 +196,7 @@ class SSHConnection(Connection):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     chan.close()
-                    self._kill(pid.pid)
+                    self._kill(transport, pid.pid)
                     raise self._timed_out(timeout, shown)
                 if not got:
                     wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
@@ -213,7 +213,9 @@ class SSHConnection(Connection):
             collect.add("stderr", b"", final=True)
             exited = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (OSError, EOFError, paramiko.SSHException) as err:
-            raise ConnectionLost(f"{self.name}: connection lost during {short_command(shown)}: {err or type(err).__name__}", "check that the host and its sshd are up") from None
+            raise ConnectionLost(
+                f"{self.name}: connection lost during {short_command(shown)}: {err or type(err).__name__}", "check that the host and its sshd are up"
+            ) from None
         finally:
             sel.close()
             chan.close()
@@ -225,7 +227,7 @@ class SSHConnection(Connection):
             )
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
 
-    def _kill(self, pid: int | None) -> None:
+    def _kill(self, transport: paramiko.Transport, pid: int | None) -> None:
         """Stop a timed-out command's process group on the host (closing its channel does not).
 
         The kill script is started and left to finish on its own: like the
@@ -234,7 +236,7 @@ class SSHConnection(Connection):
         if pid is None:
             return
         try:
-            chan = self._transport.open_session(timeout=self.settings.connect_timeout)
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
             try:
                 chan.exec_command(_KILL_GROUP.format(pid=int(pid)))
             finally:
@@ -251,10 +253,10 @@ class SSHConnection(Connection):
             chan.shutdown_write()
 
     def _sftp_client(self) -> paramiko.SFTPClient:
-        self.connect()
+        transport = self.paramiko_transport()
         if self._sftp is None:
             try:
-                self._sftp = self._transport.open_sftp_client()
+                self._sftp = transport.open_sftp_client()
             except (paramiko.SSHException, OSError, EOFError) as err:
                 raise HostError(f"{self.name}: SFTP unavailable: {err}", "enable the sftp Subsystem in the host's sshd_config") from None
         return self._sftp
@@ -274,7 +276,9 @@ class SSHConnection(Connection):
                 sftp.remove(tmp)
             except (OSError, paramiko.SSHException):
                 pass
-            raise HostError(f"{self.name}: cannot put {local} to {remote}: {err}", "check the remote directory exists and is writable by the login user") from None
+            raise HostError(
+                f"{self.name}: cannot put {local} to {remote}: {err}", "check the remote directory exists and is writable by the login user"
+            ) from None
 
     def get(self, remote, local) -> None:
         sftp = self._sftp_client()

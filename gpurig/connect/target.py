@@ -166,10 +166,7 @@ def parse_jumps(name: str, var: str, spec: str | None) -> list[tuple[str, str, i
         _check(name, what, host, hostname_problem)
         if user:
             _check(name, f"user of {what}", user, user_problem)
-        number = None
-        if port:
-            number = int(port) if port.isdigit() else port
-            _check(name, f"port of {what}", number, port_problem)
+        number = _port(name, f"port of {what}", port) if port else None
         hops.append((user, host, number, written))
     return hops
 
@@ -207,9 +204,14 @@ def _lookup(ssh_config: paramiko.SSHConfig | None, hostname: str, name: str) -> 
 
 
 def _config_port(name: str, conf: dict) -> int:
-    value = str(conf.get("port", 22))
-    port = int(value) if value.isdigit() else value
-    _check(name, "Port in the ssh config", port, port_problem)
+    return _port(name, "Port in the ssh config", str(conf.get("port", 22)))
+
+
+def _port(name: str, what: str, text: str) -> int:
+    """A port written as text: digits are its number, anything else stays text for port_problem to refuse."""
+    port = int(text) if text.isdigit() else text
+    _check(name, what, port, port_problem)
+    assert isinstance(port, int), "port_problem passes only ints"
     return port
 
 

@@ -84,10 +84,10 @@ def _keys(target: SSHTarget, allow_agent: bool, look_for_keys: bool) -> Iterator
             yield f"agent key {fingerprint(key)}", key
     if look_for_keys and not target.key_files:
         for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
-            path = Path("~/.ssh").expanduser() / name
-            if path.exists():
+            default = Path("~/.ssh").expanduser() / name
+            if default.exists():
                 try:
-                    yield str(path), load_key(str(path))
+                    yield str(default), load_key(str(default))
                 except AuthError:
                     continue  # an encrypted default key is skipped, as ssh does without a prompt
 
@@ -142,7 +142,8 @@ def open_transport(
             + (f" (after {s.connect_attempts} attempts)" if s.connect_attempts > 1 else ""),
             "check the host is up, the address/port in the inventory, and any firewall or jump host",
         )
-    if stop.is_set() and (transport is None or not transport.is_active()):
+    # Only a break on ``stop`` leaves no transport (or a closed one from the attempt before).
+    if transport is None or (stop.is_set() and not transport.is_active()):
         raise UnreachableError(f"{target.name}: interrupted while connecting", "")
     try:
         known_hosts.check(target, transport.get_remote_server_key())

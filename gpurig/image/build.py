@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,9 +66,9 @@ def pip_config_cert() -> str:
     return ""
 
 
-def resolve_ca_bundle(setting: str, env: dict[str, str] | None = None, pip_cert: Callable[[], str] = pip_config_cert) -> Path | None:
+def resolve_ca_bundle(setting: str, env: Mapping[str, str] | None = None, pip_cert: Callable[[], str] = pip_config_cert) -> Path | None:
     """'none' -> None; a path -> that file; 'auto' -> the bundle the host's pip uses (PIP_CERT, SSL_CERT_FILE, pip config)."""
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     if setting == "none":
         return None
     if setting != "auto":
@@ -76,7 +76,7 @@ def resolve_ca_bundle(setting: str, env: dict[str, str] | None = None, pip_cert:
         if not path.is_file():
             raise DockerError(f"build.ca_bundle names {setting}, which is not a file", "fix the path, or write auto or none")
         return path
-    for candidate in (env.get("PIP_CERT"), env.get("REQUESTS_CA_BUNDLE"), env.get("SSL_CERT_FILE"), pip_cert()):
+    for candidate in (environ.get("PIP_CERT"), environ.get("REQUESTS_CA_BUNDLE"), environ.get("SSL_CERT_FILE"), pip_cert()):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
@@ -159,8 +159,9 @@ class ProgressParser:
             log.lines.append(line.split(" ", 2)[-1])
             del log.lines[:-40]
             return "output", log
-        if _FAILED.search(line):
-            self.errors.append(_FAILED.search(line).group(0))
+        failed = _FAILED.search(line)
+        if failed:
+            self.errors.append(failed.group(0))
         return "other", None
 
     def _executing(self) -> list[StepLog]:

@@ -219,12 +219,13 @@ def render(
     env = environment(project / "templates")
     wheelhouses = local_wheelhouses(spec)
     labels = image_labels(spec, entry, variant, project)
+    image_ref = spec.image_ref(entry, variant.name)
     values = {
         "spec": spec,
         "build": spec.build,
         "entry": entry,
         "variant": variant,
-        "image_ref": spec.image_ref(entry, variant.name),
+        "image_ref": image_ref,
         # the shared part's packages are the same for every variant; a variant's own come after torch
         "apt_packages": ["ca-certificates", "python3", "python3-venv", "tini"],
         "variant_apt": list(variant.apt),
@@ -258,7 +259,7 @@ def render(
             spec=spec,
             entry=entry,
             variant=variant,
-            image_ref=values["image_ref"],
+            image_ref=image_ref,
             aliases=spec.alias_refs(entry, variant.name),
             labels=labels,
             wheelhouse=bool(wheelhouses),

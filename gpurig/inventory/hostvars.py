@@ -6,7 +6,7 @@ so its error names that file and key; any var not in ``CHECKS`` is free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpurig.errors import did_you_mean
@@ -102,7 +102,7 @@ SETTINGS = {
 }
 
 
-def connection_settings(maps: list[Mapping[str, Any]], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def connection_settings(maps: Sequence[Mapping[str, Any]], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The connection settings from ``maps`` (highest precedence first) over ``base``."""
     found = dict(base or {})
     for name, keys in SETTINGS.items():

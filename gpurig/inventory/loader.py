@@ -88,21 +88,23 @@ class _Loader:
         members: dict[str, list[str]] = {g: [] for g in self.groups}
         hosts: dict[str, Host] = {}
         # Hosts with the same direct groups share their ancestors, their group layers and their group names.
-        shared: dict[tuple[str, ...], tuple[tuple[str, ...], list, tuple[str, ...], dict]] = {}
+        shared: dict[tuple[str, ...], tuple[tuple[str, ...], list[dict[str, Any]], tuple[str, ...], dict[str, Any]]] = {}
         for hname, own in self.host_vars.items():
             direct = tuple(self.direct.get(hname, ("ungrouped",)))
             found = shared.get(direct)
             if found is None:
-                mine = sorted(self.ancestors(direct), key=rank.__getitem__)
+                ordered = sorted(self.ancestors(direct), key=rank.__getitem__)
                 # lookups find the first: group_vars/ files (deepest first) before the file's group vars
-                layers = [m for m in [group_files.get(g) for g in reversed(mine)] + [self.groups[g].vars for g in reversed(mine)] if m]
-                names = tuple(g for g in mine if g not in ("all", "ungrouped")) or ("ungrouped",)
-                found = shared[direct] = (tuple(mine), layers, names, connection_settings(layers))
+                group_layers: list[dict[str, Any]] = [
+                    m for m in [group_files.get(g) for g in reversed(ordered)] + [self.groups[g].vars for g in reversed(ordered)] if m
+                ]
+                names = tuple(g for g in ordered if g not in ("all", "ungrouped")) or ("ungrouped",)
+                found = shared[direct] = (tuple(ordered), group_layers, names, connection_settings(group_layers))
             mine, layers, names, settings = found
             self.spend(len(mine))
             for g in mine:
                 members[g].append(hname)
-            mine_maps = [m for m in (host_files.get(hname), own) if m]
+            mine_maps: list[dict[str, Any]] = [m for m in (host_files.get(hname), own) if m]
             if mine_maps:
                 settings = connection_settings(mine_maps, settings)
             hosts[hname] = _make_host(hname, names, ChainMap(*mine_maps, *layers), settings)
@@ -189,7 +191,9 @@ class _Loader:
             own = self.host_vars.get(hname)
             if own is None:
                 if len(self.host_vars) >= MAX_HOSTS:
-                    raise self.fail(_path(entry), f"the inventory defines more than {MAX_HOSTS:,} hosts", f"split it into inventories of at most {MAX_HOSTS:,} hosts")
+                    raise self.fail(
+                        _path(entry), f"the inventory defines more than {MAX_HOSTS:,} hosts", f"split it into inventories of at most {MAX_HOSTS:,} hosts"
+                    )
                 own = self.host_vars[hname] = {}
             if hvars:
                 self.add_vars(("host", hname), own, hvars, entry)
@@ -199,7 +203,9 @@ class _Loader:
         for key, value in new.items():
             if key not in self.var_names:
                 if not isinstance(key, str) or not _VAR_NAME.fullmatch(key):
-                    raise self.fail(_path(where, key), "is not a valid variable name (letters, digits, '_'; not starting with a digit)", "rename the variable", source)
+                    raise self.fail(
+                        _path(where, key), "is not a valid variable name (letters, digits, '_'; not starting with a digit)", "rename the variable", source
+                    )
                 self.var_names.add(key)
             check = CHECKS.get(key)
             problem = check(value) if check else None

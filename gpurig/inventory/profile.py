@@ -11,7 +11,7 @@ would be valid: never a silently ignored setting.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,8 @@ def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
 
 
 # key -> reader of its value; the order is the one users read in errors.
-_READERS = {
+# Each reader returns its own HostProfile field's type; host_profile passes them by name.
+_READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
     "gpurig_gpu_count": None,  # with gpurig_gpu_model and gpurig_gpus: read together by _gpus
     "gpurig_gpu_model": None,
     "gpurig_gpus": None,

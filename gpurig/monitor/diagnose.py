@@ -65,8 +65,8 @@ Pairs = list[tuple[Sample, GpuSample]]
 
 
 def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
-    known = [(s, g) for s, g in pairs if g.util_gpu is not None]
-    idle = [(s, g) for s, g in known if g.util_gpu < IDLE_UTIL]
+    known = [(s, g.util_gpu) for s, g in pairs if g.util_gpu is not None]
+    idle = [(s, util) for s, util in known if util < IDLE_UTIL]
     if len(known) < MIN_SAMPLES or len(idle) / len(known) < SHARE:
         return None
     saturated = [s for s, _ in idle if s.max_core >= BUSY_CORE]
@@ -75,7 +75,7 @@ def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
     return Finding(
         "input_bound", host, index, "input-pipeline bound: the GPU waits for data the CPU prepares",
         f"GPU {index} under {IDLE_UTIL:.0f}% utilisation in {_pct(len(idle) / len(known))} of {len(known)} samples "
-        f"(mean {mean(g.util_gpu for _, g in known):.0f}%), while one CPU core was at >= {BUSY_CORE:.0f}% in "
+        f"(mean {mean(util for _, util in known):.0f}%), while one CPU core was at >= {BUSY_CORE:.0f}% in "
         f"{_pct(len(saturated) / len(idle))} of those (busiest core mean {mean(s.max_core for s, _ in idle):.0f}%, "
         f"all cores {mean(s.cpu_percent for s, _ in idle):.0f}%)",
         "load data in parallel: DataLoader(num_workers=<cores>, pin_memory=True, persistent_workers=True, prefetch_factor=4); "
@@ -84,32 +84,33 @@ def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
 
 
 def small_kernels(host: str, index: int, pairs: Pairs) -> Finding | None:
-    busy = [g for _, g in pairs if g.util_gpu is not None and g.util_gpu >= BUSY_UTIL and g.sm_active is not None]
+    busy = [g.sm_active for _, g in pairs if g.util_gpu is not None and g.util_gpu >= BUSY_UTIL and g.sm_active is not None]
     if len(busy) < MIN_SAMPLES or len(busy) / len(pairs) < SHARE:
         return None
-    low = [g for g in busy if g.sm_active < LOW_SM_ACTIVE]
+    low = [active for active in busy if active < LOW_SM_ACTIVE]
     if len(low) / len(busy) < SHARE:
         return None
     return Finding(
         "small_kernels", host, index, "kernels too small: the GPU is 'busy' but most SMs idle",
         f"GPU {index} utilisation >= {BUSY_UTIL:.0f}% in {_pct(len(busy) / len(pairs))} of samples, yet SM activity "
-        f"averaged {_pct(mean(g.sm_active for g in busy))} (under {_pct(LOW_SM_ACTIVE)} in {_pct(len(low) / len(busy))} of them)",
+        f"averaged {_pct(mean(busy))} (under {_pct(LOW_SM_ACTIVE)} in {_pct(len(low) / len(busy))} of them)",
         "give each kernel more work: raise the batch size, use AMP (torch.autocast), capture the step with CUDA graphs "
         "or torch.compile(mode='reduce-overhead')",
     )  # fmt: skip
 
 
 def oom_risk(host: str, index: int, pairs: Pairs) -> Finding | None:
-    full = [(g.mem_fraction, g) for _, g in pairs if g.mem_fraction is not None]
+    # (fraction, used, total) where both are known: GpuSample.mem_fraction's condition, kept with its operands
+    full = [(used / total, used, total) for _, g in pairs if (used := g.mem_used_mib) is not None and (total := g.mem_total_mib)]
     if not full:
         return None
-    peak, g = max(full, key=lambda x: x[0])
+    peak, peak_used, peak_total = max(full, key=lambda x: x[0])
     if peak < MEM_FULL:
         return None
     return Finding(
         "oom_risk", host, index, "GPU memory nearly full: out-of-memory risk",
-        f"GPU {index} memory peaked at {g.mem_used_mib / 1024:.1f} of {g.mem_total_mib / 1024:.1f} GiB ({_pct(peak)}); "
-        f">= {_pct(MEM_FULL)} in {_pct(_share([f >= MEM_FULL for f, _ in full]))} of samples",
+        f"GPU {index} memory peaked at {peak_used / 1024:.1f} of {peak_total / 1024:.1f} GiB ({_pct(peak)}); "
+        f">= {_pct(MEM_FULL)} in {_pct(_share([f >= MEM_FULL for f, _, _ in full]))} of samples",
         "leave headroom: smaller batch, activation checkpointing, bf16/AMP, "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or a GPU with more memory",
     )  # fmt: skip
@@ -142,9 +143,9 @@ def throttling(host: str, index: int, pairs: Pairs) -> Finding | None:
 
 
 def waiting(host: str, index: int, pairs: Pairs) -> Finding | None:
-    known = [(s, g) for s, g in pairs if g.util_gpu is not None]
-    held = [(s, g) for s, g in known if g.processes or (g.mem_used_mib or 0) >= HELD_MIB]
-    idle = [(s, g) for s, g in held if g.util_gpu < IDLE_UTIL]
+    known = [(s, g, g.util_gpu) for s, g in pairs if g.util_gpu is not None]
+    held = [(s, g, util) for s, g, util in known if g.processes or (g.mem_used_mib or 0) >= HELD_MIB]
+    idle = [(s, g) for s, g, util in held if util < IDLE_UTIL]
     if len(known) < MIN_SAMPLES or len(idle) / len(known) < SHARE:
         return None
     quiet = [s for s, _ in idle if s.max_core < QUIET_CORE and s.cpu_percent < QUIET_CPU]

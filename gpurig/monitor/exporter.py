@@ -28,12 +28,18 @@ from gpurig.monitor.session import Run
 MAX_AGE_S = 1.0  # samples arrive about once a second
 MAX_STALE_S = 5.0  # older than this, a scrape waits for a fresh page (Prometheus scrapes every 15 s or so)
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+
+
+def _fb_free(g: GpuSample) -> float | None:
+    return None if g.mem_used_mib is None or g.mem_total_mib is None else g.mem_total_mib - g.mem_used_mib
+
+
 # dcgm-exporter's name, its help text, and the value from a GpuSample (in dcgm's unit).
 DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.util_gpu),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", lambda g: g.util_mem),
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.mem_used_mib),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: None if g.mem_used_mib is None or g.mem_total_mib is None else g.mem_total_mib - g.mem_used_mib),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _fb_free),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temp_c),
     ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
     ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit_w),
@@ -68,7 +74,9 @@ class RunCollector(Collector):
         cpu = CounterMetricFamily("node_cpu_seconds", "Seconds the CPUs spent in each mode.", labels=("Hostname", "cpu", "mode"))
         host_gauges = {
             "node_memory_MemTotal_bytes": GaugeMetricFamily("node_memory_MemTotal_bytes", "Memory information field MemTotal_bytes.", labels=("Hostname",)),
-            "node_memory_MemAvailable_bytes": GaugeMetricFamily("node_memory_MemAvailable_bytes", "Memory information field MemAvailable_bytes.", labels=("Hostname",)),
+            "node_memory_MemAvailable_bytes": GaugeMetricFamily(
+                "node_memory_MemAvailable_bytes", "Memory information field MemAvailable_bytes.", labels=("Hostname",)
+            ),
         }
         counters = {
             "node_disk_read_bytes": CounterMetricFamily("node_disk_read_bytes", "The total number of bytes read successfully.", labels=("Hostname",)),
@@ -79,8 +87,8 @@ class RunCollector(Collector):
         for s in samples:
             for g in s.gpus:
                 labels = [str(g.index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.index}", g.name or "", s.host]
-                for name, _, value in DCGM_GAUGES:
-                    v = value(g)
+                for name, _, read in DCGM_GAUGES:
+                    v = read(g)
                     if v is not None:
                         gauges[name].add_metric(labels, float(v))
             for mode, per_core in s.cpu_seconds.items():

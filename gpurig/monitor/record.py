@@ -55,7 +55,7 @@ def load_run(directory: str | Path) -> Run:
         raise MonitorError(f"no recorded run in {directory} ({SAMPLES} is missing)", "record one with 'invoke monitor --record DIR'")
     run = Run()
     with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
+        for line in fh:
             try:
                 record = json.loads(line)
                 host = record.pop("host")

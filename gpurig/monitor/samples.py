@@ -97,7 +97,7 @@ _GPU_FIELDS = {f for f in GpuSample.__dataclass_fields__ if f != "processes"}
 
 
 def gpu_from_record(rec: Mapping[str, Any]) -> GpuSample:
-    values = {k: rec.get(k) for k in _GPU_FIELDS}
+    values: dict[str, Any] = {k: rec.get(k) for k in _GPU_FIELDS}  # JSON values as the agent wrote them
     procs = tuple(
         GpuProcess(int(p["pid"]), p.get("user"), p.get("name"), p.get("used_mib")) for p in rec.get("processes") or ()
     )

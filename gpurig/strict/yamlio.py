@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -33,7 +33,11 @@ EXPANSION = 10
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 18
 
-_Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:
+    # One class for mypy to check _Loader against; libyaml's CSafeLoader has SafeLoader's constructor methods.
+    _Base = yaml.SafeLoader
+else:
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_text(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str) -> str:
@@ -135,7 +139,8 @@ def _check_graph(root: yaml.Node) -> None:
         if done or not children:
             total = 1 + sum(size[id(c)] for c in children)
             if total > MAX_NODES and total > EXPANSION * len(size):
-                raise _Refused(node.start_mark, f"aliases expand to more than {max(MAX_NODES, EXPANSION * len(size))} values", "repeat less through anchors/aliases")
+                limit = max(MAX_NODES, EXPANSION * len(size))
+                raise _Refused(node.start_mark, f"aliases expand to more than {limit} values", "repeat less through anchors/aliases")
             size[id(node)] = total
             continue
         stack.append((node, depth, True))
@@ -184,4 +189,5 @@ class _Loader(_Base):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
+# types-PyYAML bounds a constructor's self to the loader classes, so a method SafeConstructor defines (and _Loader inherits) is refused.
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)  # type: ignore[type-var]

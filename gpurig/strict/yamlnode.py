@@ -24,7 +24,8 @@ MAX_TEXT = 1024
 class Node:
     """A YAML value with its key path, so every error can say where it is."""
 
-    def __init__(self, source: Path, path: str, value: Any, error: type[GpurigError] = GpurigError) -> None:
+    def __init__(self, source: str | Path, path: str, value: Any, error: type[GpurigError] = GpurigError) -> None:
+        # source: the file, or what errors name in its place ("inventory: host h"); only ever shown
         self.source, self.path, self.value, self.error = source, path, value, error
 
     def child(self, key: str | int, value: Any) -> Node:

@@ -147,7 +147,8 @@ def test_nvidia_smi_failure_exit_code_gives_no_gpus():
 
 def test_nvidia_version_and_lspci_edge_cases():
     assert parse_nvidia_version(Section(0, "something else")) == (None, None)
-    assert parse_lspci(Section(0, "01:00.0 VGA compatible controller [0300]: NVIDIA Corporation TU104GL [Tesla T4] [10de:1eb8] (rev a1)"))[0].device_id == "1eb8"
+    t4 = "01:00.0 VGA compatible controller [0300]: NVIDIA Corporation TU104GL [Tesla T4] [10de:1eb8] (rev a1)"
+    assert parse_lspci(Section(0, t4))[0].device_id == "1eb8"
     assert parse_lspci(Section(0, "01:00.1 Audio device [0403]: NVIDIA Corporation Device [10de:10fa] (rev a1)")) == ()
 
 
@@ -158,7 +159,10 @@ def test_sysfs_fallback_when_lspci_is_missing():
     assert len(parse_facts(out).pci_gpus) == 1
 
 
-@pytest.mark.parametrize("text,rc,state", [("   6   0   0   0   1", 0, "enabled"), ("   6   0   0   0   0", 0, "disabled"), ("legacy-bios", 0, "not-efi"), ("od: x: No such file", 1, "unknown")])
+@pytest.mark.parametrize(
+    "text,rc,state",
+    [("   6   0   0   0   1", 0, "enabled"), ("   6   0   0   0   0", 0, "disabled"), ("legacy-bios", 0, "not-efi"), ("od: x: No such file", 1, "unknown")],
+)
 def test_secure_boot_states(text, rc, state):
     assert parse_secure_boot(Section(rc, text)) == state
 

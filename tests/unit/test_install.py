@@ -32,7 +32,10 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_project_skeleton_once(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ("images/pytorch.yaml", "templates/Dockerfile.j2", "templates/files/sshd_config.j2", "checks/gpu_health.py", "inventory/hosts.yaml", ".hadolint.yaml"):
+    skeleton = (
+        "images/pytorch.yaml", "templates/Dockerfile.j2", "templates/files/sshd_config.j2", "checks/gpu_health.py", "inventory/hosts.yaml", ".hadolint.yaml"
+    )
+    for path in skeleton:
         assert f"gpurig/skeleton/{path}" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith("known_hosts")]
 

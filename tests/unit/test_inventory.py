@@ -340,7 +340,7 @@ def test_a_lattice_of_groups_loads_in_linear_time(tmp_path):
 def test_twenty_thousand_hosts_load_in_linear_time(tmp_path):
     lines = ["all:", "  vars: {ansible_user: ubuntu}", "  children:"]
     for g in range(20):
-        lines += [f"    g{g}:", "      vars: {rack: %d}" % g, "      hosts:"]
+        lines += [f"    g{g}:", f"      vars: {{rack: {g}}}", "      hosts:"]
         lines += [f"        h{g}-{i:04d}: {{ansible_host: 10.{g}.{i // 250}.{i % 250}}}" for i in range(1000)]
     path = tmp_path / "big.yaml"
     path.write_text("\n".join(lines) + "\n")

@@ -65,7 +65,10 @@ def test_csv_has_nvidia_smi_names_units_na_and_quoting(tmp_path):
     assert not out.exists()  # nothing half-written: the file appears when the run ends
     writer.close()
     text = out.read_text()
-    assert text.splitlines()[0].startswith("timestamp, hostname, index, name, uuid, pci.bus_id, utilization.gpu [%], utilization.memory [%], memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]")
+    assert text.splitlines()[0].startswith(
+        "timestamp, hostname, index, name, uuid, pci.bus_id, utilization.gpu [%], utilization.memory [%], "
+        "memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]"
+    )
     rows = list(csv.DictReader(io.StringIO(text), skipinitialspace=True))
     assert [r["hostname"] for r in rows] == ["h1", "h1", "h2"]
     assert rows[0]["name"] == 'Odd "GPU", rev 2'
@@ -113,7 +116,14 @@ def test_plot_draws_four_panels_per_host(tmp_path):
 def test_collector_uses_dcgm_names_and_labels_and_node_exporter_names():
     families = {f.name: f for f in RunCollector(load_run(RUNS / "small_kernels")).collect()}
     util = families["DCGM_FI_DEV_GPU_UTIL"].samples[0]
-    assert util.labels == {"gpu": "0", "UUID": "GPU-2f1c4e8a-9b7d-4c3e-8f21-5a6b7c8d9e0f", "pci_bus_id": "00000000:07:00.0", "device": "nvidia0", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-small-kernels"}
+    assert util.labels == {
+        "gpu": "0",
+        "UUID": "GPU-2f1c4e8a-9b7d-4c3e-8f21-5a6b7c8d9e0f",
+        "pci_bus_id": "00000000:07:00.0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "gpu-small-kernels",
+    }
     assert util.value == 96
     assert families["DCGM_FI_PROF_SM_ACTIVE"].samples[0].value < 0.5
     assert families["DCGM_FI_DEV_FB_USED"].samples[0].value == 48 * 1024

@@ -117,7 +117,8 @@ def test_hostile_inventory_values_never_reach_the_ssh_config(match_exec_config, 
         assert message.startswith(f"{h.name}: ") or var == "name"
         expected_var = {"name": "inventory host name", "jump host": "jump host", "jump user": "user of jump host"}.get(var, var)
         assert expected_var in message, message
-        assert any(rule in message for rule in ("shell metacharacter", "whitespace or a control character", "starts with '-'", "is not a valid user name")), message
+        rules = ("shell metacharacter", "whitespace or a control character", "starts with '-'", "is not a valid user name")
+        assert any(rule in message for rule in rules), message
     assert not marker.exists()
 
 

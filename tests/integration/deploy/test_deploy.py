@@ -177,7 +177,8 @@ def test_preflight_refusals_leave_the_host_untouched(deploy_inventory, clean_dep
     assert clean_deploy_host.image_id(image) is None  # nothing moved
     clean_deploy_host.set_driver("580.95.05")
     # a busy host port (sshd holds 22 on every address)
-    proc = run(gpurig_cli, cpu_images, deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "ports": ["0.0.0.0:22:22"]})), "deploy", "--json", "-", check_rc=1)
+    busy_port = deploy_inventory(entries({"variant": "slim", "cuda": "cpu", "ports": ["0.0.0.0:22:22"]}))
+    proc = run(gpurig_cli, cpu_images, busy_port, "deploy", "--json", "-", check_rc=1)
     assert "host port 22 is in use" in reasons(proc)
     # no nvidia runtime
     with clean_deploy_host.without_nvidia_runtime():

@@ -76,10 +76,10 @@ def test_second_run_runs_only_the_facts_script(container_host, host_inventory, t
         runs = []
         for _ in range(2):
             with connector.open(host) as conn:
-                commands: list[str] = []
-                run, sudo = conn.run, conn.sudo
-                conn.run = lambda cmd, **kw: commands.append(("run", cmd)) or run(cmd, **kw)
-                conn.sudo = lambda cmd, **kw: commands.append(("sudo", cmd)) or sudo(cmd, **kw)
+                commands: list[tuple[str, str]] = []
+                # each pass records into its own list and calls its own connection's methods: bound as defaults
+                conn.run = lambda cmd, _log=commands, _run=conn.run, **kw: _log.append(("run", cmd)) or _run(cmd, **kw)
+                conn.sudo = lambda cmd, _log=commands, _sudo=conn.sudo, **kw: _log.append(("sudo", cmd)) or _sudo(cmd, **kw)
                 results = converge(conn, [DaemonStep()], host_profile(host, inventory.path))
                 runs.append(([r.status for r in results], [kind for kind, _ in commands]))
     finally:

@@ -13,7 +13,13 @@ from gpurig.monitor.record import load_run
 ROOT = Path(__file__).resolve().parents[3]
 RUNS = ROOT / "tests" / "fixtures" / "monitor" / "runs"
 DASHBOARD = ROOT / "gpurig" / "monitor" / "grafana-dashboard.json"
-NODE = ("node_cpu_seconds_total", "node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes", "node_disk_read_bytes_total", "node_network_receive_bytes_total")
+NODE = (
+    "node_cpu_seconds_total",
+    "node_memory_MemTotal_bytes",
+    "node_memory_MemAvailable_bytes",
+    "node_disk_read_bytes_total",
+    "node_network_receive_bytes_total",
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,5 +68,5 @@ def test_every_dashboard_panel_query_returns_series(scraped):
     for expr in exprs:
         concrete = expr.replace("$Hostname", variable["allValue"]).replace("$__rate_interval", "1m")
         # rate() needs two scrapes: poll until the panel would draw.
-        got = scraped.poll(lambda: scraped.query(concrete), f"series for {concrete}", deadline_s=15)
+        got = scraped.poll(lambda concrete=concrete: scraped.query(concrete), f"series for {concrete}", deadline_s=15)
         assert got, expr

@@ -209,7 +209,10 @@ def test_unknown_key_names_it_the_host_and_suggests():
         ({"name": "x"}, "missing key 'variant'"),
         ({"variant": "slim", "name": "-bad"}, "is not a container name"),
         ({"variant": "slim", "user": "a b"}, "contains whitespace"),
-        ({"variant": "slim", "torch": "2.9.1", "cuda": "13.0"}, "torch=2.9.1 cuda=13.0 is not in the matrix of {spec}; fix: pick one of (torch/cuda) 2.14.1/13.0"),
+        (
+            {"variant": "slim", "torch": "2.9.1", "cuda": "13.0"},
+            "torch=2.9.1 cuda=13.0 is not in the matrix of {spec}; fix: pick one of (torch/cuda) 2.14.1/13.0",
+        ),
         ({"variant": "slim", "torch": "2.14.1", "cuda": 13.0}, "13.0 is a number; fix: quote it"),
         ({"variant": "slim", "share": "yes"}, "share: expected true or false"),
         ({"variant": "slim", "gpus": "0,1"}, "is not a GPU request; fix: write gpus: all, gpus: none, a count"),
