@@ -22,6 +22,7 @@ from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
+from gpurig.status import Status, worst
 from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
 
 __all__ = ["provision"]
@@ -46,10 +47,9 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
 
     def work(conn: Connection) -> Outcome:
         results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
-        statuses = {r.status for r in results}
-        status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
-        failed = "; ".join(f"step {r.step} failed: {r.reason}" for r in results if r.status == "failed")
-        return Outcome(status=status, data=tuple(results), detail=failed)
+        failed = [r for r in results if r.status == Status.FAILED]
+        detail = "; ".join(f"step {r.step} failed: {r.reason}" for r in failed)
+        return Outcome(status=worst(r.status for r in results), data=tuple(results), detail=detail, fix=failed[0].fix if failed else "")
 
     def annotate(rep: FleetReport) -> dict:
         return {"converged": rep.exit_code == 0, "hosts": host_documents(rep, opts.diff)}
