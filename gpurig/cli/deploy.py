@@ -28,6 +28,7 @@ from gpurig.image.build import human_size
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
+from gpurig.status import Status, worst
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -69,8 +70,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
 
     def work(conn: Connection) -> Outcome:
         outcomes = deploy_host(conn, job)
-        statuses = {o.status for o in outcomes}
-        status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
+        status = worst(Status(o.status) for o in outcomes)
         detail = "; ".join(f"{o.name}: {o.reason}" for o in outcomes if o.status == "failed")
         return Outcome(status=status, data=tuple(outcomes), detail=detail)
 
@@ -195,7 +195,7 @@ def status(c, opts: HostOptions):
 
     def work(conn: Connection) -> Outcome:
         with open_engine(conn) as engine:
-            return Outcome(status="ok", data=tuple(engine.containers(label=NAME_LABEL)))
+            return Outcome(status=Status.OK, data=tuple(engine.containers(label=NAME_LABEL)))
 
     def annotate(rep: FleetReport) -> dict:
         return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results}}
@@ -247,7 +247,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
         with open_engine(conn) as engine:
             found = engine.container(name)
             if found is None or NAME_LABEL not in found.labels:
-                return Outcome(status="failed", detail=f"no gpurig container named {name} (see gpurig status)")
+                return Outcome(status=Status.FAILED, detail=f"no gpurig container named {name} (see gpurig status)")
             try:
                 stream = engine.api.logs(name, stream=True, follow=bool(follow), tail=int(tail) or "all", stdout=True, stderr=True)
                 for chunk in stream:
@@ -258,7 +258,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
                     sys.stdout.flush()
             except (docker.errors.APIError, requests.RequestException, OSError) as err:
                 raise engine_error(conn.name, f"read the logs of {name}", err) from None
-        return Outcome(status="ok")
+        return Outcome(status=Status.OK)
 
     report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1")
     exit_for(report)
@@ -281,8 +281,8 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
                         raise engine_error(conn.name, f"{verb} {ci.name}", err) from None
                 done.append(ci.name)
         if missing:
-            return Outcome(status="failed", data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
-        return Outcome(status="changed" if done else "ok", data=tuple(done))
+            return Outcome(status=Status.FAILED, data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
+        return Outcome(status=Status.CHANGED if done else Status.OK, data=tuple(done))
 
     report = run_hosts(opts, chosen, work, label=verb, schema=f"gpurig.{verb}/1")
     rows = [[r.host, ", ".join(outcomes_of(r)) or "-", r.status, r.reason] for r in report.results]
