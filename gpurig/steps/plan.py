@@ -33,6 +33,7 @@ class Change:
     commands: tuple[Command, ...] = ()
     diff: str = ""
     fix: str = ""  # what to do when one of its commands fails (else the command error's own fix)
+    settings: tuple[tuple[str, Any, Any], ...] = ()  # a container's settings that differ: (key, old, new)
 
     @property
     def written(self) -> Upload | None:
