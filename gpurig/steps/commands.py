@@ -23,7 +23,8 @@ from gpurig.errors import GpurigError, HostError
 
 # Installs the staged file $2 as $1, atomically: readers see the old file or the whole new one, never half.
 _INSTALL = r"""set -eu
-path=$1 src=$2 mode=$3 backup=$4
+path=$1 src=$2 mode=$3 backup=$4 stage=${5:-}
+[ -z "$stage" ] || trap 'rm -rf -- "$stage"' EXIT HUP INT TERM
 dir=$(dirname -- "$path")
 [ -d "$dir" ] || mkdir -p -m 0755 -- "$dir"
 owner=$(stat -c %u -- "$dir")
@@ -31,7 +32,7 @@ if [ "$owner" != 0 ] && [ "$owner" != "$(id -u)" ]; then
   echo "refusing to write in $dir: it belongs to uid $owner, neither root nor $(id -un)" >&2; exit 1
 fi
 tmp=$(mktemp -- "$dir/.${path##*/}.XXXXXX.gpurig-tmp")
-trap 'rm -f -- "$tmp"' EXIT HUP INT TERM
+trap 'rm -f -- "$tmp"; [ -z "$stage" ] || rm -rf -- "$stage"' EXIT HUP INT TERM
 cat -- "$src" > "$tmp"
 if [ -e "$path" ]; then
   chmod --reference="$path" -- "$tmp"
@@ -45,18 +46,20 @@ fi
 sync -- "$tmp" 2>/dev/null || sync
 mv -f -- "$tmp" "$path"
 trap - EXIT HUP INT TERM
+[ -z "$stage" ] || rm -rf -- "$stage"
 """
 
 
-def install_file_command(path: str, staged: str, *, mode: int = 0o644, backup: bool = True) -> str:
+def install_file_command(path: str, staged: str, *, mode: int = 0o644, backup: bool = True, remove: str = "") -> str:
     """A shell line that atomically replaces ``path`` with the file at ``staged`` on the host it runs on.
 
     The new file gets the old one's mode and owner (``mode`` for a new file);
     a timestamped copy of the old file is kept when ``backup``. A folder that
     belongs to another user than root or the one writing is refused: in a
     shared /tmp another user could have made it first and swap the file.
+    ``remove``: the staging folder, removed at the end whatever happened (one round trip less).
     """
-    return shlex.join(["sh", "-c", _INSTALL, "gpurig-install", path, staged, f"{mode:04o}", "yes" if backup else "no"])
+    return shlex.join(["sh", "-c", _INSTALL, "gpurig-install", path, staged, f"{mode:04o}", "yes" if backup else "no", remove])
 
 
 @dataclass(frozen=True)
@@ -143,9 +146,11 @@ def _upload(conn: Connection, upload: Upload, timeout: float | None) -> None:
                 conn.put(local, staged, mode=0o600)
             finally:
                 os.unlink(local)
-        conn.admin(install_file_command(upload.remote, staged, mode=upload.mode, backup=upload.backup), timeout=timeout)
-    finally:  # on failure too: nothing of ours stays in /tmp
+    except BaseException:  # nothing of ours stays in /tmp
         try:
             conn.run(["rm", "-rf", "--", staging], warn=True)
         except GpurigError:
             pass
+        raise
+    # The install command removes the staging folder itself, on failure too: one round trip less.
+    conn.admin(install_file_command(upload.remote, staged, mode=upload.mode, backup=upload.backup, remove=staging), timeout=timeout)

@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,7 @@ def test_write_file_creates_directory_and_file_with_the_exact_bytes(conn, tmp_pa
     assert oct(target.stat().st_mode & 0o777) == "0o640"
     assert not Path("/tmp/gpurig-pwned").exists()
     assert sorted(p.name for p in target.parent.iterdir()) == ["daemon.json"]  # no temp file left
+    assert not list(Path(tempfile.gettempdir()).glob("gpurig-upload.*"))  # nor the staging folder
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -171,8 +173,8 @@ def test_uploaded_content_never_appears_in_a_command_line(tmp_path):
     run_change(host, "write the secret", (Upload("/etc/app/token", content="s3cret-token\n", mode=0o600),))
     assert host.put_files == [("s3cret-token\n", "/tmp/gpurig-upload.abc/token", 0o600)]
     assert not any("s3cret" in line for line in host.lines)
-    assert any("/etc/app/token" in line and "0600" in line for line in host.lines)
-    assert host.lines[-1] == "rm -rf -- /tmp/gpurig-upload.abc"  # the staging folder is gone
+    assert len(host.lines) == 2  # the staging folder, then the install, which also removes the folder
+    assert "/etc/app/token" in host.lines[1] and "0600" in host.lines[1] and host.lines[1].endswith(" /tmp/gpurig-upload.abc")
 
 
 def test_a_folder_of_another_user_is_refused(conn, tmp_path):

@@ -84,7 +84,8 @@ def test_second_run_runs_only_the_facts_script(container_host, host_inventory, t
                 runs.append(([r.status for r in results], [kind for kind, _ in commands]))
     finally:
         connector.close()
-    assert runs[0] == (["changed"], ["run", "sudo", "run"])  # facts, the write, facts again
+    # facts, a private staging folder, the write (content over SFTP, never in argv), facts again
+    assert runs[0] == (["changed"], ["run", "run", "sudo", "run"])
     assert runs[1] == (["ok"], ["run"])  # facts only
 
 
