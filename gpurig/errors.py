@@ -2,24 +2,26 @@
 
 Everything below the CLI raises these; the CLI prints ``str(error)`` as one
 line on stderr and exits with ``error.exit_code``. Nothing else should reach
-the user as a traceback.
+the user as a traceback. ``problem``, ``fix`` and ``host`` stay separate
+fields all the way to a report, which shows them side by side.
 """
 
 from __future__ import annotations
 
 
 class GpurigError(Exception):
-    """A problem the user can fix. ``problem`` says what is wrong, ``fix`` what to do."""
+    """A problem the user can fix. ``problem`` says what is wrong, ``fix`` what to do, ``host`` where (if on one)."""
 
     exit_code = 2
 
-    def __init__(self, problem: str, fix: str = "") -> None:
+    def __init__(self, problem: str, fix: str = "", host: str = "") -> None:
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
+        self.host = host
 
     def __str__(self) -> str:
-        return f"{self.problem}; fix: {self.fix}" if self.fix else self.problem
+        return explain(self.problem, self.fix, self.host)
 
 
 class SpecError(GpurigError):
@@ -52,6 +54,12 @@ class ConfigError(GpurigError):
 
 class HostError(GpurigError):
     """A host that cannot be reached, authenticated, trusted or commanded."""
+
+
+def explain(problem: str, fix: str = "", host: str = "") -> str:
+    """The one line a person reads for a problem: ``host: problem; fix: fix``, each part only when there is one."""
+    text = f"{host}: {problem}" if host else problem
+    return f"{text}; fix: {fix}" if fix else text
 
 
 def did_you_mean(word: str, choices) -> str:

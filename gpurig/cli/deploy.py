@@ -22,12 +22,16 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, engine_error, open_engine
 from gpurig.connect.fleet import FleetReport, HostResult, Outcome
 from gpurig.deploy import containers as container_specs
-from gpurig.deploy.apply import IMAGE_LABEL, NAME_LABEL, DeployJob, Target, deploy_host
+from gpurig.deploy.apply import DeployJob, Target, container_doc, deploy_host
+from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
 from gpurig.errors import ConfigError
 from gpurig.image.build import human_size
 from gpurig.report import console, err_console
+from gpurig.report.changes import host_documents, host_results, outcome, print_diffs, result_rows
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
+from gpurig.status import Status
+from gpurig.steps.plan import StepResult
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -68,15 +72,10 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     )
 
     def work(conn: Connection) -> Outcome:
-        outcomes = deploy_host(conn, job)
-        statuses = {o.status for o in outcomes}
-        status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
-        detail = "; ".join(f"{o.name}: {o.reason}" for o in outcomes if o.status == "failed")
-        return Outcome(status=status, data=tuple(outcomes), detail=detail)
+        return outcome(deploy_host(conn, job), lambda r: f"{r.step}: {r.reason}")
 
     def annotate(rep: FleetReport) -> dict:
-        return {"hosts": [{"host": r.host, "status": r.status, "reason": r.reason,
-                           "containers": [o.to_dict() for o in outcomes_of(r)]} for r in rep.results]}
+        return {"hosts": host_documents(rep, "containers", container_doc)}
 
     try:
         report = run_hosts(opts, chosen, work, label="deploy", schema=SCHEMA, annotate=annotate)
@@ -85,9 +84,9 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
             local.close()
     columns = [Column("host"), Column("container"), Column("status", styles=STATUS_STYLE), Column("action"),
                Column("image", drop=2), Column("moved", drop=1), Column("reason")]
-    opts.show(columns, deploy_rows(report, opts.check), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    opts.show(columns, result_rows(report, lambda s: deploy_cells(s, opts.check), 4), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     out = err_console if opts.json == "-" else console
-    if opts.diff:
+    if opts.diff and opts.format == "table":
         print_diffs(report, out)
     if opts.format == "table":
         print_access(report, out)
@@ -140,48 +139,22 @@ def human(n: int | None) -> str:
     return human_size(n or 0)
 
 
-def deploy_rows(report: FleetReport, check: bool) -> list[list[str]]:
-    rows = []
-    for r in report.results:
-        outcomes = outcomes_of(r)
-        if not outcomes:
-            rows.append([r.host, "-", r.status, "-", "", "", r.reason])
-        for o in outcomes:
-            action = f"would {o.action}" if check and o.action != "none" else o.action
-            moved = f"{human(o.bytes_moved)} ({o.delivery})" if o.delivery else ""
-            rows.append([r.host, o.name, o.status, action, o.image, moved, o.reason])
-    return rows
-
-
-def print_diffs(report: FleetReport, out) -> None:
-    for r in report.results:
-        for o in outcomes_of(r):
-            if o.diff:
-                out.print(f"[bold]{escape(r.host)} {escape(o.name)}: {o.action}[/]")
-                for key, old, new in o.diff:
-                    if old is not None:
-                        out.print(f"[red]- {escape(key)}: {escape(shown(key, old))}[/]", soft_wrap=True)
-                    if new is not None:
-                        out.print(f"[green]+ {escape(key)}: {escape(shown(key, new))}[/]", soft_wrap=True)
-
-
-def shown(key: str, value) -> str:
-    """A setting as a person writes it: sizes as 16g, lists and mappings as JSON."""
-    import json
-
-    from gpurig.deploy.fields import human as size
-
-    if key in ("shm_size", "memory") and isinstance(value, int):
-        return size(value)
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+def deploy_cells(s: StepResult, check: bool) -> list[str]:
+    """action, image, moved, reason of one container."""
+    action = s.changes[0].summary if s.changes else "none"
+    action = f"would {action}" if check and s.changes else action
+    d = s.details
+    moved = f"{human(d.get('bytes_moved'))} ({d['delivery']})" if d.get("delivery") else ""
+    reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
+    return [action, d.get("image", ""), moved, reason]
 
 
 def print_access(report: FleetReport, out) -> None:
     for r in report.results:
-        for o in outcomes_of(r):
-            if o.access:
-                out.print(f"[bold]{escape(r.host)} {escape(o.name)}[/]")
-                for line in o.access:
+        for s in host_results(r):
+            if s.details.get("access"):
+                out.print(f"[bold]{escape(r.host)} {escape(s.step)}[/]")
+                for line in s.details["access"]:
                     out.print(escape(line), soft_wrap=True)
 
 
@@ -195,7 +168,7 @@ def status(c, opts: HostOptions):
 
     def work(conn: Connection) -> Outcome:
         with open_engine(conn) as engine:
-            return Outcome(status="ok", data=tuple(engine.containers(label=NAME_LABEL)))
+            return Outcome(status=Status.OK, data=tuple(engine.containers(label=NAME_LABEL)))
 
     def annotate(rep: FleetReport) -> dict:
         return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results}}
@@ -247,7 +220,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
         with open_engine(conn) as engine:
             found = engine.container(name)
             if found is None or NAME_LABEL not in found.labels:
-                return Outcome(status="failed", detail=f"no gpurig container named {name} (see gpurig status)")
+                return Outcome(status=Status.FAILED, detail=f"no gpurig container named {name} (see gpurig status)")
             try:
                 stream = engine.api.logs(name, stream=True, follow=bool(follow), tail=int(tail) or "all", stdout=True, stderr=True)
                 for chunk in stream:
@@ -258,7 +231,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
                     sys.stdout.flush()
             except (docker.errors.APIError, requests.RequestException, OSError) as err:
                 raise engine_error(conn.name, f"read the logs of {name}", err) from None
-        return Outcome(status="ok")
+        return Outcome(status=Status.OK)
 
     report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1")
     exit_for(report)
@@ -281,8 +254,8 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
                         raise engine_error(conn.name, f"{verb} {ci.name}", err) from None
                 done.append(ci.name)
         if missing:
-            return Outcome(status="failed", data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
-        return Outcome(status="changed" if done else "ok", data=tuple(done))
+            return Outcome(status=Status.FAILED, data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
+        return Outcome(status=Status.CHANGED if done else Status.OK, data=tuple(done))
 
     report = run_hosts(opts, chosen, work, label=verb, schema=f"gpurig.{verb}/1")
     rows = [[r.host, ", ".join(outcomes_of(r)) or "-", r.status, r.reason] for r in report.results]

@@ -18,6 +18,7 @@ from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column, rows_document
+from gpurig.status import Status
 
 __all__ = ["hosts", "facts", "exec_"]
 
@@ -143,12 +144,12 @@ def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
 
     def work(conn: Connection) -> Outcome:
         if opts.check:
-            return Outcome(status="skipped", detail=f"check mode: would run {line!r}")
+            return Outcome(status=Status.SKIPPED, detail=f"check mode: would run {line!r}")
         run = conn.sudo if become else conn.run
         result = run(line, warn=True, timeout=limit)
         data = {"rc": result.exited, "stdout": result.stdout, "stderr": result.stderr}
         if result.failed:
-            return Outcome(status="failed", data=data, detail=f"exited {result.exited}")
+            return Outcome(status=Status.FAILED, data=data, detail=f"exited {result.exited}")
         return Outcome(data=data)
 
     report = run_hosts(opts, select_hosts(opts), work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line})

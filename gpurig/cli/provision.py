@@ -10,19 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
-
 from gpurig.cli.base import project_root
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError, GpurigError
 from gpurig.image.spec import find_specs, load_spec
 from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
+from gpurig.report.changes import host_documents, outcome, print_diffs, reason_text, result_rows
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.steps import STEPS, DriverStep, RebootStep, Step, StepResult, converge_rebooting
+from gpurig.steps import STEPS, DriverStep, RebootStep, Step, converge_rebooting
 
 __all__ = ["provision"]
 
@@ -46,17 +45,15 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
 
     def work(conn: Connection) -> Outcome:
         results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
-        statuses = {r.status for r in results}
-        status = "failed" if "failed" in statuses else "changed" if "changed" in statuses else "ok"
-        failed = "; ".join(f"step {r.step} failed: {r.reason}" for r in results if r.status == "failed")
-        return Outcome(status=status, data=tuple(results), detail=failed)
+        return outcome(results, lambda r: f"step {r.step} failed: {r.reason}")
 
     def annotate(rep: FleetReport) -> dict:
-        return {"converged": rep.exit_code == 0, "hosts": host_documents(rep, opts.diff)}
+        return {"converged": rep.exit_code == 0,
+                "hosts": host_documents(rep, "steps", lambda s: s.to_dict(opts.diff), durations=True)}
 
     report = run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, annotate=annotate)
     columns = [Column("host"), Column("step"), Column("status", styles=STATUS_STYLE), Column("reason")]
-    opts.show(columns, step_rows(report), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    opts.show(columns, result_rows(report, lambda s: [reason_text(s)], 1), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     if opts.diff and opts.format == "table":
         print_diffs(report, err_console if opts.json == "-" else console)
     exit_for(report)
@@ -106,37 +103,3 @@ def local_machine_id() -> str | None:
         return Path("/etc/machine-id").read_text().strip() or None
     except OSError:
         return None
-
-
-def host_steps(r: HostResult) -> tuple[StepResult, ...]:
-    return r.data if isinstance(r.data, tuple) else ()
-
-
-def step_rows(report: FleetReport) -> list[list[str]]:
-    rows = []
-    for r in report.results:
-        results = host_steps(r)
-        if not results:
-            rows.append([r.host, "-", r.status, r.reason])
-        for s in results:
-            rows.append([r.host, s.step, s.status, "\n".join([s.reason, *(f"- {c.summary}" for c in s.changes)])])
-    return rows
-
-
-def host_documents(report: FleetReport, diff: bool) -> list[dict]:
-    return [
-        {"host": r.host, "status": r.status, "reason": r.reason, "duration_s": round(r.duration_s, 3),
-         "steps": [s.to_dict(diff) for s in host_steps(r)]}
-        for r in report.results
-    ]
-
-
-def print_diffs(report: FleetReport, out) -> None:
-    for r in report.results:
-        for s in host_steps(r):
-            for change in s.changes:
-                if change.diff:
-                    out.print(f"[bold]{escape(r.host)} {s.step}: {escape(change.summary)}[/]")
-                    for line in change.diff.splitlines():
-                        style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
-                        out.print(f"[{style}]{escape(line)}[/]" if style else escape(line), soft_wrap=True)

@@ -16,6 +16,7 @@ from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
 from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
+from gpurig.status import Status
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict
 from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
@@ -62,7 +63,7 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
         verdict = verify_host(conn, plan, gpus.count, gpus.model)
         failed = verdict.failures
         if failed:
-            return Outcome(status="failed", data=verdict, detail=f"{failed[0].id}: {failed[0].detail}")
+            return Outcome(status=Status.FAILED, data=verdict, detail=f"{failed[0].id}: {failed[0].detail}")
         return Outcome(data=verdict)
 
     def annotate(report: FleetReport) -> dict:

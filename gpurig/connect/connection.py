@@ -56,8 +56,9 @@ class CommandError(HostError):
     def __init__(self, result: Result) -> None:
         last = last_line(result.stderr, result.stdout)
         super().__init__(
-            f"{result.host}: command exited {result.exited}: {short_command(result.command)}" + (f": {last[:200]}" if last else ""),
+            f"command exited {result.exited}: {short_command(result.command)}" + (f": {last[:200]}" if last else ""),
             "run the command by hand on the host to see the whole output",
+            host=result.host,
         )
         self.result = result
 
@@ -205,13 +206,15 @@ class Connection:
             result = _replace_stderr(result, watcher.clean(result.stderr))
             if watcher.asked > 1:
                 raise SudoPasswordError(
-                    f"{self.name}: sudo rejected the password for {self._user_name()}",
+                    f"sudo rejected the password for {self._user_name()}",
                     f"set the right password in ${SUDO_PASSWORD_ENV} or use --ask-sudo-password",
+                    host=self.name,
                 )
         elif result.exited != 0 and "a password is required" in result.stderr:
             raise SudoPasswordError(
-                f"{self.name}: sudo needs a password for {self._user_name()} and none was given",
+                f"sudo needs a password for {self._user_name()} and none was given",
                 f"set ${SUDO_PASSWORD_ENV} or use --ask-sudo-password (or allow NOPASSWD in sudoers)",
+                host=self.name,
             )
         return self._checked(result, warn)
 
@@ -248,8 +251,9 @@ class Connection:
 
     def _timed_out(self, timeout: float, shown: str) -> CommandTimeout:
         return CommandTimeout(
-            f"{self.name}: command did not finish within {timeout:g}s: {short_command(shown)}",
+            f"command did not finish within {timeout:g}s: {short_command(shown)}",
             "raise the command timeout or find out why it hangs",
+            host=self.name,
         )
 
     def _user_name(self) -> str:

@@ -26,34 +26,29 @@ from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
 from gpurig.inventory import Host
+from gpurig.status import Status
 
 log = logging.getLogger(__name__)
-
-STATUSES = ("ok", "changed", "failed", "unreachable", "skipped")
-_SUCCEEDED = ("ok", "changed", "skipped")
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What a host function may return to say more than ``ok``: changed, or an explicit status with its data.
 
-    ``status`` (ok | changed | failed | skipped) wins over ``changed``; a
-    ``failed`` outcome keeps its data (e.g. a command's output) where raising
-    would lose it.
+    ``status`` wins over ``changed``; a ``failed`` outcome keeps its data
+    (e.g. a command's output) where raising would lose it. ``detail`` says
+    why, ``fix`` what to do about it.
     """
 
     changed: bool = False
     data: Any = None
     detail: str = ""
-    status: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status and self.status not in STATUSES:
-            raise ValueError(f"unknown status {self.status!r}")
+    status: Status | None = None
+    fix: str = ""
 
     @property
-    def resolved(self) -> str:
-        return self.status or ("changed" if self.changed else "ok")
+    def resolved(self) -> Status:
+        return self.status or (Status.CHANGED if self.changed else Status.OK)
 
 
 class FleetEvents:
@@ -77,14 +72,15 @@ class HostResult:
     """One host's end state in a fleet run."""
 
     host: str
-    status: str  # one of STATUSES
-    reason: str = ""
+    status: Status
+    reason: str = ""  # the problem, for a host that did not succeed
     data: Any = None
     duration_s: float = 0.0
+    fix: str = ""  # what to do about it
 
     @property
     def succeeded(self) -> bool:
-        return self.status in _SUCCEEDED
+        return self.status.succeeded
 
 
 @dataclass(frozen=True)
@@ -157,7 +153,7 @@ def run_fleet(
 
     def one(host: Host) -> HostResult:
         if stopping.is_set():
-            return HostResult(host.name, "failed", "interrupted before start")
+            return HostResult(host.name, Status.FAILED, "interrupted before start")
         start = time.monotonic()
         conn = connector.open(host)
         with lock:
@@ -167,19 +163,20 @@ def run_fleet(
             try:
                 conn.connect()
             except ConnectError as err:
-                return HostResult(host.name, "unreachable", _reason(host, err), None, time.monotonic() - start)
+                return HostResult(host.name, Status.UNREACHABLE, _problem(host, err), None, time.monotonic() - start, err.fix)
             display.state(host.name, "running")
             value = work(conn)
             if isinstance(value, Outcome):
-                return HostResult(host.name, value.resolved, value.detail, value.data, time.monotonic() - start)
-            return HostResult(host.name, "ok", "", value, time.monotonic() - start)
+                return HostResult(host.name, value.resolved, value.detail, value.data, time.monotonic() - start, value.fix)
+            return HostResult(host.name, Status.OK, "", value, time.monotonic() - start)
         except GpurigError as err:
-            reason = "interrupted" if stopping.is_set() else _reason(host, err)
-            return HostResult(host.name, "failed", reason, None, time.monotonic() - start)
+            if stopping.is_set():
+                return HostResult(host.name, Status.FAILED, "interrupted", None, time.monotonic() - start)
+            return HostResult(host.name, Status.FAILED, _problem(host, err), None, time.monotonic() - start, err.fix)
         except Exception as err:  # a bug in work() must cost one host, not the fleet
             log.exception("unexpected error on %s", host.name)
             reason = "interrupted" if stopping.is_set() else f"internal error: {type(err).__name__}: {err}"
-            return HostResult(host.name, "failed", reason, None, time.monotonic() - start)
+            return HostResult(host.name, Status.FAILED, reason, None, time.monotonic() - start)
         finally:
             with lock:
                 open_conns.pop(host.name, None)
@@ -214,8 +211,8 @@ def run_fleet(
         pool.shutdown(wait=not interrupted)
         display.stop()
 
-    ordered = tuple(results.get(h.name) or HostResult(h.name, "failed", "interrupted") for h in hosts)
-    summary = {s: sum(1 for r in ordered if r.status == s) for s in STATUSES}
+    ordered = tuple(results.get(h.name) or HostResult(h.name, Status.FAILED, "interrupted") for h in hosts)
+    summary = {s.value: sum(1 for r in ordered if r.status == s) for s in Status}
     report = FleetReport(ordered, started_at, time.monotonic() - t0, interrupted, summary)
     if report_path:
         report.write_json(report_path)
@@ -232,10 +229,13 @@ class FleetInterrupted(KeyboardInterrupt):
         self.report = report
 
 
-def _reason(host: Host, err: Exception) -> str:
-    """The error text without the host name it starts with: reports already say which host."""
-    text = str(err)
-    return text.removeprefix(f"{host.name}: ")
+def _problem(host: Host, err: GpurigError) -> str:
+    """The error's problem without the host name it starts with: reports already say which host.
+
+    An error that names its host in a ``host`` field needs nothing taken off;
+    the engine's errors still start with it (gpurig/connect/engine.py).
+    """
+    return err.problem if err.host else err.problem.removeprefix(f"{host.name}: ")
 
 
 def _data(value: Any) -> Any:

@@ -77,7 +77,7 @@ class LocalConnection(Connection):
         except OSError as err:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-            raise HostError(f"{self.name}: cannot copy {local} to {remote}: {err.strerror}", "check both paths and permissions") from None
+            raise HostError(f"cannot copy {local} to {remote}: {err.strerror}", "check both paths and permissions", host=self.name) from None
 
     def get(self, remote, local) -> None:
         self.put(remote, str(local))

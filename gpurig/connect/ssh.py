@@ -125,7 +125,7 @@ class SSHConnection(Connection):
     def connect(self) -> None:
         with self._lock:
             if self._closed:
-                raise UnreachableError(f"{self.name}: connection was closed", "open a new connection")
+                raise UnreachableError("connection was closed", "open a new connection", host=self.name)
             if self._transport is None or not self._transport.is_active():
                 self._transport = self._connector.transport(self.target)
 
@@ -145,7 +145,7 @@ class SSHConnection(Connection):
         self.connect()
         transport = self._transport
         if transport is None:
-            raise ConnectionLost(f"{self.name}: connection was closed", "open a new connection")
+            raise ConnectionLost("connection was closed", "open a new connection", host=self.name)
         return transport
 
     def open_stream(self, line: str, timeout: float | None = None) -> paramiko.Channel:
@@ -160,20 +160,20 @@ class SSHConnection(Connection):
             chan.settimeout(timeout)
             chan.exec_command(line)
         except (paramiko.SSHException, OSError, EOFError) as err:
-            raise ConnectionLost(f"{self.name}: could not open a stream: {err or type(err).__name__}", "check that the host is up and retry") from None
+            raise ConnectionLost(f"could not open a stream: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         return chan
 
     def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
         self.connect()
         transport = self._transport  # close() from another thread (Ctrl-C) may set the attribute to None meanwhile
         if transport is None:
-            raise ConnectionLost(f"{self.name}: connection closed before the command started", "")
+            raise ConnectionLost("connection closed before the command started", "", host=self.name)
         started = time.monotonic()
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(f"printf '{_PID_MARK.decode()}%s\\n' \"$$\" >&2\n{line}")
         except (paramiko.SSHException, OSError, EOFError) as err:
-            raise ConnectionLost(f"{self.name}: could not start a command: {err or type(err).__name__}", "check that the host is up and retry") from None
+            raise ConnectionLost(f"could not start a command: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         collect = OutputCollector(on_output, watcher)
         pid = _RemotePid()
         if watcher is None:
@@ -202,7 +202,7 @@ class SSHConnection(Connection):
                     wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
                     sel.select(wait)
                     if self._closed:
-                        raise ConnectionLost(f"{self.name}: connection closed while a command ran", "")
+                        raise ConnectionLost("connection closed while a command ran", "", host=self.name)
             # Drain what arrived together with the exit status.
             while chan.recv_ready():
                 collect.add("stdout", chan.recv(65536))
@@ -213,17 +213,17 @@ class SSHConnection(Connection):
             collect.add("stderr", b"", final=True)
             exited = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (OSError, EOFError, paramiko.SSHException) as err:
-            raise ConnectionLost(
-                f"{self.name}: connection lost during {short_command(shown)}: {err or type(err).__name__}", "check that the host and its sshd are up"
-            ) from None
+            raise ConnectionLost(f"connection lost during {short_command(shown)}: {err or type(err).__name__}",
+                "check that the host and its sshd are up", host=self.name) from None
         finally:
             sel.close()
             chan.close()
         if exited == -1:
             # The channel closed without an exit status: the session or the host went away.
             raise ConnectionLost(
-                f"{self.name}: connection lost while running {short_command(shown)} (no exit status)",
+                f"connection lost while running {short_command(shown)} (no exit status)",
                 "check that the host and its sshd are up",
+                host=self.name,
             )
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
 
@@ -258,7 +258,7 @@ class SSHConnection(Connection):
             try:
                 self._sftp = transport.open_sftp_client()
             except (paramiko.SSHException, OSError, EOFError) as err:
-                raise HostError(f"{self.name}: SFTP unavailable: {err}", "enable the sftp Subsystem in the host's sshd_config") from None
+                raise HostError(f"SFTP unavailable: {err}", "enable the sftp Subsystem in the host's sshd_config", host=self.name) from None
         return self._sftp
 
     def put(self, local, remote, mode=None) -> None:
@@ -276,9 +276,8 @@ class SSHConnection(Connection):
                 sftp.remove(tmp)
             except (OSError, paramiko.SSHException):
                 pass
-            raise HostError(
-                f"{self.name}: cannot put {local} to {remote}: {err}", "check the remote directory exists and is writable by the login user"
-            ) from None
+            raise HostError(f"cannot put {local} to {remote}: {err}",
+                "check the remote directory exists and is writable by the login user", host=self.name) from None
 
     def get(self, remote, local) -> None:
         sftp = self._sftp_client()
@@ -290,7 +289,7 @@ class SSHConnection(Connection):
             os.replace(tmp, dest)
         except (OSError, paramiko.SSHException) as err:
             Path(tmp).unlink(missing_ok=True)
-            raise HostError(f"{self.name}: cannot get {remote}: {err}", "check the remote path exists and is readable by the login user") from None
+            raise HostError(f"cannot get {remote}: {err}", "check the remote path exists and is readable by the login user", host=self.name) from None
 
 
 class _RemotePid:

@@ -7,18 +7,19 @@ leaves the host untouched); plan each container as ``ok`` (same image id, same
 settings, running: not touched), ``start``, ``create`` or ``recreate`` (with
 the old and new settings for ``--diff``); in check mode stop there; else move
 the images, then replace and start the containers and collect their access
-lines. A container that exits at start is reported with its exit code and its
-last log lines.
+lines. Plans and results are provision's ``Plan``/``StepResult`` (one per
+container, its name as the step); a change's engine actions are ``Call``s
+run by the same ``run_change``. A container that exits at start fails with
+its exit code and its last log lines.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import docker.errors
@@ -27,15 +28,15 @@ import requests
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import ContainerInfo, Engine, EngineError, ImageInfo, engine_error, open_engine
 from gpurig.deploy import access
+from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime
-from gpurig.errors import GpurigError
+from gpurig.errors import GpurigError, HostError
 from gpurig.facts import gather
+from gpurig.status import Status
+from gpurig.steps.commands import Call, Command, run_change
+from gpurig.steps.plan import Plan, StepResult
 
-NAME_LABEL = "io.gpurig.deploy.name"
-HASH_LABEL = "io.gpurig.deploy.hash"
-SETTINGS_LABEL = "io.gpurig.deploy.settings"
-IMAGE_LABEL = "io.gpurig.deploy.image"
 SECRETS_DIR = "run/secrets"
 
 
@@ -63,28 +64,8 @@ class DeployJob:
     show_token: bool = False  # Jupyter's token in the access lines (a person at a terminal, or --show-token)
 
 
-@dataclass
-class ContainerOutcome:
-    name: str
-    status: str = "ok"  # ok | changed | failed
-    action: str = "none"  # none | create | recreate | start
-    image: str = ""
-    delivery: str = ""
-    bytes_moved: int = 0
-    diff: list = field(default_factory=list)  # [(key, old, new)]
-    access: list = field(default_factory=list)  # lines for a person (may hold the Jupyter token: terminal only)
-    reason: str = ""
-    logs: str = ""  # the last log lines of a container that did not start
-    exit_code: int | None = None
-
-    def to_dict(self) -> dict:
-        """The JSON report's view: no access lines (they carry the token)."""
-        data = {k: v for k, v in self.__dict__.items() if k != "access"}
-        data["diff"] = [{"key": k, "old": o, "new": n} for k, o, n in self.diff]
-        return data
-
-
-def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
+def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
+    """One ``StepResult`` per container (its step name): ok, changed (start, create, recreate) or failed."""
     targets = job.targets[conn.name]
     with open_engine(conn) as engine:
         info = engine.info()
@@ -94,33 +75,81 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[ContainerOutcome]:
         refusals, devices = preflight(engine, targets, facts, info, state, ours, job)
         if refusals:
             return [refused(t, refusals) for t in targets]
-        outcomes = [plan(engine, t, devices.get(t.spec.name, ())) for t in targets]
-        if job.check:
-            return outcomes
         moved: dict[str, Any] = {}
-        for t, out in zip(targets, outcomes):
-            if out.action == "none":  # untouched, and still worth saying how to reach it
-                running = engine.container(t.spec.name)
+        runs = [ContainerRun(engine, t, devices.get(t.spec.name), job, moved) for t in targets]
+        plans = [plan(engine, run.target, devices.get(run.target.spec.name, ()), run.commands) for run in runs]
+        if job.check:
+            return [run.result(p) for run, p in zip(runs, plans)]
+        results = []
+        for run, p in zip(runs, plans):
+            if p.status == Status.OK:  # untouched, and still worth saying how to reach it
+                running = engine.container(run.target.spec.name)
                 if running is not None:
-                    out.access = access.lines(engine, conn, t.spec, running, t.login, job.show_token)
+                    run.access = access.lines(engine, conn, run.target.spec, running, run.target.login, job.show_token)
+                results.append(run.result(p))
                 continue
+            change = p.changes[0]
             try:
-                if t.image_ref not in moved:
-                    job.progress(conn.name, f"image {t.image_ref}")
-                    moved[t.image_ref] = job.deliver(engine, conn, t, lambda text: job.progress(conn.name, text))
-                d = moved[t.image_ref]
-                out.delivery, out.bytes_moved = d.method, d.bytes_moved
-                make_workspaces(conn, t)
-                run_container(engine, conn, t, devices.get(t.spec.name), out, job)
+                run_change(conn, f"{change.summary} {run.target.spec.name}", change.commands)
             except GpurigError as err:
-                out.status, out.reason = "failed", str(err)
-        return outcomes
+                results.append(run.result(p, err))
+                continue
+            results.append(run.result(p))
+        return results
 
 
-def refused(t: Target, refusals: list[Refusal]) -> ContainerOutcome:
+class ContainerRun:
+    """The engine actions that make one container real, as ``Call``s of its change; what they learn stays here for the report."""
+
+    def __init__(self, engine: Engine, target: Target, devices, job: DeployJob, moved: dict[str, Any]) -> None:
+        self.engine, self.target, self.devices, self.job, self.moved = engine, target, devices, job, moved
+        self.delivery = ""
+        self.bytes_moved = 0
+        self.access: list[str] = []  # lines for a person (may hold the Jupyter token: terminal only)
+        self.logs = ""  # the last log lines of a container that did not start
+        self.exit_code: int | None = None
+
+    def commands(self, action: str) -> tuple[Command, ...]:
+        name = self.target.spec.name
+        start = Call(f"{action} {name}", lambda conn: run_container(self.engine, conn, self.target, self.devices, action, self, self.job))
+        if action == "start":
+            return (start,)
+        return (Call(f"move {self.target.image_ref} to the host", self.deliver), start)
+
+    def deliver(self, conn: Connection) -> None:
+        t, job = self.target, self.job
+        if t.image_ref not in self.moved:
+            job.progress(conn.name, f"image {t.image_ref}")
+            self.moved[t.image_ref] = job.deliver(self.engine, conn, t, lambda text: job.progress(conn.name, text))
+        d = self.moved[t.image_ref]
+        self.delivery, self.bytes_moved = d.method, d.bytes_moved
+        make_workspaces(conn, t)
+
+    def result(self, p: Plan, error: GpurigError | None = None) -> StepResult:
+        details = {"image": self.target.image_ref, "delivery": self.delivery, "bytes_moved": self.bytes_moved,
+                   "logs": self.logs, "exit_code": self.exit_code, "access": tuple(self.access)}
+        if error is not None:
+            return StepResult(self.target.spec.name, Status.FAILED, error.problem, p.changes, fix=error.fix, details=details)
+        return StepResult(self.target.spec.name, p.status, "", p.changes, details=details)
+
+
+def refused(t: Target, refusals: list[Refusal]) -> StepResult:
     mine = [r for r in refusals if t.spec.name in r.container.split(", ")]
-    reason = "; ".join(f"{r.problem} (fix: {r.fix})" for r in mine) or "not started: another container of this host was refused"
-    return ContainerOutcome(t.spec.name, "failed", image=t.image_ref, reason=reason)
+    if not mine:
+        return StepResult(t.spec.name, Status.FAILED, "not started: another container of this host was refused",
+                          details={"image": t.image_ref})
+    return StepResult(t.spec.name, Status.FAILED, "; ".join(r.problem for r in mine), fix="; ".join(r.fix for r in mine),
+                      details={"image": t.image_ref})
+
+
+def container_doc(r: StepResult) -> dict[str, Any]:
+    """A container in the JSON report: no access lines (they carry the token); env values are masked already."""
+    change = r.changes[0] if r.changes else None
+    d = r.details
+    return {"name": r.step, "status": r.status, "action": change.summary if change else "none", "image": d.get("image", ""),
+            "delivery": d.get("delivery", ""), "bytes_moved": d.get("bytes_moved", 0),
+            "diff": [{"key": k, "old": o, "new": n} for k, o, n in (change.settings if change else ())],
+            "reason": r.reason, "fix": r.fix, "logs": d.get("logs", ""), "exit_code": d.get("exit_code")}
 
 
 def preflight(engine: Engine, targets: list[Target], facts, info, state: HostState, ours, job: DeployJob):
@@ -128,7 +157,7 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
     refusals: list[Refusal] = []
     devices: dict = {}
     names = {s.name for s in specs}
-    held = {c.name: (c.device_ids or (), bool(_old_settings(c).get("share"))) for c in ours if c.name not in names and c.device_ids}
+    held = {c.name: (c.device_ids or (), bool(old_settings(c).get("share"))) for c in ours if c.name not in names and c.device_ids}
     current = {c.name: c.device_ids for c in ours if c.name in names and c.device_ids}
     try:
         devices = job.assign_gpus(specs, [(g.index, g.uuid) for g in facts.gpus], held=held, current=current)
@@ -167,71 +196,15 @@ def labels_for(t: Target) -> dict[str, str]:
     return {IMAGE_LABEL: t.image_ref}
 
 
-def plan(engine: Engine, t: Target, devices: tuple[str, ...] | None = ()) -> ContainerOutcome:
-    """What to do with this container: nothing, start it, create it, or replace it (with the settings that differ).
-
-    ``devices`` are the GPUs it is to get (None: all): a count (gpus: 1) resolved to
-    other GPUs than the container holds is a change, though its settings are not.
-    """
-    out = ContainerOutcome(t.spec.name, image=t.image_ref)
-    current = engine.container(t.spec.name)
-    want_id = t.image.id if t.image else (engine.image(t.image_ref).id if engine.image(t.image_ref) else None)
-    if current is None:
-        out.status, out.action = "changed", "create"
-        out.diff = [_masked(k, None, v) for k, v in sorted(t.spec.settings().items())]
-        return out
-    same_config = current.labels.get(HASH_LABEL) == t.spec.config_hash()
-    same_image = want_id is not None and current.image_id == want_id
-    want_devices = ("all",) if devices is None else tuple(devices) or None
-    same_devices = current.device_ids == want_devices
-    if same_config and same_image and same_devices:
-        if current.running:
-            return out
-        out.status, out.action = "changed", "start"
-        return out
-    out.status, out.action = "changed", "recreate"
-    old = _old_settings(current)
-    new = t.spec.settings()
-    out.diff = [_masked(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    if not same_image:
-        out.diff.append(("image id", _short(current.image_id), _short(want_id) if want_id else "(to be pulled)"))
-    if not same_devices:
-        out.diff.append(("gpu devices", ",".join(current.device_ids or ()) or "none", ",".join(want_devices or ()) or "none"))
-    return out
-
-
-def _masked(key: str, old, new) -> tuple:
-    """A diff line fit for a report: env values (maybe secrets) by name only, never even their digests."""
-    if key != "env":
-        return key, old, new
-    old, new = old or {}, new or {}
-    before = ", ".join(sorted(old)) if old else None
-    marks = [f"{n} (new)" if n not in old else f"{n} (changed)" if old[n] != new[n] else n for n in sorted(new)]
-    marks += [f"{n} (removed)" for n in sorted(set(old) - set(new))]
-    return key, before, ", ".join(marks) if marks else None
-
-
-def _old_settings(current: ContainerInfo) -> dict:
-    try:
-        old = json.loads(current.labels.get(SETTINGS_LABEL) or "{}")
-    except ValueError:
-        return {}
-    return old if isinstance(old, dict) else {}
-
-
-def _short(image_id: str) -> str:
-    return image_id.split(":", 1)[-1][:12]
-
-
-def run_container(engine: Engine, conn: Connection, t: Target, devices, out: ContainerOutcome, job: DeployJob) -> None:
+def run_container(engine: Engine, conn: Connection, t: Target, devices, action: str, out: ContainerRun, job: DeployJob) -> None:
     """Make the container real: replace the old one, create, put the public keys, start, wait until it is up."""
     api = engine.api
     name = t.spec.name
     try:
-        if out.action == "start":
+        if action == "start":
             api.start(name)
         else:
-            if out.action == "recreate":
+            if action == "recreate":
                 api.remove_container(name, force=True)
             body = t.spec.create_body(t.image_ref, devices, labels_for(t))
             created = api.create_container_from_config(body, name=name)
@@ -242,7 +215,6 @@ def run_container(engine: Engine, conn: Connection, t: Target, devices, out: Con
         raise engine_error(engine.name, f"start {name}", err) from None
     started, exited = wait_started(engine, name, job)
     if exited is not None or started.health == "unhealthy":
-        out.status = "failed"
         out.exit_code = exited
         out.logs = tail_logs(engine, name)
         try:
@@ -250,8 +222,8 @@ def run_container(engine: Engine, conn: Connection, t: Target, devices, out: Con
         except (docker.errors.APIError, requests.RequestException, OSError):
             pass
         what = f"exited with code {exited}" if exited is not None else "is unhealthy"
-        out.reason = f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}"
-        return
+        raise HostError(f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}",
+                        f"see `gpurig logs -l {conn.name} {name}`; fix the container's settings or image and deploy again")
     out.access = access.lines(engine, conn, t.spec, started, t.login, job.show_token)
 
 

@@ -9,9 +9,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpurig.connect.fleet import STATUSES, FleetEvents, FleetReport, HostResult
+from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
+from gpurig.errors import explain
+from gpurig.status import Status
 
-STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "magenta", "skipped": "cyan"}
+STATUS_STYLE = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}
+# The recap's order (Ansible's).
+RECAP = (Status.OK, Status.CHANGED, Status.UNREACHABLE, Status.FAILED, Status.SKIPPED)
 
 
 class FleetProgress(FleetEvents):
@@ -29,7 +33,7 @@ class FleetProgress(FleetEvents):
             console=console,
             transient=True,
         )
-        self.counts = {s: 0 for s in STATUSES}
+        self.counts = {s: 0 for s in Status}
         self.busy: dict[str, str] = {}  # host -> connecting | running
         self._lock = threading.Lock()
         self.task = None
@@ -66,21 +70,21 @@ class FleetProgress(FleetEvents):
         self.progress.update(self.task, advance=1, counts=counts)
 
 
-def status_text(status: str) -> Text:
+def status_text(status: Status) -> Text:
     return Text(f"{status:<11}", style=STATUS_STYLE.get(status, ""))
 
 
-def host_counts(r: HostResult) -> dict[str, int]:
-    """Ansible's recap counts for one host: per step when the host's data is a list of step results, else its status."""
-    counts = {s: 0 for s in ("ok", "changed", "unreachable", "failed", "skipped")}
-    statuses = _step_statuses(r.data) if r.status != "unreachable" else None
+def host_counts(r: HostResult) -> dict[Status, int]:
+    """Ansible's recap counts for one host: per step (or container) when the host's data is a list of results, else its status."""
+    counts = {s: 0 for s in RECAP}
+    statuses = _step_statuses(r.data) if r.status != Status.UNREACHABLE else None
     for status in statuses or [r.status]:
         counts[status] += 1
     return counts
 
 
-def _step_statuses(data: Any) -> list[str] | None:
-    if isinstance(data, (list, tuple)) and data and all(getattr(x, "status", None) in STATUSES for x in data):
+def _step_statuses(data: Any) -> list[Status] | None:
+    if isinstance(data, (list, tuple)) and data and all(isinstance(getattr(x, "status", None), Status) for x in data):
         return [x.status for x in data]
     return None
 
@@ -89,7 +93,7 @@ def print_recap(report: FleetReport, console: Console) -> None:
     """Why each host that did not succeed failed (one line each), an Ansible-style line per host, then the totals."""
     for r in report.results:
         if not r.succeeded:
-            console.print(status_text(r.status).append(f" {r.host}: {r.reason}"))
+            console.print(status_text(r.status).append(" " + explain(r.reason, r.fix, r.host)))
     width = max((len(r.host) for r in report.results), default=0)
     for r in report.results:
         line = Text(f"{r.host:<{width}} :")

@@ -2,19 +2,21 @@
 
 One module per concern (``gpus``, ``driver``, ``docker``, ``toolkit``,
 ``daemon``, ``reboot``...); the model (``Step``, ``Plan``, ``Change``,
-``StepResult``) in ``model``, the file helper every step writes with in
-``files``, the package commands in ``apt``. ``STEPS`` lists the steps by
+``StepResult``) in ``plan``, what a change runs (``Shell``, ``Upload``,
+``Call``) in ``commands``, the diff of a file in ``hostfiles``, the package
+commands in ``apt``. ``STEPS`` lists the steps by
 name, in the order they run.
 """
 
 from __future__ import annotations
 
+from gpurig.steps.commands import Call, Shell, Upload
 from gpurig.steps.converge import converge, converge_rebooting
 from gpurig.steps.daemon import DaemonStep
 from gpurig.steps.docker import DockerStep
 from gpurig.steps.driver import DriverStep
 from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
-from gpurig.steps.plan import STEP_STATUSES, Change, Plan, Step, StepResult
+from gpurig.steps.plan import Change, Plan, Step, StepResult
 from gpurig.steps.reboot import RebootStep
 from gpurig.steps.toolkit import ToolkitStep
 
@@ -24,6 +26,6 @@ STEPS: dict[str, type[Step]] = {
 }
 
 __all__ = [
-    "STEPS", "STEP_STATUSES", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
-    "PersistenceStep", "Plan", "RebootStep", "Step", "StepResult", "ToolkitStep", "converge", "converge_rebooting",
+    "STEPS", "Call", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
+    "PersistenceStep", "Plan", "RebootStep", "Shell", "Step", "StepResult", "ToolkitStep", "Upload", "converge", "converge_rebooting",
 ]

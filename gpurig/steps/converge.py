@@ -18,6 +18,7 @@ from gpurig.errors import GpurigError
 from gpurig.facts import Facts
 from gpurig.facts import gather as gather_facts
 from gpurig.inventory.profile import HostProfile
+from gpurig.status import Status
 from gpurig.steps.plan import Plan, Step, StepResult
 
 ResultHandler = Callable[[StepResult], None]
@@ -39,15 +40,15 @@ def converge(
     dropped, so a report never carries file content unasked).
     """
     facts = gather(conn)
-    unknown = _incomplete(facts, "")
+    unknown: tuple[str, str] | None = _incomplete(facts, "")
     results: list[StepResult] = []
     stopped_by: StepResult | None = None
     for step in steps:
         started = time.monotonic()
         if stopped_by is not None:
-            result = StepResult(step.name, "skipped", f"not run: step {stopped_by.step} failed")
+            result = StepResult(step.name, Status.SKIPPED, f"not run: step {stopped_by.step} failed")
         elif unknown:
-            result = StepResult(step.name, "failed", unknown)
+            result = StepResult(step.name, Status.FAILED, unknown[0], fix=unknown[1])
         else:
             result, changed = _run_step(step, facts, wanted, conn, check)
             if changed:
@@ -55,11 +56,10 @@ def converge(
                     facts = gather(conn)
                     unknown = _incomplete(facts, f" after step {step.name}")
                 except GpurigError as err:
-                    unknown = f"facts could not be gathered again after step {step.name}: {err}"
+                    unknown = (f"facts could not be gathered again after step {step.name}: {err.problem}", err.fix)
         result = dataclasses.replace(result, duration_s=time.monotonic() - started)
-        if not diff:
-            result = dataclasses.replace(result, changes=tuple(dataclasses.replace(c, diff="", content=None) for c in result.changes))
-        if result.status == "failed" and stopped_by is None:
+        result = dataclasses.replace(result, changes=tuple(c.for_report(diff) for c in result.changes))
+        if result.status == Status.FAILED and stopped_by is None:
             stopped_by = result
         results.append(result)
         if on_result:
@@ -82,7 +82,7 @@ def converge_rebooting(
     nouveau gone), followed by the reboot's own result.
     """
     results = converge(conn, steps, wanted, check=check, diff=diff, gather=gather)
-    rebooted = [r for r in results if r.step == "reboot" and r.status == "changed"]
+    rebooted = [r for r in results if r.step == "reboot" and r.status == Status.CHANGED]
     if not rebooted or check:
         return results
     again = converge(conn, [s for s in steps if s.name != "reboot"], wanted, diff=diff, gather=gather)
@@ -94,22 +94,22 @@ def _run_step(step: Step, facts: Facts, wanted: HostProfile, conn: Connection, c
     try:
         plan = step.plan(facts, wanted)
     except GpurigError as err:
-        plan = Plan.fail(str(err))
-    if plan.status != "changed":
-        return StepResult(step.name, plan.status, plan.reason), False
+        plan = Plan.fail(err.problem, err.fix)
+    if plan.status != Status.CHANGED:
+        return StepResult(step.name, plan.status, plan.reason, fix=plan.fix), False
     if check:
-        return StepResult(step.name, "changed", f"would change (check mode): {plan.reason}", plan.changes), False
+        return StepResult(step.name, Status.CHANGED, f"would change (check mode): {plan.reason}", plan.changes), False
     try:
         step.apply(conn, plan)
     except GpurigError as err:
         # No later step runs on this host, so there is nothing to gather facts again for.
-        return StepResult(step.name, "failed", str(err), plan.changes), False
-    return StepResult(step.name, "changed", plan.reason, plan.changes), True
+        return StepResult(step.name, Status.FAILED, err.problem, plan.changes, fix=err.fix), False
+    return StepResult(step.name, Status.CHANGED, plan.reason, plan.changes), True
 
 
-def _incomplete(facts: Facts, when: str) -> str:
-    """Why no step may plan from these facts ('' when complete): a host that stopped answering mid-script."""
+def _incomplete(facts: Facts, when: str) -> tuple[str, str] | None:
+    """(problem, fix) when no step may plan from these facts: a host that stopped answering mid-script."""
     if not facts.missing:
-        return ""
-    return (f"facts incomplete{when} (no output for {', '.join(facts.missing)}: the host stopped answering?); "
-            "fix: check the host and run again")
+        return None
+    return (f"facts incomplete{when} (no output for {', '.join(facts.missing)}: the host stopped answering?)",
+            "check the host and run again")

@@ -18,7 +18,8 @@ from typing import Any
 
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
-from gpurig.steps.hostfiles import BACKUP_SUFFIX, unified_diff, write_file_command
+from gpurig.steps.commands import Shell, Upload
+from gpurig.steps.hostfiles import BACKUP_SUFFIX, unified_diff
 from gpurig.steps.plan import Change, Plan, Step
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -81,16 +82,16 @@ class DaemonStep(Step):
         found = facts.daemon_json
         if found.state == "invalid":
             return Plan.fail(
-                f"{DAEMON_JSON} is not valid JSON: {found.problem}; fix: correct it (or move it away) by hand and run "
-                "again; gpurig never overwrites a file it cannot parse"
+                f"{DAEMON_JSON} is not valid JSON: {found.problem}; gpurig never overwrites a file it cannot parse",
+                "correct it (or move it away) by hand and run again",
             )
         if found.state == "unreadable":
             return Plan.fail(
-                f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem}); "
-                f"fix: chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password"
+                f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem})",
+                f"chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password",
             )
         if found.state not in ("present", "absent"):
-            return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem}); fix: run again")
+            return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem})", "run again")
         current = found.content or {}
         merged = merge(current, wanted.daemon)
         keys = ", ".join(wanted.daemon)
@@ -104,13 +105,13 @@ class DaemonStep(Step):
             summary = f"create {DAEMON_JSON}: {what}"
         else:
             summary = f"merge into {DAEMON_JSON}: {what} (old file kept as daemon.json{BACKUP_SUFFIX}.<time>)"
-        changes = [Change(summary, (write_file_command(DAEMON_JSON, content),), unified_diff(DAEMON_JSON, old, content), DAEMON_JSON, content)]
+        changes = [Change(summary, (Upload(DAEMON_JSON, content=content),), unified_diff(DAEMON_JSON, old, content))]
         docker = facts.docker
         if docker.running:
-            changes.append(Change("restart Docker so that it loads the new daemon.json", (RESTART_DOCKER,)))
+            changes.append(Change("restart Docker so that it loads the new daemon.json", (Shell(RESTART_DOCKER),)))
             note = ""
         elif docker.installed and docker.problem and "permission denied" in docker.problem:
-            changes.append(Change("restart Docker if it is running, so that it loads the new daemon.json", (RESTART_DOCKER_IF_RUNNING,)))
+            changes.append(Change("restart Docker if it is running, so that it loads the new daemon.json", (Shell(RESTART_DOCKER_IF_RUNNING),)))
             note = ""
         elif docker.installed:
             note = "; Docker is stopped and reads the file when it starts"

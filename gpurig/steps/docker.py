@@ -13,7 +13,7 @@ import shlex
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, dpkg_arch, install_command
-from gpurig.steps.hostfiles import write_file_command
+from gpurig.steps.commands import Shell, Upload
 from gpurig.steps.plan import Change, Plan, Step
 
 ENGINES = {"distro": ("docker.io",), "docker": ("docker-ce", "docker-ce-cli", "containerd.io")}
@@ -33,10 +33,10 @@ def docker_repository_changes(facts: Facts) -> list[Change]:
               f"https://download.docker.com/linux/{os_id} {codename} stable\n")
     return [Change(
         f"add Docker's apt repository for {os_id} {codename} (key in {DOCKER_KEYRING})",
-        (install_command("ca-certificates"),
-         download_command(f"https://download.docker.com/linux/{os_id}/gpg", DOCKER_KEYRING),
-         write_file_command(DOCKER_LIST, source, backup=False)),
-        path=DOCKER_LIST, content=source, fix=REPO_FIX,
+        (Shell(install_command("ca-certificates")),
+         Shell(download_command(f"https://download.docker.com/linux/{os_id}/gpg", DOCKER_KEYRING)),
+         Upload(DOCKER_LIST, content=source, backup=False)),
+        fix=REPO_FIX,
     )]
 
 
@@ -60,17 +60,17 @@ class DockerStep(Step):
             version = f" {candidate}" if candidate else ""
             fix = REPO_FIX if source == "docker" else ""
             changes.append(Change(f"install {packages[0]}{version} from {'Docker' if source == 'docker' else 'the distribution'}'s "
-                                  "repository", (install_command(*packages, optional=CLIENTS[source]),), fix=fix))
+                                  "repository", (Shell(install_command(*packages, optional=CLIENTS[source])),), fix=fix))
         service = system.service("docker")
         if system.systemd:
             if have is None or service.enabled != "enabled" or not service.running:
-                changes.append(Change("enable and start the docker service", (START_SYSTEMD,)))
+                changes.append(Change("enable and start the docker service", (Shell(START_SYSTEMD),)))
         elif have is None or not facts.docker.running and "permission denied" not in (facts.docker.problem or ""):
-            changes.append(Change("start the docker service", (START_SYSV,)))
+            changes.append(Change("start the docker service", (Shell(START_SYSV),)))
         members = system.docker_members or ()
         for user in wanted.docker.users:
             if user not in members:
-                changes.append(Change(f"add {user} to the docker group", (shlex.join(["usermod", "-aG", "docker", user]),)))
+                changes.append(Change(f"add {user} to the docker group", (Shell(shlex.join(["usermod", "-aG", "docker", user])),)))
         if not changes:
             users = f"; {', '.join(wanted.docker.users)} in the docker group" if wanted.docker.users else ""
             version = facts.docker.server_version or system.installed.get(have or "", "")

@@ -19,15 +19,16 @@ from gpurig.facts import Facts
 from gpurig.image.compat import CUDA_RELEASES, min_driver
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import candidate_guard, download_command, dpkg_arch, install_command, upstream
+from gpurig.steps.commands import Shell
 from gpurig.steps.gpus import NO_GPU
 from gpurig.steps.plan import Change, Plan, Step
 
 _CUDA_TAG = re.compile(r"(?:^|[-_.:])cu(\d{2,3})(?=$|[-_.])")
 CUDA_KEYRING = "/var/cache/gpurig/cuda-keyring.deb"
 SECURE_BOOT = ("Secure Boot is on: the kernel refuses the unsigned module the driver package builds (DKMS), so the "
-               "driver would install and never load; fix: enroll a Machine Owner Key (mokutil --import) and sign the "
-               "module with it, use signed precompiled modules (Ubuntu's linux-modules-nvidia-*), or turn Secure Boot "
-               "off in the firmware")
+               "driver would install and never load")
+SECURE_BOOT_FIX = ("enroll a Machine Owner Key (mokutil --import) and sign the module with it, use signed precompiled "
+                   "modules (Ubuntu's linux-modules-nvidia-*), or turn Secure Boot off in the firmware")
 
 
 def image_cuda(ref: str) -> str | None:
@@ -79,7 +80,7 @@ class DriverStep(Step):
         if differ:
             if self.reboot:
                 return Plan.ok(f"{differ}: the reboot step reboots the host")
-            return Plan.fail(f"{differ}; fix: reboot the host (gpurig provision --reboot) so the new module loads")
+            return Plan.fail(differ, "reboot the host (gpurig provision --reboot) so the new module loads")
         if loaded and (not minimum or upstream(loaded) >= upstream(minimum)):
             return Plan.ok(f"driver {loaded} loaded ({facts.driver_flavour or 'unknown'} module); {need}")
         installed = installed_driver(facts)
@@ -87,34 +88,34 @@ class DriverStep(Step):
             return Plan.ok(f"{installed[0]} {installed[1]} installed, not loaded yet: reboot required (the reboot step, with --reboot)")
         what = f"driver {loaded} is too old: {need}" if loaded else f"no NVIDIA driver loaded; {need}"
         if not wanted.driver.install:
-            return Plan.fail(f"{what}; fix: set gpurig_driver.install: true for this host (gpurig checks what apt offers, "
+            return Plan.fail(what, "set gpurig_driver.install: true for this host (gpurig checks what apt offers, "
                              f"then installs it), or install a driver >= {minimum or 'the newest'} by hand")
         if facts.secure_boot == "enabled":
-            return Plan.fail(f"{what}; {SECURE_BOOT}")
+            return Plan.fail(f"{what}; {SECURE_BOOT}", SECURE_BOOT_FIX)
         package = _package(facts, wanted)
         changes: list[Change] = []
         if wanted.driver.source == "nvidia" and "cuda" not in facts.system.repositories:
             changes.append(_cuda_repository(facts))
         elif package not in facts.system.candidates and wanted.driver.source == "distro":
-            return Plan.fail(f"{what}; apt knows no package {package}; fix: "
-                             + ("enable the non-free component in the host's apt sources (Debian ships the driver there)"
+            return Plan.fail(f"{what}; apt knows no package {package}",
+                             ("enable the non-free component in the host's apt sources (Debian ships the driver there)"
                                 if facts.os.id == "debian" else "run apt-get update on the host, or set gpurig_driver.branch")
                              + ", or set gpurig_driver.source: nvidia (NVIDIA's CUDA repository)")
         candidate = facts.system.candidates.get(package)
         if package in facts.system.candidates and candidate is None:
-            return Plan.fail(f"{what}; apt has no installable {package} (Candidate: (none)); fix: enable the repository "
-                             "that carries it (Debian: non-free), or set gpurig_driver.source: nvidia")
+            return Plan.fail(f"{what}; apt has no installable {package} (Candidate: (none))",
+                             "enable the repository that carries it (Debian: non-free), or set gpurig_driver.source: nvidia")
         if candidate and minimum and upstream(candidate) < upstream(minimum):
             served = newest_cuda_for(candidate)
             images = f"images built for CUDA {served} or older (a cu{served.replace('.', '')} tag in gpurig_images)" if served else "CPU images"
             return Plan.fail(
-                f"{what}; apt would install {package} {candidate}, older than {minimum}; fix: install from NVIDIA's "
-                f"CUDA repository (gpurig_driver.source: nvidia), or run {images}, which that driver serves")
+                f"{what}; apt would install {package} {candidate}, older than {minimum}",
+                f"install from NVIDIA's CUDA repository (gpurig_driver.source: nvidia), or run {images}, which that driver serves")
         headers = f"linux-headers-{facts.kernel}" if facts.kernel else "linux-headers-amd64"
         guard = candidate_guard(package, minimum, f"CUDA {cuda}") if minimum else ""
         version = f" {candidate}" if candidate else ""
         changes.append(Change(f"install {package}{version} with {headers} (DKMS builds the module for the running kernel)",
-                              (install_command(package, headers, guard=guard),),
+                              (Shell(install_command(package, headers, guard=guard)),),
                               fix="install from NVIDIA's CUDA repository (gpurig_driver.source: nvidia), or run images "
                                   "built for CUDA 12.x"))
         return Plan.change(f"{what}; reboot required afterwards (the reboot step, with --reboot)", *changes)
@@ -149,6 +150,6 @@ def _cuda_repository(facts: Facts) -> Change:
     arch = {"amd64": "x86_64", "arm64": "sbsa"}.get(dpkg_arch(facts.arch), "x86_64")
     url = f"https://developer.download.nvidia.com/compute/cuda/repos/{release}/{arch}/cuda-keyring_1.1-1_all.deb"
     return Change(f"add NVIDIA's CUDA repository for {release} (cuda-keyring)",
-                  (download_command(url, CUDA_KEYRING), f"dpkg -i {CUDA_KEYRING}"),
+                  (Shell(download_command(url, CUDA_KEYRING)), Shell(f"dpkg -i {CUDA_KEYRING}")),
                   fix="the host cannot reach NVIDIA's CUDA repository: mirror it where the host can reach it, or use "
                       "gpurig_driver.source: distro")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import install_command
-from gpurig.steps.hostfiles import write_file_command
+from gpurig.steps.commands import Shell, Upload
 from gpurig.steps.plan import Change, Plan, Step
 
 NO_GPU = "no NVIDIA GPU on this host"
@@ -29,16 +29,16 @@ class GpusStep(Step):
         expected = wanted.gpus
         if not found:
             if expected.count:
-                return Plan.fail(f"the inventory expects {expected.count} NVIDIA GPUs, the PCI bus shows none; "
-                                 "fix: check the hardware (lspci -nn -d 10de:) or correct gpurig_gpus.count")
+                return Plan.fail(f"the inventory expects {expected.count} NVIDIA GPUs, the PCI bus shows none",
+                                 "check the hardware (lspci -nn -d 10de:) or correct gpurig_gpus.count")
             return Plan.skip(NO_GPU)
         if expected.count is not None and expected.count != len(found):
-            return Plan.fail(f"the inventory expects {expected.count} NVIDIA GPUs, the PCI bus shows {len(found)}; "
-                             "fix: check the hardware (a GPU fallen off the bus?) or correct gpurig_gpus.count")
+            return Plan.fail(f"the inventory expects {expected.count} NVIDIA GPUs, the PCI bus shows {len(found)}",
+                             "check the hardware (a GPU fallen off the bus?) or correct gpurig_gpus.count")
         names = [g.name for g in facts.gpus] or [g.name for g in found]
         if expected.model and not any(_same_model(expected.model, n) for n in names):
-            return Plan.fail(f"the inventory expects {expected.model}, the host has {names[0] or 'device ' + found[0].device_id}; "
-                             "fix: correct gpurig_gpus.model")
+            return Plan.fail(f"the inventory expects {expected.model}, the host has {names[0] or 'device ' + found[0].device_id}",
+                             "correct gpurig_gpus.model")
         models = sorted(set(n for n in names if n)) or [f"device {found[0].device_id}"]
         return Plan.ok(f"{len(found)} NVIDIA GPU{'s' if len(found) != 1 else ''}: {', '.join(models)}")
 
@@ -65,8 +65,7 @@ class NouveauStep(Step):
         return Plan.change(
             f"nouveau is not blacklisted{loaded}",
             Change(f"blacklist nouveau in {BLACKLIST} and rebuild the initramfs",
-                   (write_file_command(BLACKLIST, BLACKLIST_TEXT, backup=False), REBUILD_INITRAMFS),
-                   path=BLACKLIST, content=BLACKLIST_TEXT),
+                   (Upload(BLACKLIST, content=BLACKLIST_TEXT, backup=False), Shell(REBUILD_INITRAMFS))),
         )
 
 
@@ -84,14 +83,14 @@ class PersistenceStep(Step):
         if not system.systemd:
             if facts.gpus:
                 return Plan.change("no systemd to run nvidia-persistenced",
-                                   Change("turn persistence mode on (nvidia-smi -pm 1)", ("nvidia-smi -pm 1",)))
+                                   Change("turn persistence mode on (nvidia-smi -pm 1)", (Shell("nvidia-smi -pm 1"),)))
             return Plan.skip("no systemd, and nvidia-smi lists no GPU to set persistence mode on")
         service = system.service("nvidia-persistenced")
         if service.enabled == "enabled" and service.running:
             return Plan.ok("nvidia-persistenced enabled and running")
         changes = []
         if not service.enabled:  # no such unit
-            changes.append(Change("install nvidia-persistenced", (install_command("nvidia-persistenced"),)))
-        changes.append(Change("enable and start nvidia-persistenced", ("systemctl enable --now nvidia-persistenced",)))
+            changes.append(Change("install nvidia-persistenced", (Shell(install_command("nvidia-persistenced")),)))
+        changes.append(Change("enable and start nvidia-persistenced", (Shell("systemctl enable --now nvidia-persistenced"),)))
         state = "not installed" if not service.enabled else f"{service.enabled}, {service.active or 'inactive'}"
         return Plan.change(f"nvidia-persistenced is {state}", *changes)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import shlex
 import time
+from functools import partial
 
 from gpurig.connect.connection import CommandError, Connection
 from gpurig.connect.local import LocalConnection
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
+from gpurig.steps.commands import Call
 from gpurig.steps.driver import installed_driver, mismatch
 from gpurig.steps.plan import Change, Plan, Step
 
@@ -58,30 +60,32 @@ class RebootStep(Step):
             return Plan.skip(f"reboot needed ({why}); run again with --reboot to let gpurig reboot it")
         if not facts.system.machine_id or not self.local_machine_id or facts.system.machine_id == self.local_machine_id:
             # Unknown on either side (no /etc/machine-id in a container or minimal image) cannot prove it is another machine.
-            return Plan.fail(f"reboot needed ({why}), but this is the machine gpurig runs on and gpurig never reboots it; "
-                             "fix: reboot it by hand")
+            return Plan.fail(f"reboot needed ({why}), but this is the machine gpurig runs on and gpurig never reboots it",
+                             "reboot it by hand")
         if not facts.system.boot_id:
-            return Plan.fail(f"reboot needed ({why}), but the host's boot id is unknown, so its return could not be proved; "
-                             "fix: reboot it by hand")
-        came_back = f'test "$(cat /proc/sys/kernel/random/boot_id)" != {shlex.quote(facts.system.boot_id)}'
+            return Plan.fail(f"reboot needed ({why}), but the host's boot id is unknown, so its return could not be proved",
+                             "reboot it by hand")
+        wait = f"reboot and wait for the host to come back (at most {self.wait_s:.0f} s)"
         return Plan.change(f"reboot needed: {why}",
-                           Change(f"reboot and wait for the host to come back (at most {self.wait_s:.0f} s)", (REBOOT, came_back)))
+                           Change(wait, (Call(wait, partial(reboot_and_wait, old_boot=facts.system.boot_id, wait_s=self.wait_s)),)))
 
-    def apply(self, conn: Connection, plan: Plan) -> None:
-        reboot, came_back = plan.changes[0].commands
-        if isinstance(conn, LocalConnection):
-            raise HostError("this is the machine gpurig runs on (ansible_connection: local); gpurig never reboots it",
-                            "reboot it by hand")
-        conn.admin(reboot)
-        end = time.monotonic() + self.wait_s
-        while time.monotonic() < end and not getattr(conn, "closed", False):  # closed: Ctrl-C, stop waiting
-            try:
-                conn.run(came_back, timeout=15)
-                return
-            except CommandError:
-                pass  # still the old boot: the reboot has not happened yet
-            except GpurigError:
-                pass  # down or refusing connections while it reboots
-            time.sleep(POLL_S)  # polling interval between attempts to reach the host, not a synchronisation sleep
-        raise HostError(f"the host did not come back within {self.wait_s:.0f} s of the reboot",
-                        "check its console; run provision again once it answers")
+
+def reboot_and_wait(conn: Connection, *, old_boot: str, wait_s: float) -> None:
+    """Reboot the host, then poll (bounded) until it answers with another boot id than ``old_boot``."""
+    if isinstance(conn, LocalConnection):
+        raise HostError("this is the machine gpurig runs on (ansible_connection: local); gpurig never reboots it",
+                        "reboot it by hand")
+    came_back = f'test "$(cat /proc/sys/kernel/random/boot_id)" != {shlex.quote(old_boot)}'
+    conn.admin(REBOOT)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and not getattr(conn, "closed", False):  # closed: Ctrl-C, stop waiting
+        try:
+            conn.run(came_back, timeout=15)
+            return
+        except CommandError:
+            pass  # still the old boot: the reboot has not happened yet
+        except GpurigError:
+            pass  # down or refusing connections while it reboots
+        time.sleep(POLL_S)  # polling interval between attempts to reach the host, not a synchronisation sleep
+    raise HostError(f"the host did not come back within {wait_s:.0f} s of the reboot",
+                    "check its console; run provision again once it answers")

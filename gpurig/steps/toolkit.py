@@ -19,9 +19,10 @@ from gpurig.errors import InventoryError
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, install_command
+from gpurig.steps.commands import Shell, Upload
 from gpurig.steps.daemon import DAEMON_JSON, RESTART_DOCKER, merge, render
 from gpurig.steps.gpus import NO_GPU
-from gpurig.steps.hostfiles import unified_diff, write_file_command
+from gpurig.steps.hostfiles import unified_diff
 from gpurig.steps.plan import Change, Plan, Step
 
 PACKAGE = "nvidia-container-toolkit"
@@ -56,14 +57,14 @@ class ToolkitStep(Step):
         if "nvidia" not in facts.docker.runtimes and "nvidia" not in ((facts.daemon_json.content or {}).get("runtimes") or {}):
             if facts.daemon_json.state not in ("present", "absent"):
                 return Plan.fail(f"{DAEMON_JSON} is {facts.daemon_json.state} ({facts.daemon_json.problem}): the nvidia runtime "
-                                 "cannot be merged into it; fix: correct the file by hand and run again")
+                                 "cannot be merged into it", "correct the file by hand and run again")
             current = facts.daemon_json.content or {}
             content = render(merge(current, NVIDIA_RUNTIME), facts.daemon_json.text)
             old = facts.daemon_json.text if facts.daemon_json.state == "present" else None
-            changes.append(Change(f"add the nvidia runtime to {DAEMON_JSON}", (write_file_command(DAEMON_JSON, content),),
-                                  unified_diff(DAEMON_JSON, old, content), DAEMON_JSON, content))
+            changes.append(Change(f"add the nvidia runtime to {DAEMON_JSON}", (Upload(DAEMON_JSON, content=content),),
+                                  unified_diff(DAEMON_JSON, old, content)))
             if facts.docker.running:
-                changes.append(Change("restart Docker so that it knows the nvidia runtime", (RESTART_DOCKER,)))
+                changes.append(Change("restart Docker so that it knows the nvidia runtime", (Shell(RESTART_DOCKER),)))
         if not changes:
             return Plan.ok(f"{PACKAGE} {have} installed; Docker knows the nvidia runtime")
         state = "not installed" if have is None else f"{have} installed" + (f", {pin} wanted" if pin and not _pinned(have, pin) else "")
@@ -75,21 +76,21 @@ class ToolkitStep(Step):
             debs = _local_debs(wanted.toolkit.packages_dir, wanted.host)
             digest = hashlib.sha256("".join(str(p) for p in debs).encode()).hexdigest()[:12]
             remote = f"/tmp/gpurig-toolkit-{digest}"
-            uploads = tuple((str(p), f"{remote}/{p.name}") for p in debs)
+            uploads = tuple(Upload(f"{remote}/{p.name}", local=str(p), backup=False) for p in debs)
             command = install_command(*[f"./{p.name}" for p in debs], update=False)
             return [Change(f"install {PACKAGE} from {len(debs)} .deb files in {wanted.toolkit.packages_dir} (pushed over SSH)",
-                           (f"cd {shlex.quote(remote)} && {command}", shlex.join(["rm", "-rf", "--", remote])), uploads=uploads)]
+                           (*uploads, Shell(f"cd {shlex.quote(remote)} && {command}"), Shell(shlex.join(["rm", "-rf", "--", remote]))))]
         changes = []
         if "nvidia-container-toolkit" not in facts.system.repositories:
             changes.append(Change(
                 f"add NVIDIA's libnvidia-container apt repository (key in {KEYRING})",
-                (install_command("ca-certificates"), download_command(GPGKEY_URL, KEYRING),
-                 write_file_command(SOURCE_LIST, SOURCE_LINE, backup=False)),
-                path=SOURCE_LIST, content=SOURCE_LINE, fix=AIR_GAPPED_FIX,
+                (Shell(install_command("ca-certificates")), Shell(download_command(GPGKEY_URL, KEYRING)),
+                 Upload(SOURCE_LIST, content=SOURCE_LINE, backup=False)),
+                fix=AIR_GAPPED_FIX,
             ))
         packages = [f"{PACKAGE}={pin}*", f"nvidia-container-toolkit-base={pin}*"] if pin else [PACKAGE]
         changes.append(Change(f"install {PACKAGE}{' ' + pin if pin else ''} from NVIDIA's repository",
-                              (install_command(*packages),), fix=AIR_GAPPED_FIX))
+                              (Shell(install_command(*packages)),), fix=AIR_GAPPED_FIX))
         return changes
 
 

@@ -12,6 +12,7 @@ from gpurig.connect.fleet import Outcome, run_fleet
 from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.inventory import Host
 from gpurig.report.fleetrun import FleetProgress, print_recap
+from gpurig.status import Status
 
 
 def hosts(n: int) -> list[Host]:
@@ -82,13 +83,13 @@ def test_recap_gives_each_failed_host_one_reason_line_and_one_count_line(tmp_pat
 
 
 def test_skipped_hosts_succeed_and_are_counted(tmp_path):
-    report = run_fleet(hosts(2), lambda c: Outcome(status="skipped", detail="check mode"), connector=connector(tmp_path))
+    report = run_fleet(hosts(2), lambda c: Outcome(status=Status.SKIPPED, detail="check mode"), connector=connector(tmp_path))
     assert report.summary["skipped"] == 2 and report.exit_code == 0
     assert report.results[0].reason == "check mode"
 
 
 def test_a_failed_outcome_keeps_its_data(tmp_path):
-    report = run_fleet(hosts(1), lambda c: Outcome(status="failed", data={"rc": 3}, detail="exited 3"), connector=connector(tmp_path))
+    report = run_fleet(hosts(1), lambda c: Outcome(status=Status.FAILED, data={"rc": 3}, detail="exited 3"), connector=connector(tmp_path))
     assert report.results[0].status == "failed" and report.results[0].data == {"rc": 3}
     assert report.exit_code == 1
 

@@ -4,8 +4,8 @@ Each ``tests/operations/<step>/<case>.json`` names a recorded facts file
 (tests/fixtures/facts/<name>.txt), the inventory vars the host has
 (``wanted``), the step's own arguments where it takes some (``step_args``:
 --reboot, the spec's default CUDA), and what the plan must be: its status, a fragment of its
-reason, the human line of each change, and for a file the new content and
-the exact unified diff.
+reason (for a failed plan, the problem) and of its fix, the human line of each change, and for
+a file the new content and the exact unified diff.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gpurig.inventory.profile import host_profile
 from gpurig.steps import STEPS
 
 TESTS = Path(__file__).resolve().parents[1]
-CASES = sorted((TESTS / "operations").glob("*/*.json"))
+CASES = sorted(p for p in (TESTS / "operations").glob("*/*.json") if p.parent.name != "deploy")  # deploy: tests/unit/deploy/test_plan.py
 
 
 @pytest.mark.parametrize("case_file", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
@@ -32,6 +32,7 @@ def test_plan_from_recorded_facts(case_file: Path):
     plan = step.plan(facts, host_profile(Host("h", (), case["wanted"]), case_file))
     assert plan.status == case["status"]
     assert case["reason"] in plan.reason
+    assert case.get("fix", "") in plan.fix and "fix:" not in plan.reason
     assert [c.summary for c in plan.changes] == case["changes"]
     written = [c for c in plan.changes if c.content is not None]
     if "content" in case:

@@ -13,7 +13,7 @@ from gpurig.errors import ConfigError, HostError, InventoryError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
-from gpurig.steps import RebootStep, ToolkitStep
+from gpurig.steps import RebootStep, Shell, ToolkitStep, Upload
 from gpurig.steps.apt import candidate_guard, install_command
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
@@ -41,11 +41,13 @@ def test_air_gapped_toolkit_pushes_the_local_debs(tmp_path):
     plan = ToolkitStep().plan(facts("a100-fresh-secure-boot-off"), wanted)
     install = plan.changes[0]
     assert install.summary == f"install nvidia-container-toolkit from 2 .deb files in {tmp_path} (pushed over SSH)"
-    assert [local for local, _ in install.uploads] == sorted(str(p) for p in tmp_path.iterdir())
-    remote = install.uploads[0][1].rsplit("/", 1)[0]
-    assert install.commands[0].startswith(f"cd {remote} && ") and "./libnvidia-container1_1.17.8-1_amd64.deb" in install.commands[0]
-    assert "apt-get -q -y" in install.commands[0] and " update" not in install.commands[0]  # no repository is asked
-    assert not any("nvidia.github.io" in c for change in plan.changes for c in change.commands)
+    uploads = [c for c in install.commands if isinstance(c, Upload)]
+    assert [u.local for u in uploads] == sorted(str(p) for p in tmp_path.iterdir())
+    remote = uploads[0].remote.rsplit("/", 1)[0]
+    apt = next(c.line for c in install.commands if isinstance(c, Shell))
+    assert apt.startswith(f"cd {remote} && ") and "./libnvidia-container1_1.17.8-1_amd64.deb" in apt
+    assert "apt-get -q -y" in apt and " update" not in apt  # no repository is asked
+    assert not any("nvidia.github.io" in str(c) for change in plan.changes for c in change.commands)
 
 
 def test_air_gapped_toolkit_without_debs_is_one_clear_error(tmp_path):

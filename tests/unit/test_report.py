@@ -22,6 +22,7 @@ from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import host_counts, print_recap
 from gpurig.report.tables import Column, fit_columns, rows_document, show
+from gpurig.status import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 LONG_REASON = (
@@ -31,8 +32,8 @@ LONG_REASON = (
 
 
 def fleet_of_fixtures() -> FleetReport:
-    results = [HostResult(f"host-{p.stem}"[:24], "ok", "", parse_facts(p.read_text())) for p in sorted(FIXTURES.glob("*.txt"))]
-    results.append(HostResult("a100-07", "unreachable", LONG_REASON))
+    results = [HostResult(f"host-{p.stem}"[:24], Status.OK, "", parse_facts(p.read_text())) for p in sorted(FIXTURES.glob("*.txt"))]
+    results.append(HostResult("a100-07", Status.UNREACHABLE, LONG_REASON))
     return FleetReport(tuple(results), "2026-01-01T00:00:00+00:00", 1.0, summary={})
 
 
@@ -105,18 +106,18 @@ def test_json_rows_carry_schema_and_version():
 
 @dataclass(frozen=True)
 class _Step:
-    status: str
+    status: Status
 
 
 def test_recap_counts_steps_when_a_host_returns_step_results():
-    r = HostResult("h", "changed", data=[_Step("ok"), _Step("changed"), _Step("skipped"), _Step("changed")])
+    r = HostResult("h", Status.CHANGED, data=[_Step(Status.OK), _Step(Status.CHANGED), _Step(Status.SKIPPED), _Step(Status.CHANGED)])
     assert host_counts(r) == {"ok": 1, "changed": 2, "unreachable": 0, "failed": 0, "skipped": 1}
-    assert host_counts(HostResult("u", "unreachable", "gone")) == {"ok": 0, "changed": 0, "unreachable": 1, "failed": 0, "skipped": 0}
+    assert host_counts(HostResult("u", Status.UNREACHABLE, "gone")) == {"ok": 0, "changed": 0, "unreachable": 1, "failed": 0, "skipped": 0}
 
 
 def test_recap_lines_fit_and_say_why_a_host_failed():
     report = FleetReport(
-        (HostResult("a100-07", "unreachable", LONG_REASON), HostResult("h1", "ok")),
+        (HostResult("a100-07", Status.UNREACHABLE, LONG_REASON), HostResult("h1", Status.OK)),
         "2026-01-01T00:00:00+00:00",
         2.0,
         summary={"ok": 1, "unreachable": 1},

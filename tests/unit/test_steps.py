@@ -1,4 +1,4 @@
-"""converge() and the file command every step writes with, run for real on this machine (local connection, temp dirs).
+"""converge() and the Upload every step writes files with, run for real on this machine (local connection, temp dirs).
 
 The steps here are small test steps that touch files under a temp dir; the
 daemon step's plans are tested from recorded facts in test_operations.py and
@@ -12,16 +12,18 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.errors import HostError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
 from gpurig.inventory.profile import HostProfile
-from gpurig.steps import Change, Plan, Step, converge
-from gpurig.steps.hostfiles import write_file_command
+from gpurig.steps import Change, Plan, Shell, Step, Upload, converge
+from gpurig.steps.commands import install_file_command, run_change
 
 FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "facts" / "debian12-root.txt"
 
@@ -35,14 +37,14 @@ class Touch(Step):
     def plan(self, facts, wanted):
         if self.path.exists():
             return Plan.ok(f"{self.path.name} exists")
-        return Plan.change(f"create {self.path.name}", Change(f"touch {self.path.name}", (f"touch {self.path}",), diff="+x\n"))
+        return Plan.change(f"create {self.path.name}", Change(f"touch {self.path.name}", (Shell(f"touch {self.path}"),), diff="+x\n"))
 
 
 class Broken(Step):
     name = "broken"
 
     def plan(self, facts, wanted):
-        return Plan.change("run a failing command", Change("false", ("echo 'the reason' >&2; exit 3",)))
+        return Plan.change("run a failing command", Change("false", (Shell("echo 'the reason' >&2; exit 3"),)))
 
 
 @pytest.fixture
@@ -97,30 +99,31 @@ def test_diffs_stay_out_of_results_unless_asked(conn, tmp_path, gathered):
     assert results[0].changes[0].diff == "" and results[0].to_dict()["changes"] == [{"summary": "touch a"}]
 
 
-def write(path: Path, content: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", write_file_command(str(path), content, **kw)], capture_output=True, text=True)
+def write(conn, path: Path, content: str, **kw) -> None:
+    run_change(conn, f"write {path.name}", (Upload(str(path), content=content, **kw),))
 
 
 HOSTILE = 'line "one"\n$(touch /tmp/gpurig-pwned) `id` \\n \'quoted\'\n\x01 ünïcode\n'
 
 
-def test_write_file_creates_directory_and_file_with_the_exact_bytes(tmp_path):
+def test_write_file_creates_directory_and_file_with_the_exact_bytes(conn, tmp_path):
     target = tmp_path / "etc" / "docker" / "daemon.json"
-    assert write(target, HOSTILE, mode=0o640).returncode == 0
+    write(conn, target, HOSTILE, mode=0o640)
     assert target.read_text() == HOSTILE
     assert oct(target.stat().st_mode & 0o777) == "0o640"
     assert not Path("/tmp/gpurig-pwned").exists()
     assert sorted(p.name for p in target.parent.iterdir()) == ["daemon.json"]  # no temp file left
+    assert not list(Path(tempfile.gettempdir()).glob("gpurig-upload.*"))  # nor the staging folder
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-def test_write_file_keeps_mode_and_owner_and_backs_up_the_old_file(tmp_path):
+def test_write_file_keeps_mode_and_owner_and_backs_up_the_old_file(conn, tmp_path):
     target = tmp_path / "daemon.json"
     target.write_text('{"old": true}\n')
     target.chmod(0o600)
     nobody = pwd.getpwnam("nobody")
     os.chown(target, nobody.pw_uid, nobody.pw_gid)
-    assert write(target, json.dumps({"new": True})).returncode == 0
+    write(conn, target, json.dumps({"new": True}))
     st = target.stat()
     assert json.loads(target.read_text()) == {"new": True}
     assert (st.st_mode & 0o777, st.st_uid) == (0o600, nobody.pw_uid)
@@ -135,13 +138,53 @@ def test_write_file_that_fails_leaves_the_old_file_and_no_temp(tmp_path):
     # Every tool but mv: the temp file is written, then the rename cannot happen.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "dirname", "mktemp", "base64", "chmod", "chown", "cp", "date", "sync", "rm"):
+    for tool in ("sh", "dirname", "stat", "id", "mktemp", "cat", "chmod", "chown", "cp", "date", "sync", "rm"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
-    line = f"PATH={bin_dir}; " + write_file_command(str(target), "new\n")
+    staged = tmp_path / "staged"
+    staged.write_text("new\n")
+    line = f"PATH={bin_dir}; " + install_file_command(str(target), str(staged))
     proc = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True)
     assert proc.returncode != 0 and "mv" in proc.stderr
     assert target.read_text() == "old\n"
     assert sorted(p.name for p in target.parent.iterdir() if ".gpurig-tmp" in p.name) == []
+
+
+def test_uploaded_content_never_appears_in_a_command_line(tmp_path):
+    """File content reaches the host over put (SFTP on SSH), so `ps` on the host never shows it."""
+
+    class Recorder:
+        name, become = "h", False
+
+        def __init__(self):
+            self.lines, self.put_files = [], []
+
+        def run(self, command, **kw):
+            from gpurig.connect.connection import Result, to_shell
+
+            self.lines.append(to_shell(command))
+            return Result("h", "", 0, "/tmp/gpurig-upload.abc\n" if "mktemp" in to_shell(command) else "", "")
+
+        admin = run
+
+        def put(self, local, remote, mode=None):
+            self.put_files.append((Path(local).read_text(), remote, mode))
+
+    host = Recorder()
+    run_change(host, "write the secret", (Upload("/etc/app/token", content="s3cret-token\n", mode=0o600),))
+    assert host.put_files == [("s3cret-token\n", "/tmp/gpurig-upload.abc/token", 0o600)]
+    assert not any("s3cret" in line for line in host.lines)
+    assert len(host.lines) == 2  # the staging folder, then the install, which also removes the folder
+    assert "/etc/app/token" in host.lines[1] and "0600" in host.lines[1] and host.lines[1].endswith(" /tmp/gpurig-upload.abc")
+
+
+def test_a_folder_of_another_user_is_refused(conn, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a folder of another user needs root to make")
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    os.chown(folder, pwd.getpwnam("nobody").pw_uid, -1)
+    with pytest.raises(HostError, match="belongs to uid"):
+        write(conn, folder / "x.deb", "deb")
 
 
 def test_facts_cut_short_fail_the_host_instead_of_planning_from_half(conn, tmp_path):

@@ -128,7 +128,8 @@ def test_toolkit_with_nvidia_repository_unreachable_fails_with_the_air_gapped_fi
     assert status == "failed"
     assert reason.startswith("could not add NVIDIA's libnvidia-container apt repository")
     assert "nvidia.github.io" in reason  # the download's own last error line
-    assert "fix: the host cannot reach NVIDIA's repository" in reason and "gpurig_toolkit.packages_dir" in reason
+    fix = {x["step"]: x["fix"] for x in json.loads((tmp_path / "out.json").read_text())["hosts"][0]["steps"]}["container-toolkit"]
+    assert fix.startswith("the host cannot reach NVIDIA's repository") and "gpurig_toolkit.packages_dir" in fix
     assert host.sh("ls /etc/apt/sources.list.d/ /usr/share/keyrings/").stdout == before  # no list half-added
 
 

@@ -1,21 +1,37 @@
-"""deploy's plan for one container: ok, start, create or recreate, from what the host's engine reports."""
+"""deploy's plan for one container from data cases: tests/operations/deploy/<case>.json.
+
+Each case gives the container as written in gpurig_containers (``container``),
+what the host's engine has (``host``: the container it runs, made from
+another gpurig_containers entry or absent (null), its GPUs, image id and
+state), the GPUs the container is to get (``devices``), and what the plan
+must be: its status, the action (the change's name, ``none`` for ok), the
+settings that differ as [key, old, new] (``diff`` exactly, or
+``diff_includes``), the --diff lines, and values that must never appear in
+a report (``never_shown``). Provision's cases sit beside them.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from gpurig.connect.engine import ContainerInfo, ImageInfo
-from gpurig.deploy.apply import Target, plan
+from gpurig.deploy.apply import ContainerRun, Target, container_doc
+from gpurig.deploy.compare import plan
 from gpurig.deploy.containers import load_containers
 from gpurig.image.spec import load_spec
 from gpurig.inventory import Host
 
-SPEC = load_spec(Path(__file__).resolve().parents[3] / "images" / "pytorch.yaml")
+TESTS = Path(__file__).resolve().parents[2]
+SPEC = load_spec(TESTS.parent / "images" / "pytorch.yaml")
 IMAGE = ImageInfo("sha256:" + "1" * 64, ("pytorch:2.14.1-cu130-jupyter",), {}, 10)
+CASES = sorted((TESTS / "operations" / "deploy").glob("*.json"))
 
 
-def spec(**entry):
-    specs, _ = load_containers(Host("gpu-01", ("gpu",), {"gpurig_containers": [{"variant": "jupyter", **entry}]}), SPEC)
+def spec(entry):
+    specs, _ = load_containers(Host("gpu-01", ("gpu",), {"gpurig_containers": [entry]}), SPEC)
     return specs[0]
 
 
@@ -32,43 +48,38 @@ class Engine:
         return IMAGE
 
 
-def running(s, devices, image_id=IMAGE.id, status="running") -> ContainerInfo:
+def on_host(s, host: dict) -> ContainerInfo:
+    devices = tuple(host.get("devices") or ()) or None
     body = s.create_body(s.image, devices)
-    return ContainerInfo("c" * 64, s.name, s.image, image_id, status, None, 0, None, body["Labels"], (), devices and tuple(devices), "runc")
+    return ContainerInfo("c" * 64, s.name, s.image, host.get("image_id", IMAGE.id), host.get("status", "running"),
+                         None, 0, None, body["Labels"], (), devices, "runc")
 
 
-def test_same_image_settings_and_gpus_is_ok():
-    s = spec(gpus=1)
-    out = plan(Engine(running(s, ("1",))), Target(s, s.image, IMAGE), ("1",))
-    assert (out.status, out.action, out.diff) == ("ok", "none", [])
+@pytest.mark.parametrize("case_file", CASES, ids=[p.stem for p in CASES])
+def test_container_plan(case_file: Path):
+    case = json.loads(case_file.read_text())
+    wanted = spec(case["container"])
+    host = case["host"]
+    current = None if host.get("container", "same") is None else on_host(spec(host["container"]) if "container" in host else wanted, host)
+    target = Target(wanted, wanted.image, IMAGE)
+    p = plan(Engine(current), target, tuple(case["devices"]))
+    assert p.status == case["status"]
+    assert [c.summary for c in p.changes] == ([] if case["action"] == "none" else [case["action"]])
+    settings = [list(d) for c in p.changes for d in c.settings]
+    if "diff" in case:
+        assert settings == case["diff"]
+    for d in case.get("diff_includes", []):
+        assert d in settings
+    if "diff_text" in case:
+        assert p.changes[0].diff.splitlines() == case["diff_text"]
+    run = ContainerRun(Engine(current), target, tuple(case["devices"]), None, {})
+    shown = json.dumps(container_doc(run.result(p))) + "".join(c.diff for c in p.changes)
+    for secret in case.get("never_shown", []):
+        assert secret not in shown
 
 
-def test_a_count_resolved_to_other_gpus_recreates_though_the_settings_are_equal():
-    s = spec(gpus=1)
-    out = plan(Engine(running(s, ("1",))), Target(s, s.image, IMAGE), ("0",))
-    assert (out.status, out.action) == ("changed", "recreate")
-    assert out.diff == [("gpu devices", "1", "0")]
-
-
-def test_changed_setting_and_image_are_both_in_the_diff():
-    old, new = spec(gpus=1, shm_size="8g"), spec(gpus=1, shm_size="16g")
-    out = plan(Engine(running(old, ("1",), image_id="sha256:" + "2" * 64)), Target(new, new.image, IMAGE), ("1",))
-    assert out.action == "recreate"
-    assert ("shm_size", 8 << 30, 16 << 30) in out.diff
-    assert ("image id", "2" * 12, "1" * 12) in out.diff
-
-
-def test_stopped_is_started_and_missing_is_created():
-    s = spec(gpus=1)
-    assert plan(Engine(running(s, ("1",), status="exited")), Target(s, s.image, IMAGE), ("1",)).action == "start"
-    assert plan(Engine(None), Target(s, s.image, IMAGE), ("1",)).action == "create"
-
-
-def test_env_changes_are_shown_by_name_never_by_value_or_digest():
-    old, new = spec(gpus=1, env={"TOKEN": "hunter2", "KEEP": "x", "GONE": "y"}), spec(gpus=1, env={"TOKEN": "swordfish", "KEEP": "x", "NEW": "z"})
-    out = plan(Engine(running(old, ("1",))), Target(new, new.image, IMAGE), ("1",))
-    [env] = [d for d in out.diff if d[0] == "env"]
-    assert env == ("env", "GONE, KEEP, TOKEN", "KEEP, NEW (new), TOKEN (changed), GONE (removed)")
-    assert "sha256" not in repr(out.to_dict()) and "hunter2" not in repr(out.to_dict())
-    created = plan(Engine(None), Target(new, new.image, IMAGE), ("1",))
-    assert ("env", None, "KEEP (new), NEW (new), TOKEN (new)") in created.diff
+def test_a_change_runs_through_engine_calls_not_a_special_apply():
+    wanted = spec({"variant": "jupyter", "gpus": 1})
+    run = ContainerRun(Engine(None), Target(wanted, wanted.image, IMAGE), ("1",), None, {})
+    p = plan(Engine(None), run.target, ("1",), run.commands)
+    assert [str(c) for c in p.changes[0].commands] == [f"move {wanted.image} to the host", f"create {wanted.name}"]

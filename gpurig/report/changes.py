@@ -1,0 +1,76 @@
+"""Changes as a person sees them, for provision and deploy alike: one row per step (or container), the diffs, the JSON hosts.
+
+A host's work returns ``StepResult``s (a provision step, a deployed
+container); ``outcome`` rolls them up for the fleet, ``result_rows`` makes
+the per-host table, ``print_diffs`` shows what each change alters (--diff,
+table format only) and ``host_documents`` the JSON report's hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.status import Status, worst
+from gpurig.steps.plan import StepResult
+
+Cells = Callable[[StepResult], Sequence[str]]
+
+
+def outcome(results: Sequence[StepResult], failed: Callable[[StepResult], str]) -> Outcome:
+    """The host's status from its results (failed, else changed, else ok), why the failed ones failed, the first fix."""
+    bad = [r for r in results if r.status == Status.FAILED]
+    return Outcome(status=worst(r.status for r in results), data=tuple(results),
+                   detail="; ".join(failed(r) for r in bad), fix=next((r.fix for r in bad if r.fix), ""))
+
+
+def host_results(r: HostResult) -> tuple[StepResult, ...]:
+    return r.data if isinstance(r.data, tuple) else ()
+
+
+def result_rows(report: FleetReport, cells: Cells, blank: int) -> list[list[str]]:
+    """[host, step, status, *cells(result)] per result; a host with none gets one row with its own status and reason.
+
+    ``blank`` is how many cells ``cells`` gives: the host row fills them with
+    '-' first, then its reason last.
+    """
+    rows = []
+    for r in report.results:
+        results = host_results(r)
+        if not results:
+            rows.append([r.host, "-", r.status, *(["-"] + [""] * (blank - 2))[: blank - 1], r.reason])
+        for s in results:
+            rows.append([r.host, s.step, s.status, *cells(s)])
+    return rows
+
+
+def reason_text(s: StepResult) -> str:
+    """The reason, the fix on a line of its own, then each change's line."""
+    lines = [s.reason] + ([f"fix: {s.fix}"] if s.fix else []) + [f"- {c.summary}" for c in s.changes]
+    return "\n".join(lines)
+
+
+def host_documents(report: FleetReport, key: str, doc: Callable[[StepResult], dict[str, Any]], **extra: Any) -> list[dict]:
+    """The JSON report's hosts: host, status, reason, fix, then its results under ``key``."""
+    return [
+        {"host": r.host, "status": r.status, "reason": r.reason, "fix": r.fix,
+         **({"duration_s": round(r.duration_s, 3)} if extra.get("durations") else {}),
+         key: [doc(s) for s in host_results(r)]}
+        for r in report.results
+    ]
+
+
+def print_diffs(report: FleetReport, out: Console) -> None:
+    """Each change's diff under a 'host step: change' line; + lines green, - lines red."""
+    for r in report.results:
+        for s in host_results(r):
+            for change in s.changes:
+                if change.diff:
+                    out.print(f"[bold]{escape(r.host)} {escape(s.step)}: {escape(change.summary)}[/]")
+                    for line in change.diff.splitlines():
+                        style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+                        out.print(f"[{style}]{escape(line)}[/]" if style else escape(line), soft_wrap=True)
