@@ -6,9 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedConnection
 
 from gpurig.cli.provision import pick_steps
-from gpurig.connect.connection import CommandError, ConnectionLost, Result
+from gpurig.connect.connection import ConnectionLost
 from gpurig.errors import ConfigError, HostError, InventoryError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host
@@ -56,36 +57,22 @@ def test_air_gapped_toolkit_without_debs_is_one_clear_error(tmp_path):
         ToolkitStep().plan(facts("a100-fresh-secure-boot-off"), wanted)
 
 
-class RebootingHost:
+ANSWERS = {"back": (0, "", ""), "old": (1, "", ""), "down": ConnectionLost("connection lost", "check the host", host="gpu-01")}
+
+
+def rebooting_host(answers):
     """A host that reboots (what no machine here may do): the old boot a while, then gone, then back."""
-
-    name = "gpu-01"
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.commands: list[str] = []
-
-    def run(self, command, **kw):
-        self.commands.append(command)
-        answer = self.answers.pop(0) if self.answers else "back"
-        result = Result(self.name, command, 0 if answer == "back" else 1, "", "")
-        if answer == "old":
-            raise CommandError(result)
-        if answer == "down":
-            raise ConnectionLost("gpu-01: connection lost", "check the host")
-        return result
-
-    sudo = admin = run
+    return ScriptedConnection("gpu-01", [ANSWERS[a] for a in answers] or [ANSWERS["back"]])
 
 
 def test_reboot_waits_for_a_new_boot_id(monkeypatch):
     monkeypatch.setattr("gpurig.steps.reboot.POLL_S", 0)
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
-    host = RebootingHost(["back", "old", "down", "down", "back"])
+    host = rebooting_host(["back", "old", "down", "down", "back"])
     step.apply(host, plan)
-    assert "systemctl reboot" in host.commands[0]
-    assert host.commands[1:] == ['test "$(cat /proc/sys/kernel/random/boot_id)" != c0ffee00-1b2c-4d3e-8f4a-5b6c7d8e9f01'] * 4
+    assert "systemctl reboot" in host.lines[0]
+    assert host.lines[1:] == ['test "$(cat /proc/sys/kernel/random/boot_id)" != c0ffee00-1b2c-4d3e-8f4a-5b6c7d8e9f01'] * 4
 
 
 def test_reboot_gives_up_after_its_bound(monkeypatch):
@@ -93,7 +80,7 @@ def test_reboot_gives_up_after_its_bound(monkeypatch):
     step = RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=0.05)
     plan = step.plan(facts("a100-driver-mismatch"), host_profile(Host("h", (), {})))
     with pytest.raises(HostError, match="did not come back within 0 s"):
-        step.apply(RebootingHost(["back"] + ["down"] * 10_000), plan)
+        step.apply(rebooting_host(["back"] + ["down"] * 10_000), plan)
 
 
 def test_candidate_guard_refuses_an_old_candidate_on_the_host(tmp_path):
@@ -128,7 +115,7 @@ def test_after_a_reboot_every_other_step_is_planned_again_from_fresh_facts(monke
         return gathered[-1]
 
     steps = [GpusStep(), DriverStep(reboot=True), RebootStep(allowed=True, local_machine_id=OTHER_MACHINE, wait_s=30)]
-    results = converge_rebooting(RebootingHost(["back", "back"]), steps, host_profile(Host("h", (), {})), gather=gather)
+    results = converge_rebooting(rebooting_host(["back", "back"]), steps, host_profile(Host("h", (), {})), gather=gather)
     assert [(r.step, r.status) for r in results] == [("gpus", "ok"), ("driver", "ok"), ("reboot", "changed")]
     assert results[1].reason.startswith("driver 550.54.15 loaded")  # planned from the host as it came back
     assert len(gathered) == 3  # before, after the reboot (converge's own re-gather), and the second pass
@@ -137,11 +124,11 @@ def test_after_a_reboot_every_other_step_is_planned_again_from_fresh_facts(monke
 def test_check_mode_never_reboots():
     from gpurig.steps import converge_rebooting
 
-    host = RebootingHost([])
+    host = rebooting_host([])
     results = converge_rebooting(host, [RebootStep(allowed=True, local_machine_id=OTHER_MACHINE)], host_profile(Host("h", (), {})), check=True,
                                  gather=lambda conn: facts("a100-driver-mismatch"))
     assert results[0].status == "changed" and results[0].reason.startswith("would change (check mode)")
-    assert host.commands == []
+    assert host.lines == []
 
 
 def test_reboot_never_runs_over_a_local_connection():
