@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpurig.connect.connection import CommandError, CommandTimeout, Connection, ConnectionLost
-from gpurig.errors import GpurigError, HostError
+from gpurig.errors import GpurigError, HostError, permission_denied
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 
@@ -140,7 +140,7 @@ class Step:
                 said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
                 why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
                 fix = change.fix or err.fix
-                if "permission denied" in why.lower() and not conn.become:
+                if permission_denied(why) and not conn.become:
                     fix = "set ansible_become: true for this host (the login user is not root)"
                 raise HostError(f"could not {change.summary}: {why}", fix) from None
             except CommandTimeout:
