@@ -142,10 +142,10 @@ def main() -> None:
         print(f"   {time.monotonic() - started:.1f} s wall, build {first['duration_s']} s, "
               f"{first['steps']['ran']} of {first['steps']['total']} steps ran")
 
-        print(f"== warm rebuild after editing checks/gpu_health.py, {args.runs} runs")
+        print(f"== warm rebuild after editing checks/verify_torch.py, {args.runs} runs")
         walls, builds = [], []
         for run in range(args.runs):
-            with open(project / "checks" / "gpu_health.py", "a") as fh:
+            with open(project / "checks" / "verify_torch.py", "a") as fh:
                 fh.write(f"# bench edit {run} {time.time()}\n")
             started = time.monotonic()
             gpurig(project, *build)

@@ -99,7 +99,7 @@ class Bench:
             say(f"image: gpurig build --variant {variant} --cuda {self.cuda} ...")
             refs[variant] = self.built.build(project, variant, self.cuda)
         edited = self.built.copy_project(self.work / "project-edited", f"{spec}-edit")
-        probe = edited / "checks" / "gpu_health.py"
+        probe = edited / "checks" / "verify_torch.py"
         probe.write_text(probe.read_text() + "\n# a one-line edit\n")
         say("image: slim again with one file of checks/ edited ...")
         refs["slim-edited"] = self.built.build(edited, "slim", self.cuda)

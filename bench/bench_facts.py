@@ -38,7 +38,7 @@ from tests.integration.hosts.conftest import SshdFarm, keygen  # noqa: E402
 BENCH_USER = "gpurigbench"
 # What setup / pyinfra's facts do not gather: the same probe gpurig runs for these sections.
 GPU_SECTIONS = ("lspci", "pci_sysfs", "nvidia_version", "nvidia_smi", "modules", "secure_boot", "docker_info", "daemon_json", "nvidia_ctk", "cgroup")
-GPU_PROBE = "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES if name in GPU_SECTIONS)
+GPU_PROBE = "; ".join(f"echo @@{p.name}; ( {p.shell} ) 2>&1; echo rc=$?" for p in PROBES if p.name in GPU_SECTIONS)
 RAW_GPU_PROBE = "{% raw %}" + GPU_PROBE + "{% endraw %}"  # Ansible templates task args; the probe has {{ and {#
 
 

@@ -32,8 +32,8 @@ from bench_facts import ansible_ssh_env, bench_args, bench_hosts, run_interleave
 
 from gpurig.facts import PROBES  # noqa: E402
 
-CHECKS = "{% raw %}" + "; ".join(f"echo @@{name}; ( {cmd} ) 2>&1; echo rc=$?" for name, cmd in PROBES
-                                 if name not in ("os_release", "uname", "nproc", "meminfo", "df")) + "{% endraw %}"
+CHECKS = "{% raw %}" + "; ".join(f"echo @@{p.name}; ( {p.shell} ) 2>&1; echo rc=$?" for p in PROBES
+                                 if p.name not in ("os_release", "uname", "nproc", "meminfo", "df")) + "{% endraw %}"
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Is PyTorch in this container really usable on its GPUs, and how fast? Verification records as JSON or a table.
 
-Standalone on purpose (stdlib, plus torch, and pynvml where present): gpurig
-sends this one file into a container on stdin (``python3 - --json``), so it
-imports nothing of gpurig and keeps its tables inline. Each record is
+The one container probe: every gpurig image carries it as
+/opt/gpurig/checks/verify_torch.py (run it there with ``--text``), and
+``gpurig verify`` sends it into a container on the command line. Standalone
+on purpose (stdlib, plus torch, and pynvml where present), so it imports
+nothing of gpurig and keeps its tables inline. Each record is
     {"id", "status": pass|warn|fail|skip, "measured", "expected", "unit", "detail", "fix"}
 and ``--json`` prints {"probe": "container", "version": 1, "records": [...]}.
 A record whose prerequisite failed is ``skip`` naming it; a container without
@@ -700,14 +702,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="verify_torch.py",
         description="Verify PyTorch on this container's GPUs: torch, CUDA, kernels, speed vs peak, /dev/shm, DataLoader.",
-        epilog="Sent by gpurig as: docker exec -i NAME python3 - --json --level quick < verify_torch.py",
+        epilog="In a gpurig image: python /opt/gpurig/checks/verify_torch.py --text. By hand into any container:"
+               " docker exec -i NAME python3 - --text < checks/verify_torch.py",
     )
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help='print {"probe", "version", "records"} as JSON')
     out.add_argument("--text", action="store_true", help="print an aligned table (the default)")
     parser.add_argument("--level", choices=LEVELS, default="quick",
                         help="quick: presence and correctness (seconds); full: adds TFLOP/s, bandwidths, NCCL, training")
-    parser.add_argument("--expect-cuda", metavar="X.Y", help="the image's io.gpurig.cuda label (cpu for a CPU image)")
+    parser.add_argument("--expect-cuda", metavar="X.Y", default=os.environ.get("GPURIG_CUDA") or None,
+                        help="the image's io.gpurig.cuda label (cpu for a CPU image); default: $GPURIG_CUDA, set in gpurig images")
     args = parser.parse_args(argv)
     records = run(args.level, args.expect_cuda)
     if args.json:

@@ -76,3 +76,9 @@ def last_line(*texts: str | None, default: str = "") -> str:
             if line.strip():
                 return line.strip()
     return default
+
+
+def permission_denied(text: str) -> bool:
+    """Whether a tool's output says the system refused the user: cat's "Permission denied", docker's
+    "permission denied while trying to connect to the Docker daemon socket", sudo'd commands' EACCES."""
+    return "permission denied" in text.lower()

@@ -27,7 +27,7 @@ from docker.transport.basehttpadapter import BaseHTTPAdapter
 from docker.transport.sshconn import SSHConnectionPool
 
 from gpurig.connect.connection import Connection
-from gpurig.errors import HostError, last_line
+from gpurig.errors import HostError, last_line, permission_denied
 
 API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
 DIAL = ["docker", "system", "dial-stdio"]
@@ -324,7 +324,7 @@ def diagnose(conn: Connection, err: BaseException) -> EngineError:
         )
     if result.exited == 127 or "not found" in text:
         return EngineError(f"{conn.name}: Docker is not installed", "run `invoke provision` on this host")
-    if "permission denied" in text.lower():
+    if permission_denied(text):
         return EngineError(
             f"{conn.name}: {conn.user or 'the login user'} may not use the Docker socket",
             "set ansible_become: true (passwordless sudo), or add the user to the docker group",

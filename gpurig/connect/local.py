@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from gpurig.connect.connection import Connection, OutputCollector, Result
 from gpurig.errors import HostError
+from gpurig.process import stop
 
 
 class LocalConnection(Connection):
@@ -38,7 +38,7 @@ class LocalConnection(Connection):
             while sel.get_map():
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
-                    _stop_group(proc)
+                    stop(proc)
                     raise self._timed_out(timeout, shown)
                 for key, _ in sel.select(wait):
                     data = os.read(key.fileobj.fileno(), 65536)
@@ -54,8 +54,7 @@ class LocalConnection(Connection):
                         proc.stdin.close()
             exited = proc.wait()
         except BaseException:
-            if proc.poll() is None:
-                _stop_group(proc)
+            stop(proc)
             raise
         finally:
             sel.close()
@@ -82,18 +81,3 @@ class LocalConnection(Connection):
     def get(self, remote, local) -> None:
         self.put(remote, str(local))
 
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
-    """TERM the command's process group (sudo relays it to what it runs as root), then KILL what is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # gone already, or only root's processes are left, which sudo's shell has killed
-    proc.wait()

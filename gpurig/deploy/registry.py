@@ -35,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpurig.errors import GpurigError
+from gpurig.process import stop
 
 BINARIES = ("docker-registry", "registry")  # Debian's package name, upstream's binary name
 CHUNK = 256 * 1024
+STOP_GRACE_S = 10  # seconds the registry gets to end on SIGTERM before SIGKILL
 
 
 class RegistryError(GpurigError):
@@ -168,7 +170,7 @@ class LocalRegistry:
                 self._proc, self.port = proc, port
                 (self.cache_dir / "port").write_text(f"{port}\n")
                 return
-            _stop(proc)
+            stop(proc, STOP_GRACE_S)
             last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["it did not answer"]
             last = last[0]
         raise RegistryError(f"the local registry did not start: {last}", f"see {self.cache_dir}; `{self.binary} serve CONFIG` by hand")
@@ -176,7 +178,7 @@ class LocalRegistry:
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            _stop(proc)
+            stop(proc, STOP_GRACE_S)
         for name in (f"config-{os.getpid()}.yml", f"registry-{os.getpid()}.log"):
             (self.cache_dir / name).unlink(missing_ok=True)
 
@@ -246,15 +248,6 @@ def _any_free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 _shared_lock = threading.Lock()

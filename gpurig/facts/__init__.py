@@ -1,11 +1,15 @@
-"""What a host is, gathered in one round trip: one shell script, sections between markers, pure parsers.
+"""What a host is, gathered in one round trip: declared probes sent as one shell script, pure parsers.
 
-``FACTS_SCRIPT`` runs every probe in a single exec and prints each one's
-output between ``@@gpurig-fact NAME`` and ``@@gpurig-rc CODE`` lines.
-``split_sections`` cuts that output apart and one pure ``parse_*`` function
-per section turns it into data, so every parser is tested from recorded
-output with no host at all. A command that is missing or fails gives an
-"absent" value (None, False, empty tuple), never an exception.
+Each fact is a ``Probe`` (gpurig/facts/probes.py): a name, the fixed shell
+text that reads it, and a pure parser of its output, declared beside that
+parser in parsers.py (hardware, driver, Docker) or system.py (packages,
+services, identity). ``FACTS_SCRIPT`` runs every probe in a single exec,
+each one's output between marker lines; ``parse_facts`` cuts it apart, lets
+each probe parse its own section and joins the few facts that two probes
+answer together (driver version, GPUs on the bus, a stopped Docker's
+runtimes). Every parser is tested from recorded output with no host at all.
+A command that is missing or fails gives an "absent" value (None, False,
+empty tuple), never an exception.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from gpurig.connect.connection import Connection
 from gpurig.errors import HostError, last_line
+from gpurig.facts import parsers as hw
 from gpurig.facts.parsers import (  # the parsers and their data classes are this package's API
     DaemonConfig,
     Disk,
@@ -37,9 +42,10 @@ from gpurig.facts.parsers import (  # the parsers and their data classes are thi
     parse_pci_sysfs,
     parse_secure_boot,
     parse_uname,
+    with_daemon_config,
 )
-from gpurig.facts.probes import ABSENT, FACTS_SCRIPT, MARK, PROBES, RC_MARK, Section, facts_script, split_sections
-from gpurig.facts.system import SystemFacts, parse_system
+from gpurig.facts.probes import ABSENT, MARK, RC_MARK, Probe, Section, facts_script, read, split_sections
+from gpurig.facts.system import SYSTEM_PROBES, SystemFacts, system_facts
 from gpurig.strict.validate import excerpt, strip_userinfo
 
 
@@ -86,40 +92,45 @@ def _without_userinfo(value: Any) -> Any:
     return value
 
 
-# --- parsers (pure) ---------------------------------------------------------------------------
+# Every fact gathered, in the order the script asks for them.
+PROBES: tuple[Probe, ...] = (
+    hw.OS_RELEASE, hw.UNAME, hw.NPROC, hw.MEMINFO, hw.DF, hw.LSPCI, hw.PCI_SYSFS, hw.NVIDIA_VERSION, hw.NVIDIA_SMI,
+    hw.MODULES, hw.SECURE_BOOT, hw.DOCKER_INFO, hw.DAEMON_JSON, hw.NVIDIA_CTK, hw.CGROUP,
+    *SYSTEM_PROBES,
+)
+FACTS_SCRIPT = facts_script(PROBES)
 
 
 def parse_facts(output: str) -> Facts:
     """Facts from the whole script output; sections that never arrived are listed in ``missing``."""
-    sec = split_sections(output)
-    get = lambda name: sec.get(name, ABSENT)  # noqa: E731
-    kernel, arch = parse_uname(get("uname"))
-    total, available = parse_meminfo(get("meminfo"))
-    driver, flavour = parse_nvidia_version(get("nvidia_version"))
-    gpus, smi_driver = parse_nvidia_smi(get("nvidia_smi"))
-    nouveau, nvidia = parse_modules(get("modules"))
-    pci = parse_lspci(get("lspci")) if get("lspci").rc != 127 else parse_pci_sysfs(get("pci_sysfs"))
+    sections = split_sections(output)
+    v = read(PROBES, sections)
+    kernel, arch = v["uname"]
+    total, available = v["meminfo"]
+    driver, flavour = v["nvidia_version"]
+    gpus, smi_driver = v["nvidia_smi"]
+    nouveau, nvidia = v["modules"]
     return Facts(
-        os=parse_os_release(get("os_release")),
+        os=v["os_release"],
         kernel=kernel,
         arch=arch,
-        cpus=parse_int(get("nproc")),
+        cpus=v["nproc"],
         mem_total_bytes=total,
         mem_available_bytes=available,
-        disks=parse_df(get("df")),
-        pci_gpus=pci,
-        driver_version=driver or smi_driver,
+        disks=v["df"],
+        pci_gpus=v["lspci"] if v["lspci"] is not None else v["pci_sysfs"],  # sysfs when lspci is not installed
+        driver_version=driver or smi_driver,  # the loaded module's, else what nvidia-smi reports
         driver_flavour=flavour,
         gpus=gpus,
         nouveau_loaded=nouveau,
         nvidia_loaded=nvidia,
-        secure_boot=parse_secure_boot(get("secure_boot")),
-        docker=parse_docker(get("docker_info"), get("daemon_json")),
-        daemon_json=parse_daemon_json(get("daemon_json")),
-        toolkit_version=parse_nvidia_ctk(get("nvidia_ctk")),
-        cgroup_version=parse_cgroup(get("cgroup")),
-        system=parse_system({name: (s.rc, s.text) for name, s in sec.items()}),
-        missing=tuple(name for name, _ in PROBES if name not in sec),
+        secure_boot=v["secure_boot"],
+        docker=with_daemon_config(v["docker_info"], v["daemon_json"]),
+        daemon_json=v["daemon_json"],
+        toolkit_version=v["nvidia_ctk"],
+        cgroup_version=v["cgroup"],
+        system=system_facts(v),
+        missing=tuple(probe.name for probe in PROBES if probe.name not in sections),
     )
 
 
@@ -148,6 +159,7 @@ __all__ = [
     "OsInfo",
     "PROBES",
     "PciGpu",
+    "Probe",
     "RC_MARK",
     "Section",
     "SystemFacts",
@@ -169,5 +181,8 @@ __all__ = [
     "parse_pci_sysfs",
     "parse_secure_boot",
     "parse_uname",
+    "read",
     "split_sections",
+    "system_facts",
+    "with_daemon_config",
 ]

@@ -1,14 +1,19 @@
-"""Pure parsers, one per section of the facts script's output, tested from recorded output with no host."""
+"""The host's hardware, driver and Docker as declared probes: each parser beside the probe whose output it reads.
+
+Every parser is pure and tested from recorded output with no host
+(tests/fixtures/facts/). A command that is missing or fails gives an
+"absent" value (None, False, empty tuple), never an exception.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpurig.errors import last_line
-from gpurig.facts.probes import Section
+from gpurig.errors import last_line, permission_denied
+from gpurig.facts.probes import Probe, Section
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class DockerInfo:
     runtimes: tuple[str, ...]
     default_runtime: str | None
     problem: str | None  # why the daemon could not be asked, when it could not
+    denied: bool = False  # the socket refused the login user (not in the docker group): not a stopped daemon
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,9 @@ def parse_os_release(s: Section) -> OsInfo:
     return OsInfo(values.get("ID"), values.get("VERSION_ID"), values.get("PRETTY_NAME"), values.get("VERSION_CODENAME"))
 
 
+OS_RELEASE = Probe("os_release", "cat /etc/os-release", parse_os_release)
+
+
 def parse_uname(s: Section) -> tuple[str | None, str | None]:
     """(kernel release, machine) from ``uname -srm``."""
     parts = s.text.split() if s.ok else []
@@ -91,11 +100,17 @@ def parse_uname(s: Section) -> tuple[str | None, str | None]:
     return None, None
 
 
+UNAME = Probe("uname", "uname -srm", parse_uname)
+
+
 def parse_int(s: Section) -> int | None:
     try:
         return int(s.text.strip()) if s.ok else None
     except ValueError:
         return None
+
+
+NPROC = Probe("nproc", "getconf _NPROCESSORS_ONLN", parse_int)
 
 
 def parse_meminfo(s: Section) -> tuple[int | None, int | None]:
@@ -109,6 +124,9 @@ def parse_meminfo(s: Section) -> tuple[int | None, int | None]:
     return found.get("MemTotal"), found.get("MemAvailable")
 
 
+MEMINFO = Probe("meminfo", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo", parse_meminfo)
+
+
 def parse_df(s: Section) -> tuple[Disk, ...]:
     """``df -Pk`` rows; df exits 1 when one path is missing but still prints the others."""
     disks = []
@@ -119,11 +137,17 @@ def parse_df(s: Section) -> tuple[Disk, ...]:
     return tuple(disks)
 
 
+DF = Probe("df", "df -Pk / /var/lib/docker", parse_df)
+
+
 _LSPCI = re.compile(r"^(?P<slot>\S+)\s+(?P<cls>[^\[]+)\[(?P<code>[0-9a-f]{4})\]:\s+(?P<name>.*?)\s*\[10de:(?P<dev>[0-9a-f]{4})\]", re.I)
 _GPU_CLASSES = ("0300", "0302")  # VGA and 3D controllers; bridges such as NVSwitch are not GPUs
 
 
-def parse_lspci(s: Section) -> tuple[PciGpu, ...]:
+def parse_lspci(s: Section) -> tuple[PciGpu, ...] | None:
+    """NVIDIA GPUs from ``lspci -nn -d 10de:``; None when lspci is not installed (then the sysfs fallback says)."""
+    if s.rc == 127:
+        return None
     gpus = []
     for line in s.text.splitlines() if s.ok else []:
         m = _LSPCI.match(line.strip())
@@ -143,6 +167,12 @@ def parse_pci_sysfs(s: Section) -> tuple[PciGpu, ...]:
     return tuple(gpus)
 
 
+LSPCI = Probe("lspci", "lspci -nn -d 10de:", parse_lspci)
+# Fallback when pciutils is absent: vendor/class/device ids straight from sysfs.
+PCI_SYSFS = Probe("pci_sysfs", "for d in /sys/bus/pci/devices/*; do [ \"$(cat $d/vendor)\" = 0x10de ]"
+                  " && echo \"${d##*/} $(cat $d/class) $(cat $d/device)\"; done; true", parse_pci_sysfs)
+
+
 def parse_nvidia_version(s: Section) -> tuple[str | None, str | None]:
     """(driver version, "open" | "proprietary") from /proc/driver/nvidia/version."""
     if not s.ok:
@@ -153,6 +183,9 @@ def parse_nvidia_version(s: Section) -> tuple[str | None, str | None]:
             flavour = "open" if "Open Kernel Module" in line else "proprietary"
             return (m.group(1) if m else None), flavour
     return None, None
+
+
+NVIDIA_VERSION = Probe("nvidia_version", "cat /proc/driver/nvidia/version", parse_nvidia_version)
 
 
 def parse_nvidia_smi(s: Section) -> tuple[tuple[Gpu, ...], str | None]:
@@ -169,10 +202,17 @@ def parse_nvidia_smi(s: Section) -> tuple[tuple[Gpu, ...], str | None]:
     return tuple(gpus), driver
 
 
+NVIDIA_SMI = Probe("nvidia_smi", "nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits",
+                   parse_nvidia_smi)
+
+
 def parse_modules(s: Section) -> tuple[bool, bool]:
     """(nouveau loaded, nvidia loaded) from the /proc/modules lines; grep exits 1 when neither is."""
     names = {line.split()[0] for line in s.text.splitlines() if line.strip()} if s.rc == 0 else set()
     return "nouveau" in names, "nvidia" in names
+
+
+MODULES = Probe("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules", parse_modules)
 
 
 def parse_secure_boot(s: Section) -> str:
@@ -186,7 +226,11 @@ def parse_secure_boot(s: Section) -> str:
     return "unknown"
 
 
-def parse_docker(info: Section, daemon_json: Section) -> DockerInfo:
+SECURE_BOOT = Probe("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c;"
+                    " else echo legacy-bios; fi", parse_secure_boot)
+
+
+def parse_docker(info: Section) -> DockerInfo:
     """Docker from one ``docker info --format '{{json .}}'``: it reports the client even when the daemon is down."""
     installed = info.rc != 127
     data = _last_json_line(info.text) if installed else {}
@@ -198,22 +242,28 @@ def parse_docker(info: Section, daemon_json: Section) -> DockerInfo:
     # docker info may exit 0 with ServerErrors when the client cannot reach the daemon.
     if data.get("ServerErrors"):
         problem = "; ".join(str(e) for e in data["ServerErrors"])
-    runtimes = tuple(sorted((data.get("Runtimes") or {}).keys()))
-    default = data.get("DefaultRuntime") or None
-    if installed and not server:
-        # Daemon down: what daemon.json asks for is what it will use once started.
-        conf = parse_daemon_json(daemon_json).content or {}
-        runtimes = tuple(sorted({"runc", *(conf.get("runtimes") or {}).keys()}))
-        default = conf.get("default-runtime", "runc")
     return DockerInfo(
         installed=installed,
         client_version=client,
         running=bool(server),
         server_version=server,
-        runtimes=runtimes if installed else (),
-        default_runtime=default if installed else None,
+        runtimes=tuple(sorted((data.get("Runtimes") or {}).keys())) if installed else (),
+        default_runtime=(data.get("DefaultRuntime") or None) if installed else None,
         problem=problem,
+        denied=bool(problem) and permission_denied(problem or ""),
     )
+
+
+DOCKER_INFO = Probe("docker_info", "timeout -k 5 15 docker info --format '{{json .}}'", parse_docker)
+
+
+def with_daemon_config(docker: DockerInfo, daemon: DaemonConfig) -> DockerInfo:
+    """A stopped daemon's runtimes as daemon.json asks for them: what it will use once started."""
+    if not docker.installed or docker.running:
+        return docker
+    conf = daemon.content or {}
+    return replace(docker, runtimes=tuple(sorted({"runc", *(conf.get("runtimes") or {}).keys()})),
+                   default_runtime=conf.get("default-runtime", "runc"))
 
 
 def _last_json_line(text: str) -> dict[str, Any]:
@@ -233,7 +283,7 @@ def _docker_problem(info: Section) -> str:
     text = info.text.strip()
     if info.rc == 124:  # killed by timeout(1)
         return "docker info timed out (daemon hung?)"
-    if "permission denied" in text.lower():
+    if permission_denied(text):
         return "permission denied on the docker socket (user not in the docker group)"
     if "Cannot connect" in text or "Is the docker daemon running" in text:
         return "daemon not running"
@@ -256,10 +306,15 @@ def parse_daemon_json(s: Section) -> DaemonConfig:
         return DaemonConfig("present", data, s.text)
     if "No such file or directory" in s.text:
         return DaemonConfig("absent")
-    if "Permission denied" in s.text:
+    if permission_denied(s.text):
         return DaemonConfig("unreadable", problem="permission denied")
     last = (s.text.strip().splitlines() or ["no output (the facts script was cut short)"])[-1]
     return DaemonConfig("unknown", problem=last[:200])
+
+
+# Root-only daemon.json (0600/0640): read through passwordless sudo when it is there, else cat's own error.
+DAEMON_JSON = Probe("daemon_json", "f=/etc/docker/daemon.json; if [ -e $f ] && [ ! -r $f ]; then sudo -n cat $f 2>/dev/null || cat $f; else cat $f; fi",
+                    parse_daemon_json)
 
 
 def parse_nvidia_ctk(s: Section) -> str | None:
@@ -267,8 +322,14 @@ def parse_nvidia_ctk(s: Section) -> str | None:
     return m.group(1) if m else None
 
 
+NVIDIA_CTK = Probe("nvidia_ctk", "nvidia-ctk --version", parse_nvidia_ctk)
+
+
 def parse_cgroup(s: Section) -> int | None:
     fs = s.text.strip() if s.ok else ""
     return {"cgroup2fs": 2, "tmpfs": 1}.get(fs)
+
+
+CGROUP = Probe("cgroup", "stat -fc %T /sys/fs/cgroup", parse_cgroup)
 
 

@@ -1,51 +1,27 @@
-"""The facts script: every probe in one exec, each one's output between marker lines, cut apart again."""
+"""A fact is a declared probe: its name, the fixed shell text that reads it, and a pure parser of what that printed.
+
+Every probe of a gather goes out in one script, one exec: ``facts_script``
+prints each probe's output between ``@@gpurig-fact NAME`` and
+``@@gpurig-rc CODE`` lines, ``split_sections`` cuts the output apart again
+and ``read`` hands each probe its own section. The probes themselves are
+declared beside their parsers (gpurig/facts/parsers.py, system.py); flags
+derived from a probe's output (the Docker socket refused the user, the
+nouveau module loaded) are fields of what its parser returns.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-
-from gpurig.facts.system import SYSTEM_PROBES
-
-# Each probe: (section name, shell line). Lines are fixed text, never built from host data.
-PROBES: tuple[tuple[str, str], ...] = (
-    ("os_release", "cat /etc/os-release"),
-    ("uname", "uname -srm"),
-    ("nproc", "getconf _NPROCESSORS_ONLN"),
-    ("meminfo", "grep -E '^(MemTotal|MemAvailable):' /proc/meminfo"),
-    ("df", "df -Pk / /var/lib/docker"),
-    ("lspci", "lspci -nn -d 10de:"),
-    # Fallback when pciutils is absent: vendor/class/device ids straight from sysfs.
-    ("pci_sysfs", "for d in /sys/bus/pci/devices/*; do [ \"$(cat $d/vendor)\" = 0x10de ] && echo \"${d##*/} $(cat $d/class) $(cat $d/device)\"; done; true"),
-    ("nvidia_version", "cat /proc/driver/nvidia/version"),
-    ("nvidia_smi", "nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version,pci.bus_id --format=csv,noheader,nounits"),
-    ("modules", "grep -E '^(nouveau|nvidia) ' /proc/modules"),
-    ("secure_boot", "if [ -d /sys/firmware/efi ]; then od -An -t u1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c; else echo legacy-bios; fi"),
-    ("docker_info", "timeout -k 5 15 docker info --format '{{json .}}'"),
-    # Root-only daemon.json (0600/0640): read through passwordless sudo when it is there, else cat's own error.
-    ("daemon_json", "f=/etc/docker/daemon.json; if [ -e $f ] && [ ! -r $f ]; then sudo -n cat $f 2>/dev/null || cat $f; else cat $f; fi"),
-    ("nvidia_ctk", "nvidia-ctk --version"),
-    ("cgroup", "stat -fc %T /sys/fs/cgroup"),
-    *SYSTEM_PROBES,
-)
+from typing import Any
 
 MARK = "@@gpurig-fact"
 RC_MARK = "@@gpurig-rc"
 
 
-def facts_script() -> str:
-    """The whole probe as one POSIX sh script (stdin closed, C locale, stderr folded into each section)."""
-    lines = ["export LC_ALL=C PATH=\"$PATH:/usr/sbin:/sbin:/usr/local/bin\"", "exec </dev/null"]
-    for name, cmd in PROBES:
-        lines.append(f"printf '\\n{MARK} {name}\\n'; ( {cmd} ) 2>&1; printf '\\n{RC_MARK} %s\\n' \"$?\"")
-    return "\n".join(lines) + "\n"
-
-
-FACTS_SCRIPT = facts_script()
-
-
 @dataclass(frozen=True)
 class Section:
-    """One probe's output and exit code. 127 means the command does not exist."""
+    """One probe's output (stderr folded in) and exit code. 127 means the command does not exist."""
 
     rc: int
     text: str
@@ -55,7 +31,24 @@ class Section:
         return self.rc == 0
 
 
-ABSENT = Section(127, "")
+ABSENT = Section(127, "")  # what a probe whose section never arrived is parsed from
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One fact: ``name`` (its section), ``shell`` (fixed text, never built from host data) and ``parse`` (pure)."""
+
+    name: str
+    shell: str
+    parse: Callable[[Section], Any]
+
+
+def facts_script(probes: Iterable[Probe]) -> str:
+    """Every probe as one POSIX sh script (stdin closed, C locale, stderr folded into each section)."""
+    lines = ["export LC_ALL=C PATH=\"$PATH:/usr/sbin:/sbin:/usr/local/bin\"", "exec </dev/null"]
+    for probe in probes:
+        lines.append(f"printf '\\n{MARK} {probe.name}\\n'; ( {probe.shell} ) 2>&1; printf '\\n{RC_MARK} %s\\n' \"$?\"")
+    return "\n".join(lines) + "\n"
 
 
 def split_sections(output: str) -> dict[str, Section]:
@@ -80,6 +73,6 @@ def split_sections(output: str) -> dict[str, Section]:
     return sections
 
 
-# --- data -------------------------------------------------------------------------------------
-
-
+def read(probes: Iterable[Probe], sections: Mapping[str, Section]) -> dict[str, Any]:
+    """Each probe's parsed value by name; a probe whose section is missing is parsed from ``ABSENT``."""
+    return {probe.name: probe.parse(sections.get(probe.name, ABSENT)) for probe in probes}

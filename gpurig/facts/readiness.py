@@ -26,8 +26,7 @@ def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
     if not docker.installed:
         found.append("no Docker")
     elif not docker.running:
-        access = docker.problem and "permission denied" in docker.problem
-        found.append("no access to the Docker socket" if access else "Docker stopped")
+        found.append("no access to the Docker socket" if docker.denied else "Docker stopped")
     if cuda != compat.CPU and (facts.gpus or facts.pci_gpus) and docker.installed and NVIDIA_RUNTIME not in docker.runtimes:
         found.append("no nvidia runtime")
     return tuple(found)

@@ -1,8 +1,9 @@
 """The facts provisioning steps need beyond hardware: packages, apt candidates, services, groups, host identity.
 
 The probes here join ``gpurig.facts.PROBES`` in the same one-round-trip
-script; each parser is pure and tested from recorded output. A probe that is
-absent (no dpkg, no systemd) gives empty values, never an exception.
+script, each declared beside its parser; each parser is pure and tested from
+recorded output. A probe that is absent (no dpkg, no systemd) gives empty
+values, never an exception.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from gpurig.facts.probes import Probe, Section
 
 # Packages whose dpkg state steps read; 'nvidia-driver-[0-9]*' catches Ubuntu's per-branch names.
 PACKAGES = ("docker.io", "docker-ce", "nvidia-container-toolkit", "nvidia-driver", "nvidia-driver-[0-9]*",
@@ -23,22 +27,7 @@ REPOSITORIES = {
     "cuda": "developer.download.nvidia.com/compute/cuda",
 }
 
-_quoted = " ".join(f"'{p}'" for p in PACKAGES)
-SYSTEM_PROBES: tuple[tuple[str, str], ...] = (
-    ("packages", f"dpkg-query -W -f='${{Package}}\\t${{db:Status-Abbrev}}\\t${{Version}}\\n' {_quoted} \"linux-headers-$(uname -r)\""),
-    # apt-cache costs ~1 s of CPU as a non-root user (it rebuilds its cache in memory), so only hosts with an
-    # NVIDIA device on the PCI bus pay it: the driver step is the one that must know apt's candidates.
-    ("apt_policy", "if grep -qs 0x10de /sys/bus/pci/devices/*/vendor; then apt-cache policy " + " ".join(POLICY_PACKAGES)
-     + " $(apt-cache pkgnames nvidia-driver- 2>/dev/null | grep -E '^nvidia-driver-[0-9]+(-server|-open)?$' | sort | tail -n 6);"
-     " else echo no NVIDIA device on the PCI bus; fi"),
-    ("services", "for u in " + " ".join(SERVICES) + "; do echo \"$u enabled=$(systemctl is-enabled $u 2>/dev/null)"
-     " active=$(systemctl is-active $u 2>/dev/null)\"; done; [ -d /run/systemd/system ] && echo systemd yes || echo systemd no"),
-    ("docker_group", "getent group docker"),
-    ("nouveau_blacklist", "grep -lsE '^[[:space:]]*blacklist[[:space:]]+nouveau' /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf /usr/lib/modprobe.d/*.conf"),
-    ("nvml_library", "ls /usr/lib/*/libnvidia-ml.so.*.* /usr/lib64/libnvidia-ml.so.*.* 2>/dev/null"),
-    ("apt_sources", "grep -rhsE '^[^#]*(" + "|".join(re.escape(r) for r in REPOSITORIES.values()) + ")' /etc/apt/sources.list /etc/apt/sources.list.d/"),
-    ("host_ids", "cat /etc/machine-id /proc/sys/kernel/random/boot_id; [ -e /var/run/reboot-required ] && echo reboot-required; true"),
-)
+_QUOTED = " ".join(f"'{p}'" for p in PACKAGES)
 
 
 @dataclass(frozen=True)
@@ -74,11 +63,11 @@ class SystemFacts:
         return self.services.get(name, Service())
 
 
-def parse_packages(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
+def parse_packages(s: Section) -> tuple[dict[str, str], tuple[str, ...]]:
     """(installed package -> version, packages in a broken state) from dpkg-query's tab-separated lines."""
     installed: dict[str, str] = {}
     broken: list[str] = []
-    for line in text.splitlines():
+    for line in s.text.splitlines():
         parts = line.split("\t")
         if len(parts) != 3:
             continue  # "dpkg-query: no packages found matching X" (stderr folded in)
@@ -90,11 +79,11 @@ def parse_packages(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
     return installed, tuple(broken)
 
 
-def parse_apt_policy(text: str) -> dict[str, str | None]:
+def parse_apt_policy(s: Section) -> dict[str, str | None]:
     """package -> Candidate from ``apt-cache policy A B ...`` (None for "(none)"); packages apt does not know are left out."""
     candidates: dict[str, str | None] = {}
     name = None
-    for line in text.splitlines():
+    for line in s.text.splitlines():
         if line and not line[0].isspace() and line.endswith(":"):
             name = line[:-1]
         elif name and line.strip().startswith("Candidate:"):
@@ -103,10 +92,10 @@ def parse_apt_policy(text: str) -> dict[str, str | None]:
     return candidates
 
 
-def parse_services(text: str) -> tuple[dict[str, Service], bool]:
+def parse_services(s: Section) -> tuple[dict[str, Service], bool]:
     services: dict[str, Service] = {}
     systemd = False
-    for line in text.splitlines():
+    for line in s.text.splitlines():
         parts = line.split()
         if parts[:1] == ["systemd"]:
             systemd = parts[1:] == ["yes"]
@@ -119,50 +108,75 @@ def parse_services(text: str) -> tuple[dict[str, Service], bool]:
     return services, systemd
 
 
-def parse_group(text: str, rc: int) -> tuple[str, ...] | None:
+def parse_group(s: Section) -> tuple[str, ...] | None:
     """Members from ``getent group docker`` (name:x:gid:a,b); None when the group does not exist."""
-    line = text.strip().splitlines()[-1] if rc == 0 and text.strip() else ""
+    line = s.text.strip().splitlines()[-1] if s.ok and s.text.strip() else ""
     parts = line.split(":")
     if len(parts) != 4:
         return None
     return tuple(m for m in parts[3].split(",") if m)
 
 
-def parse_nvml_library(text: str) -> str | None:
-    versions = re.findall(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$", text, re.M)
+def parse_blacklist(s: Section) -> tuple[str, ...]:
+    """The modprobe files that blacklist nouveau (grep -l's file names)."""
+    return tuple(line.strip() for line in s.text.splitlines() if line.startswith("/"))
+
+
+def parse_nvml_library(s: Section) -> str | None:
+    versions = re.findall(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$", s.text, re.M)
     return max(versions, key=lambda v: tuple(int(x) for x in v.split("."))) if versions else None
 
 
-def parse_repositories(text: str) -> tuple[str, ...]:
-    return tuple(key for key, url in REPOSITORIES.items() if url in text)
+def parse_repositories(s: Section) -> tuple[str, ...]:
+    return tuple(key for key, url in REPOSITORIES.items() if url in s.text)
 
 
-def parse_host_ids(text: str) -> tuple[str | None, str | None, bool]:
+def parse_host_ids(s: Section) -> tuple[str | None, str | None, bool]:
     """(machine id, boot id, reboot required)."""
+    text = s.text
     ids = [w for w in text.split() if re.fullmatch(r"[0-9a-f-]{32,36}", w)]
     machine = next((w for w in ids if "-" not in w), None)
     boot = next((w for w in ids if "-" in w), None)
     return machine, boot, "reboot-required" in text.split()
 
 
-def parse_system(sections: Mapping[str, tuple[int, str]]) -> SystemFacts:
-    """SystemFacts from the sections' (rc, text); a missing section gives its empty value."""
-    def text(name: str) -> str:
-        return sections.get(name, (127, ""))[1]
+SYSTEM_PROBES: tuple[Probe, ...] = (
+    Probe("packages", f"dpkg-query -W -f='${{Package}}\\t${{db:Status-Abbrev}}\\t${{Version}}\\n' {_QUOTED} \"linux-headers-$(uname -r)\"",
+          parse_packages),
+    # apt-cache costs ~1 s of CPU as a non-root user (it rebuilds its cache in memory), so only hosts with an
+    # NVIDIA device on the PCI bus pay it: the driver step is the one that must know apt's candidates.
+    Probe("apt_policy", "if grep -qs 0x10de /sys/bus/pci/devices/*/vendor; then apt-cache policy " + " ".join(POLICY_PACKAGES)
+          + " $(apt-cache pkgnames nvidia-driver- 2>/dev/null | grep -E '^nvidia-driver-[0-9]+(-server|-open)?$' | sort | tail -n 6);"
+          " else echo no NVIDIA device on the PCI bus; fi", parse_apt_policy),
+    Probe("services", "for u in " + " ".join(SERVICES) + "; do echo \"$u enabled=$(systemctl is-enabled $u 2>/dev/null)"
+          " active=$(systemctl is-active $u 2>/dev/null)\"; done; [ -d /run/systemd/system ] && echo systemd yes || echo systemd no",
+          parse_services),
+    Probe("docker_group", "getent group docker", parse_group),
+    Probe("nouveau_blacklist", "grep -lsE '^[[:space:]]*blacklist[[:space:]]+nouveau' /etc/modprobe.d/*.conf /lib/modprobe.d/*.conf"
+          " /usr/lib/modprobe.d/*.conf", parse_blacklist),
+    Probe("nvml_library", "ls /usr/lib/*/libnvidia-ml.so.*.* /usr/lib64/libnvidia-ml.so.*.* 2>/dev/null", parse_nvml_library),
+    Probe("apt_sources", "grep -rhsE '^[^#]*(" + "|".join(re.escape(r) for r in REPOSITORIES.values())
+          + ")' /etc/apt/sources.list /etc/apt/sources.list.d/", parse_repositories),
+    Probe("host_ids", "cat /etc/machine-id /proc/sys/kernel/random/boot_id; [ -e /var/run/reboot-required ] && echo reboot-required; true",
+          parse_host_ids),
+)
 
-    installed, broken = parse_packages(text("packages"))
-    services, systemd = parse_services(text("services"))
-    machine, boot, reboot = parse_host_ids(text("host_ids"))
+
+def system_facts(values: Mapping[str, Any]) -> SystemFacts:
+    """SystemFacts from the system probes' parsed values (``gpurig.facts.probes.read``)."""
+    installed, broken = values["packages"]
+    services, systemd = values["services"]
+    machine, boot, reboot = values["host_ids"]
     return SystemFacts(
         installed=installed,
         broken=broken,
-        candidates=parse_apt_policy(text("apt_policy")),
+        candidates=values["apt_policy"],
         services=services,
         systemd=systemd,
-        docker_members=parse_group(text("docker_group"), sections.get("docker_group", (127, ""))[0]),
-        nouveau_blacklisted=tuple(line.strip() for line in text("nouveau_blacklist").splitlines() if line.startswith("/")),
-        nvml_version=parse_nvml_library(text("nvml_library")),
-        repositories=parse_repositories(text("apt_sources")),
+        docker_members=values["docker_group"],
+        nouveau_blacklisted=values["nouveau_blacklist"],
+        nvml_version=values["nvml_library"],
+        repositories=values["apt_sources"],
         machine_id=machine,
         boot_id=boot,
         reboot_required=reboot,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -20,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpurig.errors import DockerError, last_line
-from gpurig.image.dockercli import DockerClient, stop
+from gpurig.image.dockercli import DockerClient
 from gpurig.image.quoting import dq
 from gpurig.image.spec import Bootstrap
+from gpurig.process import stop
 
 BOOTSTRAP_LABEL = "io.gpurig.bootstrap"
 PULL_TIMEOUT_S = 180
@@ -194,9 +194,7 @@ def _run_group(argv: list[str]) -> tuple[int, str]:
     else:
         return proc.returncode, output
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        stop(proc)  # its whole group when it overran or gpurig was interrupted; else it is only closed
     return code, output
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from gpurig.errors import DockerError, last_line
+from gpurig.process import stop
 
 _VERSION = re.compile(r"version (\d+)\.(\d+)\.(\d+)")
 _PUSHED = re.compile(r"digest: (sha256:[0-9a-f]{64})")
@@ -76,7 +76,7 @@ class DockerClient:
         try:
             yield proc
         finally:
-            stop(proc)
+            stop(proc, STOP_GRACE_S)
 
     # --- images -----------------------------------------------------------------
 
@@ -177,21 +177,6 @@ class DockerClient:
             argv += ["--label", f"{key}={value}"]
         return self.run(*argv, image, *command, timeout=timeout)
 
-
-def stop(proc: subprocess.Popen) -> None:
-    """End a child that may still run: SIGTERM, then SIGKILL after STOP_GRACE_S; always reaped."""
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe:
-            pipe.close()
 
 
 # --- finding a client -------------------------------------------------------------

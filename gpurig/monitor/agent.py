@@ -1,21 +1,19 @@
 """Runs the sampler agent (checks/gpu_sampler.py) on a host through its Connection and streams its records into a Run.
 
-The agent travels inside the command line (zlib + base64, about 6 KB), so a
+The agent travels inside the command line (gpurig.connect.launcher, about 6 KB), so a
 host needs nothing but python3: no copy step, no file left behind. The same
 path serves the local host (a LocalConnection runs it as a subprocess).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 import threading
-import zlib
 from pathlib import Path
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, run_fleet
+from gpurig.connect.launcher import embedded_line
 from gpurig.connect.ssh import Connector
 from gpurig.errors import HostError
 from gpurig.inventory import Host
@@ -28,9 +26,7 @@ CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until i
 def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
     """The shell line that runs the agent from its source embedded in the line itself."""
     text = source if source is not None else AGENT.read_text()
-    packed = base64.b64encode(zlib.compress(text.encode(), 9)).decode()
-    boot = f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),'gpu_sampler.py','exec'))"
-    return shlex.join([python, "-c", boot, "--interval", f"{interval:g}", "--duration", f"{duration:g}"])
+    return embedded_line(text, AGENT.name, ["--interval", f"{interval:g}", "--duration", f"{duration:g}"], python)
 
 
 class LineBuffer:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpurig.connect.connection import CommandError, CommandTimeout, Connection, ConnectionLost
-from gpurig.errors import GpurigError, HostError
+from gpurig.errors import GpurigError, HostError, permission_denied
 
 # Installs the staged file $2 as $1, atomically: readers see the old file or the whole new one, never half.
 _INSTALL = r"""set -eu
@@ -115,7 +115,7 @@ def run_change(conn: Connection, summary: str, commands: tuple[Command, ...], *,
             said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
             why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
             how = fix or err.fix
-            if "permission denied" in why.lower() and not conn.become:
+            if permission_denied(why) and not conn.become:
                 how = "set ansible_become: true for this host (the login user is not root)"
             raise HostError(f"could not {summary}: {why}", how) from None
         except CommandTimeout:

@@ -110,7 +110,7 @@ class DaemonStep(Step):
         if docker.running:
             changes.append(Change("restart Docker so that it loads the new daemon.json", (Shell(RESTART_DOCKER),)))
             note = ""
-        elif docker.installed and docker.problem and "permission denied" in docker.problem:
+        elif docker.installed and docker.denied:
             changes.append(Change("restart Docker if it is running, so that it loads the new daemon.json", (Shell(RESTART_DOCKER_IF_RUNNING),)))
             note = ""
         elif docker.installed:

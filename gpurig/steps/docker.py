@@ -65,7 +65,7 @@ class DockerStep(Step):
         if system.systemd:
             if have is None or service.enabled != "enabled" or not service.running:
                 changes.append(Change("enable and start the docker service", (Shell(START_SYSTEMD),)))
-        elif have is None or not facts.docker.running and "permission denied" not in (facts.docker.problem or ""):
+        elif have is None or not facts.docker.running and not facts.docker.denied:
             changes.append(Change("start the docker service", (Shell(START_SYSV),)))
         members = system.docker_members or ()
         for user in wanted.docker.users:

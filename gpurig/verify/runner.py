@@ -1,7 +1,7 @@
 """One host's verification over its Connection: the host probe, the container toolkit, then the container probe.
 
-The probes travel inside the command line (compressed, as the monitor's
-agent does), so nothing is written on the host and no stdin is needed: the
+The probes travel inside the command line (gpurig.connect.launcher, as the
+monitor's agent does), so nothing is written on the host and no stdin is needed: the
 host probe runs as ``python3 -c ...`` on the host, the container probe as
 ``docker exec NAME python3 -c ...`` in a deployed container or in a
 throwaway ``docker run --rm`` of an image. Three round trips per host:
@@ -10,18 +10,17 @@ host probe, Docker/GPU facts, container probe.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import secrets
 import shlex
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpurig.connect.connection import CommandTimeout, Connection, Result
+from gpurig.connect.launcher import embedded
 from gpurig.errors import last_line
 from gpurig.verify.records import HostVerdict, Record
 
@@ -62,13 +61,6 @@ class VerifyPlan:
         if self.container_timeout_s is not None:
             return self.container_timeout_s
         return 600.0 if self.level == "full" else 120.0
-
-
-def embedded(source: str, name: str, args: list[str], python: str = "python3") -> list[str]:
-    """argv that runs ``source`` with ``args`` from the command line itself (no file, no stdin on the far side)."""
-    packed = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
-    boot = f"import base64,zlib;exec(compile(zlib.decompress(base64.b64decode('{packed}')),{name!r},'exec'))"
-    return [python, "-c", boot, *args]
 
 
 def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None) -> HostVerdict:

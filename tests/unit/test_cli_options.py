@@ -171,7 +171,7 @@ def test_init_makes_a_project_that_renders(tmp_path):
     proc = run(tmp_path, "init", "newproj")
     assert proc.returncode == 0, proc.stderr
     project = tmp_path / "newproj"
-    for name in ("images/pytorch.yaml", "templates/Dockerfile.j2", "checks/gpu_health.py", "inventory/hosts.yaml", ".hadolint.yaml", "gpurig.yaml"):
+    for name in ("images/pytorch.yaml", "templates/Dockerfile.j2", "checks/verify_torch.py", "inventory/hosts.yaml", ".hadolint.yaml", "gpurig.yaml"):
         assert (project / name).is_file(), name
     assert not (project / "inventory" / "known_hosts").exists()
     rendered = run(project / "templates", "render")  # from a subdirectory of the new project

@@ -8,15 +8,19 @@ from pathlib import Path
 import pytest
 
 from gpurig.facts import (
+    ABSENT,
     FACTS_SCRIPT,
     PROBES,
+    Probe,
     Section,
+    facts_script,
     parse_facts,
     parse_lspci,
     parse_nvidia_smi,
     parse_nvidia_version,
     parse_pci_sysfs,
     parse_secure_boot,
+    read,
     split_sections,
 )
 
@@ -32,7 +36,7 @@ def test_every_fixture_has_every_section_except_the_cut_one():
         sections = split_sections(path.read_text())
         if "cut-short" in path.name:
             continue
-        assert sorted(sections) == sorted(name for name, _ in PROBES), path.name
+        assert sorted(sections) == sorted(probe.name for probe in PROBES), path.name
 
 
 def test_debian_machine_as_root():
@@ -52,10 +56,11 @@ def test_debian_machine_as_root():
     assert f.missing == ()
 
 
-def test_docker_socket_permission_denied_is_a_reason_not_a_crash():
+def test_docker_socket_permission_denied_is_a_flag_and_a_reason_not_a_crash():
     d = load("debian12-nobody.txt").docker
     assert d.installed and not d.running and d.server_version is None
-    assert "permission denied" in d.problem
+    assert d.denied and d.problem == "permission denied on the docker socket (user not in the docker group)"
+    assert not load("debian12-docker-down.txt").docker.denied and not load("debian12-root.txt").docker.denied
 
 
 def test_docker_daemon_down():
@@ -159,10 +164,8 @@ def test_sysfs_fallback_when_lspci_is_missing():
     assert len(parse_facts(out).pci_gpus) == 1
 
 
-@pytest.mark.parametrize(
-    "text,rc,state",
-    [("   6   0   0   0   1", 0, "enabled"), ("   6   0   0   0   0", 0, "disabled"), ("legacy-bios", 0, "not-efi"), ("od: x: No such file", 1, "unknown")],
-)
+@pytest.mark.parametrize("text,rc,state", [("   6   0   0   0   1", 0, "enabled"), ("   6   0   0   0   0", 0, "disabled"),
+                                           ("legacy-bios", 0, "not-efi"), ("od: x: No such file", 1, "unknown")])
 def test_secure_boot_states(text, rc, state):
     assert parse_secure_boot(Section(rc, text)) == state
 
@@ -173,3 +176,19 @@ def test_script_is_one_posix_sh_exec_with_fixed_text():
     assert dpkg_format in FACTS_SCRIPT
     assert "{" not in FACTS_SCRIPT.replace("{{json .}}", "").replace("${d##*/}", "").replace(dpkg_format, "")
     assert FACTS_SCRIPT.count("@@gpurig-fact") == len(PROBES)
+
+
+def test_each_probe_is_declared_once_and_parses_its_absence_to_an_absent_value():
+    names = [probe.name for probe in PROBES]
+    assert len(names) == len(set(names))
+    for probe in PROBES:
+        assert probe.shell in FACTS_SCRIPT
+        probe.parse(ABSENT)  # a command that is not there is a value, never an exception
+
+
+def test_a_declared_probe_travels_in_the_one_script_and_gets_its_own_section_back():
+    uptime = Probe("uptime", "cut -d' ' -f1 /proc/uptime", lambda s: float(s.text) if s.ok else None)
+    script = facts_script((uptime,))
+    assert script.count("@@gpurig-fact") == 1 and "( cut -d' ' -f1 /proc/uptime ) 2>&1" in script
+    assert read((uptime,), split_sections("\n@@gpurig-fact uptime\n12.5\n\n@@gpurig-rc 0\n")) == {"uptime": 12.5}
+    assert read((uptime,), {}) == {"uptime": None}  # its section never arrived

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig.facts import FACTS_SCRIPT, parse_facts
+from gpurig.facts import FACTS_SCRIPT, Section, parse_facts
 from gpurig.facts.system import parse_apt_policy, parse_packages, parse_services
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
@@ -60,16 +60,16 @@ def test_gpu_host_packages_repositories_library():
 
 
 def test_half_installed_packages_are_broken_not_installed():
-    installed, broken = parse_packages("docker.io\tiU \t26.1.5+dfsg1-9\ncontainerd\tii \t1.7.24~ds1-6\nrunc\tiF \t1.1.15\n")
+    installed, broken = parse_packages(Section(0, "docker.io\tiU \t26.1.5+dfsg1-9\ncontainerd\tii \t1.7.24~ds1-6\nrunc\tiF \t1.1.15\n"))
     assert installed == {"containerd": "1.7.24~ds1-6"} and broken == ("docker.io", "runc")
 
 
 def test_apt_policy_none_and_unknown():
     text = "nvidia-driver:\n  Installed: (none)\n  Candidate: (none)\n  Version table:\ndocker.io:\n  Installed: (none)\n  Candidate: 26.1.5\n"
-    assert parse_apt_policy(text) == {"nvidia-driver": None, "docker.io": "26.1.5"}
-    assert parse_apt_policy("") == {}
+    assert parse_apt_policy(Section(0, text)) == {"nvidia-driver": None, "docker.io": "26.1.5"}
+    assert parse_apt_policy(Section(0, "")) == {}
 
 
 def test_services_without_systemd_say_so():
-    services, systemd = parse_services("docker enabled= active=\nnvidia-persistenced enabled= active=\nsystemd no\n")
+    services, systemd = parse_services(Section(0, "docker enabled= active=\nnvidia-persistenced enabled= active=\nsystemd no\n"))
     assert not systemd and services["docker"].enabled == "" and not services["docker"].running

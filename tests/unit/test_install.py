@@ -32,10 +32,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_project_skeleton_once(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    skeleton = (
-        "images/pytorch.yaml", "templates/Dockerfile.j2", "templates/files/sshd_config.j2", "checks/gpu_health.py", "inventory/hosts.yaml", ".hadolint.yaml"
-    )
-    for path in skeleton:
+    for path in ("images/pytorch.yaml", "templates/Dockerfile.j2", "templates/files/sshd_config.j2", "checks/verify_torch.py",
+                 "inventory/hosts.yaml", ".hadolint.yaml"):
         assert f"gpurig/skeleton/{path}" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith("known_hosts")]
 
@@ -59,4 +57,4 @@ def test_init_then_render_from_the_installed_wheel(wheel, tmp_path):
     assert render.returncode == 0, render.stderr
     dockerfile = project / "build-contexts" / "pytorch" / "2.14.1-cu130-slim" / "Dockerfile"
     assert "FROM" in dockerfile.read_text()
-    assert (dockerfile.parent / "checks" / "gpu_health.py").is_file()
+    assert (dockerfile.parent / "checks" / "verify_torch.py").is_file()

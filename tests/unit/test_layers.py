@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gpurig"
 # siblings and import neither each other nor anything above them.
 LAYERS: list[tuple[str, ...]] = [
     ("gpurig", "gpurig.errors", "gpurig.status"),
-    ("gpurig.files", "gpurig.skeleton"),
+    ("gpurig.files", "gpurig.process", "gpurig.skeleton"),
     ("gpurig.strict",),
     ("gpurig.config",),
     ("gpurig.image", "gpurig.inventory"),
@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.report",),
     ("gpurig.cli",),
 ]
-TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "config.py", "skeleton.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "process.py", "config.py", "skeleton.py"}
 
 
 def _modules() -> dict[str, Path]:

@@ -54,7 +54,7 @@ def test_every_variant_and_entry_renders_what_it_claims(rendered, entry, variant
     torch_at = index_of(lines, rf"pip install .*{re.escape(torch_requirement(entry))}")
     assert index_of(lines, r"^COPY checks /opt/gpurig/checks") > torch_at
     assert index_of(lines, r"^COPY entrypoint.sh") > torch_at
-    assert (context.path / "checks" / "gpu_health.py").is_file()
+    assert (context.path / "checks" / "verify_torch.py").is_file()
     # the toolkit's variables, and a CUDA constraint matching the build
     assert "NVIDIA_VISIBLE_DEVICES=all" in text and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
     if entry.is_cpu:
@@ -253,7 +253,7 @@ def test_labels_are_the_same_for_the_same_content(project, tmp_path_factory, mon
     assert image_labels(moved, moved.default, moved.variant("slim"), copy) == first
     assert image_labels(spec, spec.default, spec.variant("slim"), project) == first
 
-    with open(project / "checks" / "gpu_health.py", "a") as fh:
+    with open(project / "checks" / "verify_torch.py", "a") as fh:
         fh.write("# edited\n")
     dirty = image_labels(spec, spec.default, spec.variant("slim"), project)
     assert dirty["org.opencontainers.image.revision"] == first["org.opencontainers.image.revision"] + "-dirty"

@@ -102,14 +102,14 @@ def test_redeploy_after_a_one_file_checks_edit_moves_under_one_percent(link, cle
     if host.image_id(slim) is None:
         link.deliver(slim)
     project = cpu_images.copy_project(tmp_path / "edited", f"{cpu_images.spec_name}-edit")
-    probe = project / "checks" / "gpu_health.py"
+    probe = project / "checks" / "verify_torch.py"
     probe.write_text(probe.read_text() + "\n# edited for the redeploy test\n")
     edited = cpu_images.build(project, "slim")
 
     moved = link.deliver(edited)
     assert moved.method == "forward" and host.image_id(edited) == link.local.image(edited).id
     assert moved.bytes_moved < 0.01 * link.size(edited), f"{moved.bytes_moved} bytes of {link.size(edited)}"
-    tail = host.docker("run", "--rm", "--entrypoint", "tail", edited, "-n", "1", "/opt/gpurig/checks/gpu_health.py").stdout
+    tail = host.docker("run", "--rm", "--entrypoint", "tail", edited, "-n", "1", "/opt/gpurig/checks/verify_torch.py").stdout
     assert tail.strip() == "# edited for the redeploy test"
 
 

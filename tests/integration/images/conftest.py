@@ -267,8 +267,9 @@ def run_in(image: str, *args: str, user: str | None = None, entrypoint: str | No
     return docker(*argv, image, *args, check=False, timeout=timeout)
 
 
-def health_records(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+def probe_records(stdout: str) -> dict[str, dict]:
+    """The records of checks/verify_torch.py --json, by id."""
+    return {r["id"]: r for r in json.loads(stdout)["records"]}
 
 
 def free_port() -> int:

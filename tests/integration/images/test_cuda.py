@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CUDA, CUDA_TORCH, health_records, run_in
+from conftest import CUDA, CUDA_TORCH, probe_records, run_in
 
 EXTENSION = r'''
 import os, tempfile
@@ -43,10 +43,11 @@ def test_cuda_slim_has_cuda_torch_and_nvidia_libraries(build):
     assert cuda_version.startswith(CUDA) and int(cublas) > 0
 
 
-def test_cuda_slim_health_fails_clearly_without_a_gpu(build):
-    proc = run_in(build("slim", CUDA).ref, "python", "-W", "ignore", "/opt/gpurig/checks/gpu_health.py")
-    records = {r["id"]: r for r in health_records(proc.stdout)}
+def test_cuda_slim_probe_fails_clearly_without_a_gpu(build):
+    proc = run_in(build("slim", CUDA).ref, "python", "-W", "ignore", "/opt/gpurig/checks/verify_torch.py", "--json")
+    records = probe_records(proc.stdout)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert records["torch.cuda_version"]["status"] == "pass" and records["torch.cuda_version"]["expected"] == CUDA  # the image's ENV
     assert records["cuda.available"]["status"] == "fail" and records["cuda.available"]["fix"]
 
 

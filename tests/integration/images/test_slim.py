@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import CPU_TORCH, SESSION, SPEC_NAME, TEST_LABEL, docker, health_records, run_in
+from conftest import CPU_TORCH, SESSION, SPEC_NAME, TEST_LABEL, docker, probe_records, run_in
 
 
 def test_base_path_is_stated(base):
@@ -42,13 +42,12 @@ def test_report_pins_what_was_built(build, docker_client):
     assert report["steps"]["total"] == report["steps"]["cached"] + report["steps"]["ran"]
 
 
-def test_gpu_health_reports_the_missing_gpu_as_json(build):
-    proc = run_in(build("slim").ref, "python", "/opt/gpurig/checks/gpu_health.py")
-    assert "Traceback" not in proc.stderr
-    records = {r["id"]: r for r in health_records(proc.stdout)}
-    assert len(records) == len(proc.stdout.strip().splitlines())  # JSON lines only
-    assert records["host.driver"]["status"] in ("skip", "fail") and "no NVIDIA driver" in records["host.driver"]["detail"]
-    assert records["cuda.available"]["status"] == "skip" and "CPU" in records["cuda.available"]["detail"]
+def test_the_images_probe_reports_the_missing_gpu_as_json(build):
+    proc = run_in(build("slim").ref, "python", "/opt/gpurig/checks/verify_torch.py", "--json")
+    assert "Traceback" not in proc.stderr and len(proc.stdout.strip().splitlines()) == 1  # one JSON document only
+    records = probe_records(proc.stdout)
+    assert records["torch.cuda_version"]["status"] == "pass" and records["torch.cuda_version"]["expected"] == "cpu"  # the image's ENV
+    assert records["cuda.available"]["status"] == "fail" and "CPU-only torch" in records["cuda.available"]["detail"]
 
 
 def test_rebuild_without_change_is_a_full_cache_hit(build, cli):

@@ -16,7 +16,6 @@ from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
     VerifyPlan,
     container_command,
-    embedded,
     parse_docker_facts,
     parse_document,
     probe_failed,
@@ -103,15 +102,6 @@ def test_probe_documents_parse_and_bad_status_is_a_failure():
     records = parse_document(Result("h", "x", 1, "noise\n" + json.dumps(doc) + "\n", ""), "container")
     assert [r.status for r in records] == ["pass", "fail"]
     assert parse_document(Result("h", "x", 1, "Traceback...\n", ""), "container") is None
-
-
-def test_embedded_probe_runs_from_the_command_line(tmp_path):
-    import subprocess
-    import sys
-
-    argv = embedded("import sys; print('args', sys.argv[1:], __name__)", "p.py", ["--json"], python=sys.executable)
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "args ['--json'] __main__"
 
 
 def test_flags_conflict_and_bad_level():

@@ -153,10 +153,11 @@ def test_text_table_aligns_and_shows_fixes(probe):
 # ---- one real run on this CPU machine ----
 
 
-def run_probe(*args: str, stdin: bool = False) -> subprocess.CompletedProcess:
+def run_probe(*args: str, stdin: bool = False, env: dict[str, str] | None = None, python: tuple[str, ...] = (sys.executable,)):
+    env = {**{k: v for k, v in os.environ.items() if k != "GPURIG_CUDA"}, **(env or {})}
     if stdin:
-        return subprocess.run([sys.executable, "-", *args], input=SCRIPT.read_text(), capture_output=True, text=True, timeout=120)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+        return subprocess.run([*python, "-", *args], input=SCRIPT.read_text(), capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([*python, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_cpu_machine_gets_a_verdict_not_a_crash():
@@ -177,6 +178,21 @@ def test_cpu_machine_gets_a_verdict_not_a_crash():
     assert by_id["dataloader.workers"]["status"] == "pass"  # CPU-side records still run
     assert by_id["shm.size"]["status"] in ("pass", "warn", "fail")
     assert elapsed < 10
+
+
+def test_in_a_gpurig_image_the_cuda_it_was_built_for_is_compared_without_a_flag():
+    pytest.importorskip("torch")
+    proc = run_probe("--json", env={"GPURIG_CUDA": "13.0"})  # what the image's ENV says
+    by_id = {r["id"]: r for r in json.loads(proc.stdout)["records"]}
+    cuda = by_id["torch.cuda_version"]
+    assert cuda["expected"] == "13.0" and cuda["status"] == ("pass" if cuda["measured"] == "13.0" else "fail")
+    assert by_id["cuda.available"]["status"] == "fail" and by_id["cuda.available"]["fix"]
+
+
+def test_without_torch_it_fails_with_the_fix_and_no_traceback():
+    proc = run_probe("--text", python=(sys.executable, "-S"))  # -S: no site-packages, so surely no torch
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "FAIL" in proc.stdout and "torch.import" in proc.stdout and "fix: install torch" in proc.stdout
 
 
 def test_help_and_text_output():
