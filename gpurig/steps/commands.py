@@ -100,6 +100,10 @@ class Call:
 Command = Shell | Upload | Call
 
 
+# Trailers that follow the line saying what went wrong (apt-helper ends "Could not resolve 'host'" with this).
+_GENERIC = frozenset({"E: Download Failed"})
+
+
 def run_change(conn: Connection, summary: str, commands: tuple[Command, ...], *, fix: str = "", timeout: float | None = None) -> None:
     """Run ``commands`` in order; the first that fails raises a HostError: could not <summary>, why, and the fix."""
     for command in commands:
@@ -112,7 +116,7 @@ def run_change(conn: Connection, summary: str, commands: tuple[Command, ...], *,
                 command.fn(conn)
         except CommandError as err:
             # The command line itself (a script, file content) means nothing to a reader: its last words do.
-            said = (err.result.stderr.strip() or err.result.stdout.strip()).splitlines()
+            said = [line for line in (err.result.stderr.strip() or err.result.stdout.strip()).splitlines() if line.strip() not in _GENERIC]
             why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
             how = fix or err.fix
             if permission_denied(why) and not conn.become:
