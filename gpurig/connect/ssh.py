@@ -42,22 +42,12 @@ from gpurig.inventory import Host
 log = logging.getLogger(__name__)
 
 # paramiko logs every failed handshake with a traceback at ERROR. Its lines reach the console only
-# at -vv (configure_logging); until then a NullHandler keeps logging's last-resort printer away.
+# at -vv (gpurig.report.configure_logging); until then a NullHandler keeps logging's last-resort printer away.
 _PARAMIKO_LOG = logging.getLogger("paramiko")
 _PARAMIKO_LOG.addHandler(logging.NullHandler())
 _PARAMIKO_LOG.propagate = False
 
 
-def configure_logging(verbosity: int) -> None:
-    """The one place that decides what gpurig and paramiko log: 0 warnings, 1 (-v) info, 2 (-vv) debug.
-
-    Only -vv lets paramiko's own lines (and its tracebacks) through to the
-    handlers the caller installed; below that they are dropped.
-    """
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.getLogger("gpurig").setLevel(level)
-    _PARAMIKO_LOG.propagate = verbosity >= 2
-    _PARAMIKO_LOG.setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
 
 
 @dataclass(frozen=True)

@@ -50,19 +50,22 @@ class _StderrHandler(logging.Handler):
 
 
 def configure_logging(verbosity: int = 0) -> None:
-    """Where log lines go: stderr, one line each (tracebacks only at -vv).
+    """The one place that decides what is logged and where: 0 warnings, 1 (-v) info, 2 (-vv) debug, to stderr.
 
-    What is logged at each verbosity (gpurig's levels, paramiko only at -vv)
-    is decided in one place, ``gpurig.connect.ssh.configure_logging``.
+    Lines go one each to stderr (tracebacks only at -vv). paramiko's own lines
+    (every failed handshake is ~65 traceback lines) pass only at -vv; below
+    that they are dropped, never printed by logging's last-resort handler.
     """
-    from gpurig.connect.ssh import configure_logging as set_levels
-
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = _StderrHandler(tracebacks=verbosity >= 2)
     gpurig_log = logging.getLogger("gpurig")
     gpurig_log.handlers[:] = [handler]
+    gpurig_log.setLevel(level)
     for name in _NOISY:
-        logging.getLogger(name).handlers[:] = [handler] if verbosity >= 2 else [logging.NullHandler()]
-    set_levels(verbosity)
+        noisy = logging.getLogger(name)
+        noisy.handlers[:] = [handler] if verbosity >= 2 else [logging.NullHandler()]
+        noisy.propagate = verbosity >= 2
+        noisy.setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
 
 
 def silence_broken_pipe() -> None:

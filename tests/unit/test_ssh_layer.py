@@ -1,4 +1,4 @@
-"""The SSH layer's pieces that need no server: what reaches the log, and the remote pid line taken off stderr."""
+"""The SSH layer's pieces that need no server: what reaches the log (set by report.configure_logging), and the remote pid line taken off stderr."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from gpurig.connect.ssh import _RemotePid, configure_logging
+from gpurig.connect.ssh import _RemotePid
+from gpurig.report import configure_logging
 
 
 @pytest.fixture
