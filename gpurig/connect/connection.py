@@ -200,7 +200,7 @@ class Connection:
             # the command's own stdin is /dev/null so it can never read the password.
             inner = "exec </dev/null; " + _SUDO_SHELL
             wrapped = shlex.join(["sudo", "-S", "-k", "-p", prompt, *as_user, "--", "sh", "-c", inner, "sh", line])
-        watcher = SudoPrompt(prompt, password) if prompt else None
+        watcher = SudoPrompt(prompt, password) if prompt and password is not None else None
         result = self._execute(wrapped, f"sudo {line}", timeout=self._timeout(timeout), on_output=on_output, watcher=watcher)
         if watcher:
             result = _replace_stderr(result, watcher.clean(result.stderr))

@@ -27,12 +27,14 @@ class LocalConnection(Connection):
             stderr=subprocess.PIPE,
             start_new_session=True,  # so a timeout can kill the whole process group
         )
+        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+        assert stdin and stdout and stderr  # all three are PIPEs
         collect = OutputCollector(on_output, watcher)
         if watcher is None:
-            proc.stdin.close()
+            stdin.close()
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        sel.register(stdout, selectors.EVENT_READ, "stdout")
+        sel.register(stderr, selectors.EVENT_READ, "stderr")
         deadline = started + timeout if timeout else None
         try:
             while sel.get_map():
@@ -41,17 +43,17 @@ class LocalConnection(Connection):
                     stop(proc)
                     raise self._timed_out(timeout, shown)
                 for key, _ in sel.select(wait):
-                    data = os.read(key.fileobj.fileno(), 65536)
+                    data = os.read(key.fd, 65536)
                     if not data:
                         sel.unregister(key.fileobj)
                         collect.add(key.data, b"", final=True)
                         continue
                     send, close = collect.add(key.data, data)
-                    if send and not proc.stdin.closed:
-                        proc.stdin.write(send)
-                        proc.stdin.flush()
-                    if close and not proc.stdin.closed:
-                        proc.stdin.close()
+                    if send and not stdin.closed:
+                        stdin.write(send)
+                        stdin.flush()
+                    if close and not stdin.closed:
+                        stdin.close()
             exited = proc.wait()
         except BaseException:
             stop(proc)

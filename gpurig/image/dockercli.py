@@ -9,6 +9,7 @@ stopped and waited for.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -66,6 +67,7 @@ class DockerClient:
         is asked to stop (SIGTERM, which cancels a BuildKit build), and killed
         after STOP_GRACE_S.
         """
+        proc: subprocess.Popen
         if binary:  # stdout is data (a tar): docker's complaints stay apart, on stderr
             proc = subprocess.Popen([self.path, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env())
         else:
@@ -139,7 +141,7 @@ class DockerClient:
             try:
                 tar = tarfile.open(fileobj=proc.stdout, mode="r|")
             except tarfile.ReadError:
-                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(proc.stderr.read().decode())})",
+                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(_said(proc))})",
                                   "check that the images exist") from None
             with tar:
                 for member in tar:
@@ -149,13 +151,13 @@ class DockerClient:
                         else:
                             sizes[member.name] = member.size
                     elif member.name == "manifest.json" or (member.name.endswith(".json") and "/" not in member.name):
-                        data = json.load(tar.extractfile(member))
+                        data = json.load(tar.extractfile(member) or io.BytesIO(b"null"))  # a regular member: never None
                         if member.name == "manifest.json":
                             manifest = data
                         else:
                             configs[member.name] = data
             if proc.wait() != 0:
-                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(proc.stderr.read().decode())})",
+                raise DockerError(f"docker save {' '.join(refs)} failed ({last_line(_said(proc))})",
                                   "check that the images exist")
         by_diff_id = {}
         for image in manifest:
@@ -264,3 +266,8 @@ def check_daemon(client: DockerClient) -> str:
             "start it (systemctl start docker, or `dockerd &`) or point DOCKER_HOST at a running one",
         )
     return proc.stdout.strip()
+
+
+def _said(proc: subprocess.Popen) -> str:
+    """What a binary-mode docker child wrote on stderr (its reason when it failed)."""
+    return proc.stderr.read().decode(errors="replace") if proc.stderr else ""

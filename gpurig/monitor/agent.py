@@ -119,19 +119,20 @@ def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: f
     worker thread so that the interrupt reaches this one, which stops it.
     """
     stop = threading.Event()
-    outcome: dict[str, object] = {}
+    reports: list[FleetReport] = []
+    errors: list[BaseException] = []
 
     def fleet() -> None:
         try:
-            outcome["report"] = run_fleet(
+            reports.append(run_fleet(
                 hosts,
                 lambda conn: watch(conn, run, interval, duration, stop=stop),
                 connector=connector,
                 forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
                 label="monitor",
-            )
+            ))
         except BaseException as err:  # handed to the caller's thread
-            outcome["error"] = err
+            errors.append(err)
         finally:
             done.set()
 
@@ -145,6 +146,6 @@ def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: f
         stop.set()
         if not done.wait(2 * interval + 10):  # a second Ctrl-C here ends gpurig at once
             raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["report"]
+    if errors:
+        raise errors[0]
+    return reports[0]

@@ -6,14 +6,15 @@ import threading
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
 from gpurig.errors import explain
 from gpurig.status import Status
 
-STATUS_STYLE = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}
+# Keyed by the status's string value (Status is a str): tables and recaps look cells up by their text.
+STATUS_STYLE: dict[str, str] = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}
 # The recap's order (Ansible's).
 RECAP = (Status.OK, Status.CHANGED, Status.UNREACHABLE, Status.FAILED, Status.SKIPPED)
 
@@ -36,7 +37,7 @@ class FleetProgress(FleetEvents):
         self.counts = {s: 0 for s in Status}
         self.busy: dict[str, str] = {}  # host -> connecting | running
         self._lock = threading.Lock()
-        self.task = None
+        self.task: TaskID | None = None
 
     def start(self, total: int, label: str) -> None:
         self.task = self.progress.add_task(label, total=total, counts="", busy="")
@@ -55,7 +56,7 @@ class FleetProgress(FleetEvents):
         running = [h for h, s in self.busy.items() if s == "running"]
         shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
         text = (f"{connecting} connecting  " if connecting else "") + (f"running: {shown}" if running else "")
-        self.progress.update(self.task, busy=text)
+        self._update(busy=text)
 
     def finished(self, r: HostResult) -> None:
         with self._lock:
@@ -67,7 +68,11 @@ class FleetProgress(FleetEvents):
             line.append(f"  {r.reason}")
         self.progress.console.print(line)
         counts = " ".join(f"[{STATUS_STYLE[s]}]{s}={n}[/]" for s, n in self.counts.items() if n)
-        self.progress.update(self.task, advance=1, counts=counts)
+        self._update(advance=1, counts=counts)
+
+    def _update(self, **fields) -> None:
+        if self.task is not None:  # nothing to update before start()
+            self.progress.update(self.task, **fields)
 
 
 def status_text(status: Status) -> Text:

@@ -141,7 +141,8 @@ def _package(facts: Facts, wanted: HostProfile) -> str:
 
 
 def _branch_number(name: str) -> int:
-    return int(re.search(r"\d+", name).group())
+    found = re.search(r"\d+", name)
+    return int(found.group()) if found else 0
 
 
 def _cuda_repository(facts: Facts) -> Change:
