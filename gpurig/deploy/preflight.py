@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.facts import Facts
 from gpurig.image import compat
 

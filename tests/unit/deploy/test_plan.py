@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig.connect.engine import ContainerInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy.apply import Target, plan
 from gpurig.deploy.containers import load_containers
 from gpurig.image.spec import load_spec
