@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import sys
 
-import docker
-import docker.errors
-import requests
 from rich.markup import escape
 
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, EngineError, engine_error, open_engine
+from gpurig.connect.engine import Engine, EngineError, open_engine
 from gpurig.connect.fleet import FleetReport, HostResult, Outcome
 from gpurig.deploy import containers as container_specs
 from gpurig.deploy.apply import DeployJob, Target, container_doc, deploy_host
@@ -221,16 +218,12 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
             found = engine.container(name)
             if found is None or NAME_LABEL not in found.labels:
                 return Outcome(status=Status.FAILED, detail=f"no gpurig container named {name} (see gpurig status)")
-            try:
-                stream = engine.api.logs(name, stream=True, follow=bool(follow), tail=int(tail) or "all", stdout=True, stderr=True)
-                for chunk in stream:
-                    text = chunk.decode(errors="replace")
-                    if prefix:
-                        text = "".join(f"{conn.name} | {line}" for line in text.splitlines(keepends=True))
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-            except (docker.errors.APIError, requests.RequestException, OSError) as err:
-                raise engine_error(conn.name, f"read the logs of {name}", err) from None
+            for chunk in engine.follow_logs(name, tail=int(tail) or "all", follow=bool(follow)):
+                text = chunk.decode(errors="replace")
+                if prefix:
+                    text = "".join(f"{conn.name} | {line}" for line in text.splitlines(keepends=True))
+                sys.stdout.write(text)
+                sys.stdout.flush()
         return Outcome(status=Status.OK)
 
     report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1")
@@ -248,10 +241,7 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
             missing = sorted(set(names) - {ci.name for ci in mine})
             for ci in picked:
                 if not opts.check:
-                    try:
-                        act(engine, ci)
-                    except (docker.errors.APIError, requests.RequestException, OSError) as err:
-                        raise engine_error(conn.name, f"{verb} {ci.name}", err) from None
+                    act(engine, ci)
                 done.append(ci.name)
         if missing:
             return Outcome(status=Status.FAILED, data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
@@ -272,7 +262,7 @@ def _names(name: str | None) -> list[str]:
 @host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True)
 def stop(c, opts: HostOptions, name=None):
     """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
-    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.api.stop(ci.id, timeout=30) if ci.running else None)
+    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30) if ci.running else None)
 
 
 @host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True)
@@ -281,4 +271,4 @@ def rm(c, opts: HostOptions, name=None, all=False):
     names = _names(name)
     if not names and not all:
         raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST --name NAME[,NAME] (see gpurig status)")
-    _lifecycle(opts, names, "rm", lambda engine, ci: engine.api.remove_container(ci.id, force=True))
+    _lifecycle(opts, names, "rm", lambda engine, ci: engine.remove(ci.name))

@@ -230,6 +230,14 @@ class Connection:
             return self.sudo(command, warn=warn, timeout=timeout, on_output=on_output)
         return self.run(command, warn=warn, timeout=timeout, on_output=on_output)
 
+    def stream_opener(self, line: str) -> Callable[[float | None], object] | None:
+        """A callable that starts ``line`` on the host and gives its stdin/stdout as one socket-like stream.
+
+        None where the host is the machine gpurig runs on: its own sockets are
+        reached directly (the Docker engine's unix socket, say).
+        """
+        return None
+
     def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
         """Copy a local file to the host, atomically (temp name, then rename)."""
         raise NotImplementedError

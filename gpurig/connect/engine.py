@@ -1,149 +1,60 @@
-"""A host's Docker engine through its HTTP API, reached over gpurig's own SSH transport.
+"""A host's Docker engine through its HTTP API: the only door to Docker, local or remote.
 
-``open_engine(conn)`` gives an ``Engine``: docker-py's low-level client
-(``engine.api``) whose every HTTP connection is a channel of the host's SSH
-transport running ``docker system dial-stdio`` (the engine's unix socket on
-stdin/stdout, as the docker CLI's own ``ssh://`` mode does). The transport is
-the one gpurig opened and checked the host key of, so nothing here trusts an
-unknown key (docker-py's own ``ssh://`` mode would). On the machine gpurig
-runs on, the engine's unix socket is used directly.
+``open_engine(conn)`` gives an ``Engine``. On a remote host every HTTP
+connection is a stream the Connection opens running ``docker system
+dial-stdio`` (``gpurig.connect.enginewire``); on the machine gpurig runs on,
+the engine's unix socket (or DOCKER_HOST) is used directly.
 
-Results are typed (``EngineInfo``, ``ImageInfo``, ``ContainerInfo``); no
-``docker`` CLI text is parsed.
+Every method returns typed results (``gpurig.connect.engineinfo``) or
+nothing, and every failure of a request, whatever docker-py, requests or the
+socket raised, becomes one ``EngineError`` with the problem and the fix
+(``EngineLost`` when the connection to the engine broke off). No ``docker``
+CLI text is parsed, and no caller sees docker-py.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable, Iterator
 
 import docker
 import docker.errors
 import requests
-import urllib3.connection
-from docker.transport.basehttpadapter import BaseHTTPAdapter
-from docker.transport.sshconn import SSHConnectionPool
+import urllib3.exceptions
 
 from gpurig.connect.connection import Connection
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo, container_info, engine_info, image_info
+from gpurig.connect.enginewire import api_client
 from gpurig.errors import HostError, last_line, permission_denied
 
-API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
 DIAL = ["docker", "system", "dial-stdio"]
+# Everything a request can fail with: the engine's refusal (docker.errors) or a broken connection.
+_FAILURES = (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError, OSError)
+_LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
 class EngineError(HostError):
-    """A host's Docker engine that cannot be reached or refused a request."""
+    """A host's Docker engine that cannot be reached or refused a request.
+
+    ``reason`` is the engine's own words (or the broken connection's), without the host and the request.
+    """
+
+    def __init__(self, problem: str, fix: str = "", reason: str = "") -> None:
+        super().__init__(problem, fix)
+        self.reason = reason or problem
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    server_version: str
-    api_version: str
-    runtimes: tuple[str, ...]
-    default_runtime: str
-    root_dir: str
-    cpus: int
-    memory: int
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    id: str
-    tags: tuple[str, ...]
-    labels: dict
-    size: int
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    id: str
-    name: str
-    image: str  # the image reference it was created from
-    image_id: str
-    status: str  # created | running | exited | ...
-    health: str | None  # healthy | unhealthy | starting | None (no healthcheck)
-    exit_code: int
-    started_at: datetime | None
-    labels: dict
-    ports: tuple[tuple[str, int, int, str], ...]  # (host ip, host port, container port, proto)
-    device_ids: tuple[str, ...] | None  # None: no GPUs asked; ("all",) for every GPU
-    runtime: str
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
-
-    @property
-    def running(self) -> bool:
-        return self.status == "running"
-
-
-# --- the SSH transport as docker-py's HTTP connection ----------------------------------------
-
-
-class _StreamConnection(urllib3.connection.HTTPConnection):
-    """One HTTP connection = one SSH channel running ``docker system dial-stdio``."""
-
-    def __init__(self, open_stream, timeout) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._open_stream = open_stream
-
-    def connect(self) -> None:
-        self.sock = self._open_stream(self.timeout)
-
-
-class _StreamPool(SSHConnectionPool):
-    def __init__(self, open_stream, timeout, maxsize) -> None:
-        super().__init__(ssh_client=None, timeout=timeout, maxsize=maxsize, host="gpurig")
-        self._open_stream = open_stream
-
-    def _new_conn(self):
-        return _StreamConnection(self._open_stream, self.timeout)
-
-    def _get_conn(self, timeout):
-        # docker-py's pool skips urllib3's dropped-connection check: a pooled channel whose dial-stdio
-        # ended (dockerd restarted) would fail the next request once. Closed, it is opened again.
-        conn = super()._get_conn(timeout)
-        chan = getattr(conn, "sock", None)
-        if chan is not None and (chan.closed or chan.eof_received):
-            conn.close()
-        return conn
-
-
-class _StreamAdapter(BaseHTTPAdapter):
-    def __init__(self, open_stream, timeout: float, max_pool_size: int = 8) -> None:
-        self._pool = _StreamPool(open_stream, timeout, max_pool_size)
-        super().__init__()
-
-    def get_connection(self, url, proxies=None):
-        return self._pool
-
-    def close(self) -> None:
-        super().close()
-        self._pool.close()
-
-
-class _SSHAPIClient(docker.APIClient):
-    """docker-py's APIClient with every request sent through ``open_stream`` (a callable giving a channel)."""
-
-    def __init__(self, open_stream, timeout: float) -> None:
-        # An explicit version skips docker-py's detection request, which would go out before the adapter is mounted.
-        super().__init__(base_url="tcp://gpurig.invalid:2375", version=API_VERSION, timeout=timeout)
-        self._custom_adapter = _StreamAdapter(open_stream, timeout)
-        self.mount("http+docker://ssh", self._custom_adapter)
-        self._unmount("http://", "https://")
-        # "ssh" in the URL makes docker-py read attach/log streams from the channel (its SSH code path).
-        self.base_url = "http+docker://ssh"
-
-
-# --- the engine --------------------------------------------------------------------------------
+class EngineLost(EngineError):
+    """The connection to the engine broke off during a request (asking again may work)."""
 
 
 class Engine:
-    """One host's engine. ``api`` is docker-py's low-level client; the methods return typed results."""
+    """One host's engine; ``name`` is the host's inventory name (it starts every error message)."""
 
     def __init__(self, name: str, api: docker.APIClient) -> None:
         self.name = name
-        self.api = api
+        self._api = api
 
     def __enter__(self) -> Engine:
         return self
@@ -152,36 +63,153 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        self.api.close()
+        self._api.close()
+
+    # --- reading ---------------------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
-        info = self._call("read the engine's info", self.api.info)
-        version = self._call("read the engine's version", self.api.version)
-        return EngineInfo(
-            server_version=str(version.get("Version", "")),
-            api_version=str(version.get("ApiVersion", "")),
-            runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
-            default_runtime=str(info.get("DefaultRuntime") or "runc"),
-            root_dir=str(info.get("DockerRootDir") or "/var/lib/docker"),
-            cpus=int(info.get("NCPU") or 0),
-            memory=int(info.get("MemTotal") or 0),
-        )
+        info = self._call("read the engine's info", self._api.info)
+        version = self._call("read the engine's version", self._api.version)
+        return engine_info(info, version)
 
     def image(self, ref: str) -> ImageInfo | None:
         """The image ``ref`` (a name:tag or an id) names on this host, or None."""
-        data = self._inspect(self.api.inspect_image, f"inspect image {ref}", ref)
-        if data is None:
-            return None
-        return ImageInfo(
-            id=data["Id"],
-            tags=tuple(data.get("RepoTags") or ()),
-            labels=dict((data.get("Config") or {}).get("Labels") or {}),
-            size=int(data.get("Size") or 0),
-        )
+        data = self._inspect(self._api.inspect_image, f"inspect image {ref}", ref)
+        return None if data is None else image_info(data)
 
     def container(self, name: str) -> ContainerInfo | None:
-        data = self._inspect(self.api.inspect_container, f"inspect container {name}", name)
+        data = self._inspect(self._api.inspect_container, f"inspect container {name}", name)
         return None if data is None else container_info(data)
+
+    def containers(self, label: str | None = None) -> list[ContainerInfo]:
+        """Every container (running or not), optionally only those carrying ``label`` (``key`` or ``key=value``)."""
+        filters = {"label": [label]} if label else None
+        listed = self._call("list containers", self._api.containers, all=True, filters=filters)
+        found = []
+        for entry in listed:
+            info = self.container(entry["Id"])
+            if info is not None:  # removed between the list and the inspect
+                found.append(info)
+        return sorted(found, key=lambda c: c.name)
+
+    def image_tags(self) -> list[str]:
+        """Every name:tag of every image on this host."""
+        return [tag for entry in self._call("list images", self._api.images) for tag in entry.get("RepoTags") or ()]
+
+    def distribution_digest(self, ref: str) -> str:
+        """The manifest digest a registry gives for ``ref``, asked through this engine (no layer moves)."""
+        what = f"ask the registry for {ref}"
+        data = self._call(what, self._api.inspect_distribution, ref)
+        try:
+            return str(data["Descriptor"]["digest"])
+        except (KeyError, TypeError):
+            raise EngineError(f"{self.name}: the registry's answer for {ref} names no digest", "check the registry", "no digest in its answer") from None
+
+    # --- containers ------------------------------------------------------------------------------
+
+    def create(self, body: dict, name: str) -> str:
+        """A container from an engine API create request; its id."""
+        return str(self._call(f"create {name}", self._api.create_container_from_config, body, name=name)["Id"])
+
+    def start(self, ref: str) -> None:
+        self._call(f"start {ref}", self._api.start, ref)
+
+    def stop(self, ref: str, timeout: int = 10) -> None:
+        """Stop it, killing it after ``timeout`` seconds."""
+        self._call(f"stop {ref}", self._api.stop, ref, timeout=timeout)
+
+    def remove(self, ref: str) -> None:
+        """Remove it, stopping it first if it runs (its anonymous volumes stay)."""
+        self._call(f"remove {ref}", self._api.remove_container, ref, force=True)
+
+    def put_archive(self, ref: str, path: str, data: bytes) -> None:
+        """Unpack a tar into the container at ``path`` (before it starts, too)."""
+        self._call(f"copy files into {ref}", self._api.put_archive, ref, path, data)
+
+    def wait(self, ref: str, timeout: float) -> int | None:
+        """Its exit code if it exits within ``timeout`` seconds; None while it still runs then."""
+        try:
+            return self._api.wait(ref, timeout=timeout).get("StatusCode")
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return None  # still running after the timeout
+        except _FAILURES as err:
+            raise self._error(f"wait for {ref}", err) from None
+
+    def logs(self, ref: str, tail: int | str = "all") -> str:
+        """Its last ``tail`` lines of stdout and stderr."""
+        data = self._call(f"read the logs of {ref}", self._api.logs, ref, stdout=True, stderr=True, tail=tail)
+        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+
+    def follow_logs(self, ref: str, tail: int | str = "all", follow: bool = False) -> Iterator[bytes]:
+        """Its stdout and stderr as they come, from ``tail`` lines back; with ``follow`` until it stops or the caller does."""
+        what = f"read the logs of {ref}"
+        return self._stream(what, self._call(what, self._api.logs, ref, stream=True, follow=follow, tail=tail, stdout=True, stderr=True))
+
+    def exec_run(self, ref: str, argv: list[str]) -> tuple[int | None, bytes]:
+        """(exit code, stdout) of ``argv`` run in the running container."""
+        what = f"run {argv[0]} in {ref}"
+        run = self._call(what, self._api.exec_create, ref, argv, stdout=True, stderr=False)
+        out = self._call(what, self._api.exec_start, run["Id"])
+        code = self._call(what, self._api.exec_inspect, run["Id"]).get("ExitCode")
+        return code, out if isinstance(out, bytes) else str(out).encode()
+
+    # --- images ----------------------------------------------------------------------------------
+
+    def tag(self, image_id: str, ref: str) -> None:
+        """Give the image the name ``ref`` (name:tag), taking it from any image that had it."""
+        name, _, tag = ref.rpartition(":")
+        self._call(f"tag {ref}", self._api.tag, image_id, name, tag, force=True)
+
+    def untag(self, ref: str) -> None:
+        """Remove the name ``ref`` (the layers stay while another name uses them); nothing when there is no such name."""
+        try:
+            self._api.remove_image(ref, noprune=False)
+        except docker.errors.NotFound:
+            pass
+        except _FAILURES as err:
+            raise self._error(f"untag {ref}", err) from None
+
+    def push(self, ref: str) -> None:
+        """Push ``ref`` (name:tag) to its registry; an error the registry streams back is an EngineError too."""
+        name, _, tag = ref.rpartition(":")
+        what = f"push {ref}"
+        for event in self._stream(what, self._call(what, self._api.push, name, tag=tag, stream=True, decode=True)):
+            if isinstance(event, dict) and "error" in event:
+                reason = last_line(str(event["error"]))
+                raise EngineError(f"{self.name}: the Docker engine refused to {what}: {reason}", "see the engine's message", reason)
+
+    def pull(self, ref: str, on_event: Callable[[dict], None]) -> None:
+        """The engine pulls ``ref`` (name:tag); each JSON event it streams goes to ``on_event`` (which may raise to stop).
+
+        On any end before the pull completed (``on_event`` raising, Ctrl-C, a lost
+        connection) the response is closed: the engine sees its client leave and stops the pull.
+        """
+        name, _, tag = ref.rpartition(":")
+        what, api = f"pull {ref}", self._api
+        # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
+        response = self._call(what, api._post, api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
+        try:
+            api._raise_for_status(response)
+            for event in api._stream_helper(response, decode=True):
+                if isinstance(event, dict):
+                    on_event(event)
+        except _FAILURES as err:
+            raise self._error(what, err) from None
+        finally:
+            response.close()
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        """``docker save ref``: the image as a tar stream, in chunks of 1 MiB."""
+        what = f"save {ref}"
+        return self._stream(what, self._call(what, self._api.get_image, ref, chunk_size=1 << 20))
+
+    def load(self, chunks: Iterable[bytes]) -> Iterator[dict]:
+        """``docker load`` of a tar stream; the engine's JSON events (an ``error`` event is the engine's refusal)."""
+        what = "load an image"
+        answer = self._call(what, self._api.load_image, chunks)
+        return (event for event in self._stream(what, answer or ()) if isinstance(event, dict))
+
+    # --- the one error conversion ----------------------------------------------------------------
 
     def _inspect(self, fn, what: str, key: str) -> dict | None:
         """``fn(key)``'s answer, or None when the engine says there is no such thing."""
@@ -193,87 +221,34 @@ class Engine:
             if err.status_code == 404:
                 return None
             raise self._error(what, err) from None
-        except (requests.RequestException, OSError) as err:
+        except _FAILURES as err:
             raise self._error(what, err) from None
-
-    def containers(self, label: str | None = None) -> list[ContainerInfo]:
-        """Every container (running or not), optionally only those carrying ``label`` (``key`` or ``key=value``)."""
-        filters = {"label": [label]} if label else None
-        listed = self._call("list containers", self.api.containers, all=True, filters=filters)
-        found = []
-        for entry in listed:
-            info = self.container(entry["Id"])
-            if info is not None:  # removed between the list and the inspect
-                found.append(info)
-        return sorted(found, key=lambda c: c.name)
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (docker.errors.APIError, docker.errors.DockerException, requests.RequestException, OSError) as err:
+        except _FAILURES as err:
+            raise self._error(what, err) from None
+
+    def _stream(self, what: str, items: Iterable) -> Iterator:
+        try:
+            yield from items
+        except _FAILURES as err:
             raise self._error(what, err) from None
 
     def _error(self, what: str, err: BaseException) -> EngineError:
-        return engine_error(self.name, what, err)
-
-
-def engine_error(host: str, what: str, err: BaseException) -> EngineError:
-    """One line for a failed engine request: the engine's own explanation when it gave one."""
-    if isinstance(err, docker.errors.APIError):
-        reason = err.explanation or str(err)
-        if isinstance(reason, bytes):
-            reason = reason.decode(errors="replace")
-        return EngineError(f"{host}: the Docker engine refused to {what}: {last_line(str(reason))}", "see the engine's message; `docker info` on the host")
-    return EngineError(f"{host}: lost the Docker engine while trying to {what}: {last_line(str(err)) or type(err).__name__}", "check that dockerd runs on the host (`invoke facts`) and retry")
-
-
-def container_info(data: dict) -> ContainerInfo:
-    state = data.get("State") or {}
-    host_config = data.get("HostConfig") or {}
-    config = data.get("Config") or {}
-    ports = []
-    for key, bindings in sorted(((data.get("NetworkSettings") or {}).get("Ports") or {}).items()):
-        port, _, proto = key.partition("/")
-        for b in bindings or ():
-            if b.get("HostPort"):
-                ports.append((b.get("HostIp") or "", int(b["HostPort"]), int(port), proto or "tcp"))
-    if not ports:  # not running: the asked bindings
-        for key, bindings in sorted((host_config.get("PortBindings") or {}).items()):
-            port, _, proto = key.partition("/")
-            for b in bindings or ():
-                if b.get("HostPort"):
-                    ports.append((b.get("HostIp") or "", int(b["HostPort"]), int(port), proto or "tcp"))
-    devices: tuple[str, ...] | None = None
-    for req in host_config.get("DeviceRequests") or ():
-        if ["gpu"] in (req.get("Capabilities") or []) or req.get("Driver") == "nvidia":
-            ids = tuple(req.get("DeviceIDs") or ())
-            devices = ids if ids else ("all",) if req.get("Count") == -1 else tuple(str(i) for i in range(int(req.get("Count") or 0)))
-    health = (state.get("Health") or {}).get("Status")
-    return ContainerInfo(
-        id=data["Id"],
-        name=str(data.get("Name") or "").lstrip("/"),
-        image=str(config.get("Image") or ""),
-        image_id=str(data.get("Image") or ""),
-        status=str(state.get("Status") or ""),
-        health=health,
-        exit_code=int(state.get("ExitCode") or 0),
-        started_at=_time(state.get("StartedAt")) if state.get("Running") else None,
-        labels=dict(config.get("Labels") or {}),
-        ports=tuple(ports),
-        device_ids=devices,
-        runtime=str(host_config.get("Runtime") or "runc"),
-        raw=data,
-    )
-
-
-def _time(text: str | None) -> datetime | None:
-    if not text or text.startswith("0001-"):
-        return None
-    main, _, frac = text.rstrip("Z").partition(".")
-    try:
-        return datetime.fromisoformat(main).replace(tzinfo=timezone.utc)
-    except ValueError:
-        return None
+        """One line for a failed request: the engine's own explanation when it gave one."""
+        if isinstance(err, docker.errors.APIError):
+            reason = err.explanation or str(err)
+            if isinstance(reason, bytes):
+                reason = reason.decode(errors="replace")
+            reason = last_line(str(reason))
+            return EngineError(f"{self.name}: the Docker engine refused to {what}: {reason}",
+                               "see the engine's message; `docker info` on the host", reason)
+        reason = last_line(str(err)) or type(err).__name__
+        kind = EngineLost if isinstance(err, _LOST) else EngineError
+        return kind(f"{self.name}: lost the Docker engine while trying to {what}: {reason}",
+                    "check that dockerd runs on the host (`invoke facts`) and retry", reason)
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -281,25 +256,15 @@ def _time(text: str | None) -> datetime | None:
 
 def open_engine(conn: Connection, timeout: float = 120) -> Engine:
     """The Docker engine of ``conn``'s host; a clear EngineError when there is none or it cannot be used."""
-    from gpurig.connect.ssh import SSHConnection
-
-    if isinstance(conn, SSHConnection):
-        conn.connect()  # resolves the login user, which decides on sudo
-        line = dial_command(conn)
-
-        def open_stream(stream_timeout):
-            return conn.open_stream(line, stream_timeout)
-
-        api = _SSHAPIClient(open_stream, timeout)
-    else:
-        api = docker.APIClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock", version=API_VERSION, timeout=timeout)
-    engine = Engine(conn.name, api)
+    conn.connect()  # resolves the login user, which decides on sudo
+    local_socket = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    api = api_client(conn.stream_opener(dial_command(conn)), local_socket, timeout)
     try:
         api.ping()
-    except (docker.errors.DockerException, requests.RequestException, OSError) as err:
+    except _FAILURES as err:
         api.close()
         raise diagnose(conn, err) from None
-    return engine
+    return Engine(conn.name, api)
 
 
 def dial_command(conn: Connection) -> str:

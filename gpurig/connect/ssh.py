@@ -153,6 +153,10 @@ class SSHConnection(Connection):
             raise ConnectionLost(f"could not open a stream: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         return chan
 
+    def stream_opener(self, line: str) -> Callable[[float | None], paramiko.Channel]:
+        """Each call opens a new channel running ``line`` (``open_stream``)."""
+        return lambda timeout: self.open_stream(line, timeout)
+
     def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
         self.connect()
         transport = self._transport  # close() from another thread (Ctrl-C) may set the attribute to None meanwhile

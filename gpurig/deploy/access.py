@@ -12,11 +12,9 @@ from __future__ import annotations
 import re
 import shlex
 
-import docker.errors
-import requests
-
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import ContainerInfo, Engine
+from gpurig.connect.engine import Engine, EngineError
+from gpurig.connect.engineinfo import ContainerInfo
 
 JUPYTER_PORT, SSH_PORT = 8888, 22
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")  # a host name, IPv4/IPv6 literal or user name; nothing ssh_config would read as syntax
@@ -43,13 +41,12 @@ def published(container: ContainerInfo, port: int) -> tuple[str, int] | None:
 def read_token(engine: Engine, name: str) -> str | None:
     """The Jupyter token from the container's token file; None if it cannot be read or does not look like a token."""
     try:
-        run = engine.api.exec_create(name, ["gpurig-entrypoint", "token"], stdout=True, stderr=False)
-        out = engine.api.exec_start(run["Id"])
-        if engine.api.exec_inspect(run["Id"]).get("ExitCode") != 0:
-            return None
-    except (docker.errors.APIError, requests.RequestException, OSError):
+        code, out = engine.exec_run(name, ["gpurig-entrypoint", "token"])
+    except EngineError:
         return None
-    token = (out.decode(errors="replace") if isinstance(out, bytes) else str(out)).strip()
+    if code != 0:
+        return None
+    token = out.decode(errors="replace").strip()
     return token if _TOKEN.match(token) else None
 
 

@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import docker.errors
-import requests
-
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import ContainerInfo, Engine, EngineError, ImageInfo, engine_error, open_engine
+from gpurig.connect.engine import Engine, EngineError, open_engine
+from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy import access
 from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
@@ -198,28 +196,23 @@ def labels_for(t: Target) -> dict[str, str]:
 
 def run_container(engine: Engine, conn: Connection, t: Target, devices, action: str, out: ContainerRun, job: DeployJob) -> None:
     """Make the container real: replace the old one, create, put the public keys, start, wait until it is up."""
-    api = engine.api
     name = t.spec.name
-    try:
-        if action == "start":
-            api.start(name)
-        else:
-            if action == "recreate":
-                api.remove_container(name, force=True)
-            body = t.spec.create_body(t.image_ref, devices, labels_for(t))
-            created = api.create_container_from_config(body, name=name)
-            if t.spec.ssh_keys:
-                api.put_archive(created["Id"], "/", _keys_archive(t.spec.ssh_keys))
-            api.start(created["Id"])
-    except (docker.errors.APIError, requests.RequestException, OSError) as err:
-        raise engine_error(engine.name, f"start {name}", err) from None
+    if action == "start":
+        engine.start(name)
+    else:
+        if action == "recreate":
+            engine.remove(name)
+        engine.create(t.spec.create_body(t.image_ref, devices, labels_for(t)), name)
+        if t.spec.ssh_keys:
+            engine.put_archive(name, "/", _keys_archive(t.spec.ssh_keys))
+        engine.start(name)
     started, exited = wait_started(engine, name, job)
     if exited is not None or started.health == "unhealthy":
         out.exit_code = exited
         out.logs = tail_logs(engine, name)
         try:
-            api.stop(name, timeout=5)  # no restart loop: it stays exited, for `gpurig logs` and `status`
-        except (docker.errors.APIError, requests.RequestException, OSError):
+            engine.stop(name, timeout=5)  # no restart loop: it stays exited, for `gpurig logs` and `status`
+        except EngineError:
             pass
         what = f"exited with code {exited}" if exited is not None else "is unhealthy"
         raise HostError(f"the container {what} at start; last log lines: {out.logs.strip()[-400:] or '(none)'}",
@@ -236,12 +229,7 @@ def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerIn
     """
     has_health = bool(((engine.container(name) or _gone(name)).raw.get("Config") or {}).get("Healthcheck"))
     if not has_health:
-        try:
-            code = engine.api.wait(name, timeout=job.settle_s).get("StatusCode")  # returns only if it exited
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            code = None  # still running after the settle time: started
-        except docker.errors.APIError as err:
-            raise engine_error(engine.name, f"watch {name} start", err) from None
+        code = engine.wait(name, job.settle_s)  # None: still running after the settle time: started
         info = engine.container(name) or _gone(name)
         return info, code if code is not None else _restarted(info)
     deadline = time.monotonic() + job.health_s
@@ -268,10 +256,9 @@ def _gone(name: str):
 
 def tail_logs(engine: Engine, name: str, lines: int = 20) -> str:
     try:
-        data = engine.api.logs(name, stdout=True, stderr=True, tail=lines)
-    except (docker.errors.APIError, requests.RequestException, OSError):
+        return engine.logs(name, tail=lines)
+    except EngineError:
         return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
 
 
 def _keys_archive(keys) -> bytes:

@@ -33,13 +33,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker.errors
 import paramiko
-import requests
-import urllib3.exceptions
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, EngineError, open_engine
+from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
@@ -90,7 +87,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return done("present", 0, want.id)
     if registry and "pull" in methods:
         try:
-            digests = (local.api.inspect_image(want.id).get("RepoDigests") or []) if want is not None else []
+            digests = list(want.digests) if want is not None else []
             image_id, moved = _pull_from_registry(remote, ref, registry, want, digests, progress, say)
             return done("pull", moved, image_id)
         except _FallBack as why:
@@ -124,10 +121,9 @@ def _pull_from_registry(remote: Engine, ref: str, registry: str, want, local_dig
     parsed = parse_reference(ref)
     source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
     try:  # asks the registry for the manifest through the host's engine: no layer moves yet
-        digest = remote.api.inspect_distribution(source)["Descriptor"]["digest"]
-    except (docker.errors.APIError, requests.RequestException, OSError, KeyError) as err:
-        reason = getattr(err, "explanation", None) or err
-        raise _FallBack(f"registry {registry} did not give {source} to {remote.name}: {last_line(str(reason))}") from None
+        digest = remote.distribution_digest(source)
+    except EngineError as err:
+        raise _FallBack(f"registry {registry} did not give {source} to {remote.name}: {err.reason}") from None
     if want is not None:
         repository = source.rpartition(":")[0]
         pushed = {d.split("@", 1)[1] for d in local_digests if d.split("@", 1)[0] == repository}
@@ -213,13 +209,12 @@ def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
     tags = "|".join(re.escape(t) for t in (parsed.tag, *staged.stages))
     pattern = re.compile(r"127\.0\.0\.1:\d+/" + re.escape(parsed.path) + f":({tags})$")
     try:
-        listed = remote.api.images()
-    except (docker.errors.APIError, requests.RequestException, OSError):
+        listed = remote.image_tags()
+    except EngineError:
         return
-    for entry in listed:
-        for tag in entry.get("RepoTags") or ():
-            if pattern.fullmatch(tag):
-                _untag(remote, tag)
+    for tag in listed:
+        if pattern.fullmatch(tag):
+            _untag(remote, tag)
 
 
 _PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so one's cleanup never untags another's push
@@ -227,24 +222,20 @@ _PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so
 
 def _push(local: Engine, image_id: str, staged: str) -> None:
     """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there)."""
-    name, _, tag = staged.rpartition(":")
     with _PUSHING:
         try:
-            local.api.tag(image_id, name, tag)
+            local.tag(image_id, staged)
             try:
-                for event in local.api.push(name, tag=tag, stream=True, decode=True):
-                    if "error" in event:
-                        raise _FallBack(f"pushing into the local registry failed: {last_line(event['error'])}")
+                local.push(staged)
             finally:
                 _untag(local, staged)
-        except (docker.errors.APIError, requests.RequestException, OSError) as err:
-            raise _FallBack(f"pushing into the local registry failed: {last_line(str(err))}") from None
+        except EngineError as err:
+            raise _FallBack(f"pushing into the local registry failed: {err.reason}") from None
 
 
 # --- the host's pull, with progress ----------------------------------------------------------------
 
 
-LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)  # the engine's stream broke off
 PULL_ATTEMPTS = 3
 
 
@@ -257,41 +248,14 @@ def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
     """
     for attempt in range(1, PULL_ATTEMPTS + 1):
         try:
-            _pull_once(remote.api, source, tracker)
+            remote.pull(source, tracker.feed)
             return tracker.finish()
-        except _StreamLost as lost:
+        except EngineLost as lost:
             if attempt == PULL_ATTEMPTS:
-                raise PullFailed(f"the connection to the engine broke off {PULL_ATTEMPTS} times: {lost}") from None
+                raise PullFailed(f"the connection to the engine broke off {PULL_ATTEMPTS} times: {lost.reason}") from None
+        except EngineError as err:
+            raise PullFailed(err.reason) from None
     raise AssertionError("unreachable")
-
-
-class _StreamLost(Exception):
-    pass
-
-
-def _pull_once(api, source: str, tracker: PullProgress) -> None:
-    name, _, tag = source.rpartition(":")
-    try:
-        # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
-        response = api._post(api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
-    except LOST as err:
-        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
-    try:
-        api._raise_for_status(response)
-        for event in _events(api, response):
-            tracker.feed(event)
-    except docker.errors.APIError as err:
-        raise PullFailed(last_line(str(err.explanation or err))) from None
-    except LOST as err:
-        raise _StreamLost(last_line(str(err)) or type(err).__name__) from None
-    finally:
-        response.close()  # on an interruption the engine sees its client leave and stops the pull
-
-
-def _events(api, response) -> Iterator[dict]:
-    for event in api._stream_helper(response, decode=True):
-        if isinstance(event, dict):
-            yield event
 
 
 # --- save | load ----------------------------------------------------------------------------------------
@@ -308,14 +272,16 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
             yield chunk
 
     try:
-        for event in remote.api.load_image(counted(local.api.get_image(ref, chunk_size=1 << 20))) or ():
-            if isinstance(event, dict) and "error" in event:
+        for event in remote.load(counted(local.save(ref))):
+            if "error" in event:
                 message = last_line(str(event["error"]))
                 if "no space left on device" in message:
                     raise _disk_full(remote, message)
                 raise DeliveryError(f"{remote.name}: docker load refused {ref}: {message}", "deploy again; see the host's dockerd log")
-    except (docker.errors.APIError, *LOST) as err:
-        message = last_line(str(getattr(err, "explanation", None) or err)) or type(err).__name__
+    except DeliveryError:
+        raise
+    except EngineError as err:  # either engine: this machine's save or the host's load
+        message = err.reason
         if "no space left on device" in message:
             raise _disk_full(remote, message) from None
         raise DeliveryError(f"{remote.name}: docker save | docker load of {ref} failed: {message}", "deploy again") from None
@@ -330,20 +296,17 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
 
 
 def _tag(engine: Engine, image_id: str, ref: str) -> None:
-    name, _, tag = ref.rpartition(":")
     have = engine.image(ref)
     if have is not None and have.id == image_id:
         return
-    engine._call(f"tag {ref}", engine.api.tag, image_id, name, tag, force=True)
+    engine.tag(image_id, ref)
 
 
 def _untag(engine: Engine, ref: str) -> None:
     """Remove the name ``ref`` only (never the layers another name still uses), if it exists."""
     try:
-        engine.api.remove_image(ref, noprune=False)
-    except docker.errors.NotFound:
-        pass
-    except (docker.errors.APIError, requests.RequestException, OSError):
+        engine.untag(ref)
+    except EngineError:
         pass  # a leftover temporary name is cosmetic; the next delivery retags over it
 
 

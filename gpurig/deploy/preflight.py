@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.facts import Facts
 from gpurig.image import compat
 
@@ -52,7 +52,7 @@ def check_driver(p: Planned, facts: Facts, matrix_cudas: tuple[str, ...] = ()) -
     have = facts.driver_version
     if have is None:
         return [Refusal(p.name, f"no NVIDIA driver loaded on the host; {p.image_ref} (CUDA {cuda}) needs >= {need}", "install it: invoke provision (driver step)")]
-    if compat.version_key(have) >= compat.version_key(need):
+    if compat.driver_at_least(have, need):
         return []
     fits = [c for c in matrix_cudas if c != compat.CPU and compat.driver_supports(have, c)]
     other = f", or deploy the image built for CUDA {max(fits, key=compat.version_key)}" if fits else ""
@@ -61,7 +61,7 @@ def check_driver(p: Planned, facts: Facts, matrix_cudas: tuple[str, ...] = ()) -
 
 def check_runtime(planned: list[Planned], info: EngineInfo) -> list[Refusal]:
     """GPUs asked for on an engine without NVIDIA's runtime: ``--gpus`` would fail at start."""
-    if "nvidia" in info.runtimes:
+    if info.nvidia_runtime:
         return []
     return [
         Refusal(p.name, "GPUs asked for, but the host's Docker has no nvidia runtime (NVIDIA Container Toolkit)", "invoke provision (container-toolkit and daemon steps)")

@@ -6,10 +6,9 @@ when the host is ready). The driver minimum comes from gpurig/image/compat.py.
 
 from __future__ import annotations
 
+from gpurig.connect.engineinfo import has_nvidia_runtime
 from gpurig.facts import Facts
 from gpurig.image import compat
-
-NVIDIA_RUNTIME = "nvidia"
 
 
 def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
@@ -27,7 +26,7 @@ def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
         found.append("no Docker")
     elif not docker.running:
         found.append("no access to the Docker socket" if docker.denied else "Docker stopped")
-    if cuda != compat.CPU and (facts.gpus or facts.pci_gpus) and docker.installed and NVIDIA_RUNTIME not in docker.runtimes:
+    if cuda != compat.CPU and (facts.gpus or facts.pci_gpus) and docker.installed and not has_nvidia_runtime(docker.runtimes):
         found.append("no nvidia runtime")
     return tuple(found)
 

@@ -7,6 +7,7 @@ release is a one-line change. Sources are named per table; the rows come from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gpurig.errors import CompatError
@@ -158,10 +159,22 @@ def require_cuda(cuda: str) -> str | None:
     return None if cuda == CPU else f"cuda>={cuda}"
 
 
+def driver_key(version: str) -> tuple[int, ...]:
+    """The numbers of a driver version as the kernel module, nvidia-smi or a package gives it:
+    '570.133.20' -> (570, 133, 20), '1:535.247.01-1~deb12u1' -> (535, 247, 1); () when it has none."""
+    m = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def driver_at_least(driver: str, minimum: str) -> bool:
+    """The one comparison of a host driver with a minimum (the table's, or an image's io.gpurig.min-driver label)."""
+    return driver_key(driver) >= driver_key(minimum)
+
+
 def driver_supports(driver: str, cuda: str) -> bool:
     """Whether a host driver runs images of this CUDA with their full feature set."""
     floor = min_driver(cuda)
-    return floor is None or version_key(driver) >= version_key(floor)
+    return floor is None or driver_at_least(driver, floor)
 
 
 def cuda_tag(cuda: str) -> str:

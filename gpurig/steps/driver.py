@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 
 from gpurig.facts import Facts
-from gpurig.image.compat import CUDA_RELEASES, min_driver
+from gpurig.image.compat import CUDA_RELEASES, driver_at_least, min_driver
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import candidate_guard, download_command, dpkg_arch, install_command, upstream
 from gpurig.steps.commands import Shell
@@ -48,7 +48,7 @@ def newest_cuda(images: Sequence[str], default: str | None) -> tuple[str | None,
 
 def newest_cuda_for(driver: str) -> str | None:
     """The newest CUDA (from gpurig.image.compat) whose images this driver version runs with their full feature set."""
-    served = [r.cuda for r in CUDA_RELEASES if upstream(driver) >= upstream(r.min_driver)]
+    served = [r.cuda for r in CUDA_RELEASES if driver_at_least(driver, r.min_driver)]
     return max(served, key=upstream) if served else None
 
 
@@ -81,10 +81,10 @@ class DriverStep(Step):
             if self.reboot:
                 return Plan.ok(f"{differ}: the reboot step reboots the host")
             return Plan.fail(differ, "reboot the host (gpurig provision --reboot) so the new module loads")
-        if loaded and (not minimum or upstream(loaded) >= upstream(minimum)):
+        if loaded and (not minimum or driver_at_least(loaded, minimum)):
             return Plan.ok(f"driver {loaded} loaded ({facts.driver_flavour or 'unknown'} module); {need}")
         installed = installed_driver(facts)
-        if installed and (not minimum or upstream(installed[1]) >= upstream(minimum)) and not loaded:
+        if installed and (not minimum or driver_at_least(installed[1], minimum)) and not loaded:
             return Plan.ok(f"{installed[0]} {installed[1]} installed, not loaded yet: reboot required (the reboot step, with --reboot)")
         what = f"driver {loaded} is too old: {need}" if loaded else f"no NVIDIA driver loaded; {need}"
         if not wanted.driver.install:
@@ -105,7 +105,7 @@ class DriverStep(Step):
         if package in facts.system.candidates and candidate is None:
             return Plan.fail(f"{what}; apt has no installable {package} (Candidate: (none))",
                              "enable the repository that carries it (Debian: non-free), or set gpurig_driver.source: nvidia")
-        if candidate and minimum and upstream(candidate) < upstream(minimum):
+        if candidate and minimum and not driver_at_least(candidate, minimum):
             served = newest_cuda_for(candidate)
             images = f"images built for CUDA {served} or older (a cu{served.replace('.', '')} tag in gpurig_images)" if served else "CPU images"
             return Plan.fail(

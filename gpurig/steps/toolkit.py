@@ -15,6 +15,7 @@ import hashlib
 import shlex
 from pathlib import Path
 
+from gpurig.connect.engineinfo import has_nvidia_runtime
 from gpurig.errors import InventoryError
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
@@ -54,7 +55,7 @@ class ToolkitStep(Step):
         changes: list[Change] = []
         if have is None or (pin and not _pinned(have, pin)):
             changes += self._install(facts, wanted, have)
-        if "nvidia" not in facts.docker.runtimes and "nvidia" not in ((facts.daemon_json.content or {}).get("runtimes") or {}):
+        if not has_nvidia_runtime(facts.docker.runtimes) and not has_nvidia_runtime((facts.daemon_json.content or {}).get("runtimes") or {}):
             if facts.daemon_json.state not in ("present", "absent"):
                 return Plan.fail(f"{DAEMON_JSON} is {facts.daemon_json.state} ({facts.daemon_json.problem}): the nvidia runtime "
                                  "cannot be merged into it", "correct the file by hand and run again")

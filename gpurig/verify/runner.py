@@ -4,8 +4,9 @@ The probes travel inside the command line (gpurig.connect.launcher, as the
 monitor's agent does), so nothing is written on the host and no stdin is needed: the
 host probe runs as ``python3 -c ...`` on the host, the container probe as
 ``docker exec NAME python3 -c ...`` in a deployed container or in a
-throwaway ``docker run --rm`` of an image. Three round trips per host:
-host probe, Docker/GPU facts, container probe.
+throwaway ``docker run --rm`` of an image. Between them, the host's GPUs
+and NVIDIA hook come from one small shell probe, and Docker's runtimes and
+the target container or image from the host's engine (``open_engine``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpurig.connect.connection import CommandTimeout, Connection, Result
+from gpurig.connect.engine import EngineError, open_engine
+from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, has_nvidia_runtime
 from gpurig.connect.launcher import embedded
 from gpurig.errors import last_line
+from gpurig.facts.parsers import parse_nvidia_version
+from gpurig.facts.probes import Section
 from gpurig.verify.records import HostVerdict, Record
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
@@ -32,7 +35,6 @@ LEVELS = ("quick", "full")
 IMAGE_SHM = "16g"
 VERIFY_LABEL = "io.gpurig.verify"
 _SPLIT = "@@gpurig-verify@@"
-_DRIVER = re.compile(r"Kernel Module(?: for [\w.]+)?\s+(\d+\.\d+(?:\.\d+)?)")
 _UUID = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9A-Za-z-]+)\)", re.MULTILINE)  # GPUs only: MIG lines would shift the indexes
 
 
@@ -77,8 +79,8 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
         t0 = time.monotonic()
         container = container_records(conn, plan, facts, toolkit)
         seconds["container"] = time.monotonic() - t0
-        host_uuids = facts.get("host_uuids", [])
-        assigned = assigned_gpus(host_uuids, facts.get("inspect")) if plan.container else None
+        host_uuids = list(facts.host_uuids)
+        assigned = assigned_gpus(host_uuids, facts.container) if plan.container else None
         records += toolkit + [uuid_record(host_uuids, container, assigned)] + container
     return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
 
@@ -125,101 +127,119 @@ def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, ex
                    f"{last_line(result.stderr, result.stdout)}", fix="run checks/verify_host.py --text on the host to see why")]
 
 
-def docker_facts(conn: Connection, plan: VerifyPlan) -> dict[str, Any]:
-    """The host's GPUs (nvidia-smi -L), Docker's runtimes, the NVIDIA hook, and the target's inspect JSON, in one round trip."""
-    if plan.container:
-        inspect = "docker inspect --type container -- " + shlex.quote(plan.container)
-    else:
-        inspect = "docker image inspect -- " + shlex.quote(plan.image or "")
+@dataclass(frozen=True)
+class DockerFacts:
+    """What the toolkit records and the container probe need to know of the host's GPUs and Docker."""
+
+    host_uuids: tuple[str, ...] = ()  # nvidia-smi -L, GPUs only
+    hook: bool = False  # NVIDIA's runtime hook is installed (docker run --gpus works through it)
+    driver: str | None = None  # the loaded kernel module's version
+    runtimes: tuple[str, ...] = ()  # the engine's
+    docker_error: str | None = None  # why the engine could not be used; None when it answered
+    container: ContainerInfo | None = None  # the deployed container verified, when found
+    image: ImageInfo | None = None  # the image verified, when found
+    inspect_error: str = ""  # why neither was found
+
+    @property
+    def found(self) -> bool:
+        return self.container is not None or self.image is not None
+
+    @property
+    def labels(self) -> dict:
+        target = self.container or self.image
+        return dict(target.labels) if target is not None else {}
+
+    @property
+    def gpu_flag(self) -> bool:
+        """Whether a throwaway run can and should ask for GPUs: the host has some and Docker can hand them over."""
+        return bool(self.host_uuids) and (has_nvidia_runtime(self.runtimes) or self.hook)
+
+
+def docker_facts(conn: Connection, plan: VerifyPlan) -> DockerFacts:
+    """The host's GPUs, NVIDIA hook and driver (one shell round trip), then Docker's runtimes and the target from its engine."""
     script = "; ".join([
         "nvidia-smi -L 2>/dev/null", f"echo {_SPLIT}",
-        "docker info --format '{{json .Runtimes}}' 2>&1", f"echo {_SPLIT}",
         "command -v nvidia-container-runtime-hook nvidia-container-runtime 2>/dev/null", f"echo {_SPLIT}",
-        f"{inspect} 2>&1", f"echo {_SPLIT}",
         "cat /proc/driver/nvidia/version 2>/dev/null",
     ])
-    out = conn.admin(["sh", "-c", script], warn=True, timeout=60).stdout
-    parts = (out.split(_SPLIT + "\n") + [""] * 5)[:5]
-    return parse_docker_facts(*parts)
-
-
-def parse_docker_facts(gpus: str, runtimes: str, hooks: str, inspect: str, proc_version: str = "") -> dict[str, Any]:
-    """Pure: the sections of ``docker_facts`` as data (tested from recorded output)."""
-    driver = _DRIVER.search(proc_version)
-    facts: dict[str, Any] = {"host_uuids": _UUID.findall(gpus), "hook": bool(hooks.strip()), "driver": driver and driver.group(1)}
+    host = parse_host_gpus(conn.admin(["sh", "-c", script], warn=True, timeout=60).stdout)
     try:
-        facts["runtimes"] = sorted(json.loads(runtimes))
-    except ValueError:
-        facts["docker_error"] = last_line(runtimes) or "docker did not answer"
-    try:
-        found = json.loads(inspect)
-        facts["inspect"] = found[0] if isinstance(found, list) and found else None
-    except ValueError:
-        facts["inspect"] = None
-    if facts["inspect"] is None:
-        facts["inspect_error"] = last_line(inspect) or "docker inspect gave nothing"
-    return facts
+        engine = open_engine(conn, timeout=60)
+    except EngineError as err:
+        return DockerFacts(*host, docker_error=err.problem)
+    with engine:
+        try:
+            runtimes = engine.info().runtimes
+        except EngineError as err:
+            return DockerFacts(*host, docker_error=err.problem)
+        try:
+            if plan.container:
+                container = engine.container(plan.container)
+                return DockerFacts(*host, runtimes, container=container, inspect_error="" if container else f"No such container: {plan.container}")
+            image = engine.image(plan.image or "")
+            return DockerFacts(*host, runtimes, image=image, inspect_error="" if image else f"No such image: {plan.image}")
+        except EngineError as err:
+            return DockerFacts(*host, runtimes, inspect_error=err.reason)
 
 
-def gpu_flag(facts: dict[str, Any]) -> bool:
-    """Whether a throwaway run can and should ask for GPUs: the host has some and Docker can hand them over."""
-    return bool(facts.get("host_uuids")) and ("nvidia" in facts.get("runtimes", ()) or facts.get("hook", False))
+def parse_host_gpus(output: str) -> tuple[tuple[str, ...], bool, str | None]:
+    """Pure: (GPU UUIDs, the hook installed, the driver version) from the shell probe's sections (tested from recorded output)."""
+    gpus, hooks, proc_version = (output.split(_SPLIT + "\n") + [""] * 3)[:3]
+    driver, _ = parse_nvidia_version(Section(0 if proc_version.strip() else 1, proc_version))
+    return tuple(_UUID.findall(gpus)), bool(hooks.strip()), driver
 
 
-def toolkit_records(facts: dict[str, Any], plan: VerifyPlan) -> list[Record]:
+def toolkit_records(facts: DockerFacts, plan: VerifyPlan) -> list[Record]:
     """Docker usable, the nvidia runtime present and (for a deployed container) actually used."""
-    if "docker_error" in facts:
-        return [Record("toolkit", "toolkit.docker", "fail", detail=f"Docker is not usable on the host: {facts['docker_error']}",
+    if facts.docker_error is not None:
+        return [Record("toolkit", "toolkit.docker", "fail", detail=f"Docker is not usable on the host: {facts.docker_error}",
                        fix="gpurig provision -l HOST (installs and starts Docker; the login user needs become or the docker group)")]
-    if not facts.get("host_uuids"):
+    if not facts.host_uuids:
         return [Record("toolkit", "toolkit.runtime", "skip", detail="no NVIDIA GPU visible on the host (nvidia-smi -L): no runtime to check")]
-    if not gpu_flag(facts):
-        return [Record("toolkit", "toolkit.runtime", "fail", ", ".join(facts.get("runtimes", [])) or "-", "nvidia",
+    if not facts.gpu_flag:
+        return [Record("toolkit", "toolkit.runtime", "fail", ", ".join(facts.runtimes) or "-", "nvidia",
                        detail="the nvidia runtime is missing: Docker cannot give containers the host's GPUs "
                               "(could not select device driver \"\" with capabilities: [[gpu]])",
                        fix="gpurig provision -l HOST (installs the NVIDIA Container Toolkit and configures Docker)")]
     if plan.image:
         return [Record("toolkit", "toolkit.runtime", "pass", "nvidia", "nvidia", detail="throwaway run started with --gpus all")]
-    inspect = facts.get("inspect") or {}
-    host_config = inspect.get("HostConfig") or {}
-    runtime = host_config.get("Runtime") or "runc"
-    requests = host_config.get("DeviceRequests") or []
-    gpu_request = any(["gpu"] in (r.get("Capabilities") or []) or r.get("Driver") == "nvidia" for r in requests)
-    if runtime == "nvidia" or gpu_request:
-        how = "the nvidia runtime" if runtime == "nvidia" else "a GPU device request (--gpus)"
-        return [Record("toolkit", "toolkit.runtime", "pass", runtime, "nvidia", detail=f"container {plan.container} started through {how}")]
-    if not inspect:
+    container = facts.container
+    if container is None:
         return [Record("toolkit", "toolkit.runtime", "skip", detail=f"container {plan.container} not found")]
+    runtime = container.runtime
+    if runtime == NVIDIA_RUNTIME or container.device_ids is not None:
+        how = "the nvidia runtime" if runtime == NVIDIA_RUNTIME else "a GPU device request (--gpus)"
+        return [Record("toolkit", "toolkit.runtime", "pass", runtime, "nvidia", detail=f"container {plan.container} started through {how}")]
     return [Record("toolkit", "toolkit.runtime", "fail", runtime, "nvidia",
                    detail=f"container {plan.container} was started without GPUs (runtime {runtime}, no --gpus)",
                    fix="add gpus: to its gpurig_containers entry (or docker run --gpus) and redeploy")]
 
 
-def container_command(plan: VerifyPlan, facts: dict[str, Any], name: str = "gpurig-verify") -> list[str]:
+def container_command(plan: VerifyPlan, facts: DockerFacts, name: str = "gpurig-verify") -> list[str]:
     """``docker exec`` into the deployed container, or ``docker run --rm --name NAME`` of the image, running the probe."""
-    labels = ((facts.get("inspect") or {}).get("Config") or {}).get("Labels") or {}
+    labels = facts.labels
     args = ["--json", "--level", plan.level]
     if labels.get("io.gpurig.cuda"):
         args += ["--expect-cuda", labels["io.gpurig.cuda"]]
     if plan.container:
         return ["docker", "exec", plan.container, *embedded(plan.torch_probe or "", "verify_torch.py", args)]
-    gpus = ["--gpus", "all"] if gpu_flag(facts) else []
+    gpus = ["--gpus", "all"] if facts.gpu_flag else []
     run = ["docker", "run", "--rm", "--name", name, "--pull", "never", "--label", f"{VERIFY_LABEL}=1", "--shm-size", IMAGE_SHM, *gpus,
            "--entrypoint", "python3", plan.image or ""]
     return [*run, *embedded(plan.torch_probe or "", "verify_torch.py", args)[1:]]
 
 
-def container_records(conn: Connection, plan: VerifyPlan, facts: dict[str, Any], toolkit: list[Record]) -> list[Record]:
+def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, toolkit: list[Record]) -> list[Record]:
     if plan.torch_probe is None:
         return [Record("container", "container.probe", "skip", detail="checks/verify_torch.py is not in this gpurig")]
     if any(r.id == "toolkit.docker" for r in toolkit):
         return [Record("container", "container.probe", "skip", detail="skipped: needs toolkit.docker")]
-    if facts.get("inspect") is None:
-        return [not_found(plan, facts.get("inspect_error", ""))]
-    state = (facts["inspect"].get("State") or {}) if plan.container else {}
-    if plan.container and not state.get("Running", False):
-        return [Record("container", "container.probe", "fail", state.get("Status"), "running",
-                       detail=f"container {plan.container} is not running ({state.get('Status')}, exit code {state.get('ExitCode')})",
+    if not facts.found:
+        return [not_found(plan, facts.inspect_error)]
+    container = facts.container
+    if plan.container and container is not None and not container.running:
+        return [Record("container", "container.probe", "fail", container.status, "running",
+                       detail=f"container {plan.container} is not running ({container.status}, exit code {container.exit_code})",
                        fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
     name = f"gpurig-verify-{secrets.token_hex(4)}"
     try:
@@ -243,10 +263,11 @@ def not_found(plan: VerifyPlan, error: str) -> Record:
                   fix="deploy it first (gpurig deploy), or give the tag of an image the host has")
 
 
-def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None = None) -> Record:
+def probe_failed(result: Result, plan: VerifyPlan, facts: DockerFacts | None = None) -> Record:
     """Why the container probe gave no records, from Docker's or the shell's own words."""
     text = last_line(result.stderr, result.stdout) or f"exit {result.exited}"
-    labels = (((facts or {}).get("inspect") or {}).get("Config") or {}).get("Labels") or {}
+    facts = facts or DockerFacts()
+    labels = facts.labels
     low = text.lower()
     if "could not select device driver" in low:
         return Record("container", "container.probe", "fail", detail=f"Docker could not start the container with GPUs: {text}",
@@ -255,7 +276,7 @@ def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None 
         return Record("container", "container.probe", "fail", detail=f"no python3 in {plan.target}: {text}",
                       fix="verify an image built by gpurig (its python3 is /opt/venv/bin/python3)")
     if "requirement error" in low or "unsatisfied condition" in low:
-        driver, needed, cuda = (facts or {}).get("driver") or "?", labels.get("io.gpurig.min-driver") or "?", labels.get("io.gpurig.cuda") or "?"
+        driver, needed, cuda = facts.driver or "?", labels.get("io.gpurig.min-driver") or "?", labels.get("io.gpurig.cuda") or "?"
         return Record("container", "container.probe", "fail", driver, f">= {needed}",
                       detail=f"host driver {driver} too old for the image's CUDA {cuda} (needs >= {needed}): the container toolkit refused it: {text}",
                       fix=f"upgrade the host driver to >= {needed} (gpurig provision), or use an image built for an older CUDA")
@@ -266,18 +287,13 @@ def probe_failed(result: Result, plan: VerifyPlan, facts: dict[str, Any] | None 
                   fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py")
 
 
-def assigned_gpus(host_uuids: list[str], inspect: dict[str, Any] | None) -> list[str] | None:
+def assigned_gpus(host_uuids: list[str], container: ContainerInfo | None) -> list[str] | None:
     """The UUIDs a container was given (--gpus / NVIDIA_VISIBLE_DEVICES), in the host's terms; None: all of them or unknown."""
-    if not inspect:
+    if container is None or container.device_ids == ("all",):
         return None
-    wanted: list[str] = []
-    for request in (inspect.get("HostConfig") or {}).get("DeviceRequests") or []:
-        if request.get("Count") == -1:
-            return None
-        wanted += [str(d) for d in request.get("DeviceIDs") or []]
+    wanted = list(container.device_ids or ())
     if not wanted:
-        env = dict(e.split("=", 1) for e in (inspect.get("Config") or {}).get("Env") or [] if "=" in e)
-        visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        visible = container.env.get("NVIDIA_VISIBLE_DEVICES", "")
         if visible in ("", "all", "void", "none"):
             return None
         wanted = [v.strip() for v in visible.split(",") if v.strip()]

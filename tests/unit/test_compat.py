@@ -121,3 +121,11 @@ def test_cuda_tags_match_pytorch_index_names():
     assert compat.cuda_tag("12.8") == "cu128"
     assert compat.cuda_tag("13.0") == "cu130"
     assert compat.cuda_tag("cpu") == "cpu"
+
+
+def test_one_driver_comparison_for_module_smi_and_package_versions():
+    from gpurig.image.compat import driver_at_least, driver_key
+
+    assert driver_key("570.133.20") == (570, 133, 20) and driver_key("1:535.247.01-1~deb12u1") == (535, 247, 1)
+    assert driver_at_least("580.65.06", "580.65.06") and driver_at_least("1:580.82.07-1", "580.65.06")
+    assert not driver_at_least("570.133.20", "580.65.06") and not driver_at_least("N/A", "525.60.13")

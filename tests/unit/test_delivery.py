@@ -141,3 +141,38 @@ def test_pump_copies_both_ways_until_both_ends_close_and_counts_each_way():
     assert (meter.up, meter.down, meter.total) == (len(request), len(blob), len(request) + len(blob))
     for s in (host_side, registry_side):
         s.close()
+
+
+class PullingEngine:
+    """An engine whose pulls break off ``lost`` times, then stream ``events`` (or are refused with ``refusal``)."""
+
+    name = "gpu-01"
+
+    def __init__(self, events, lost: int = 0, refusal: str | None = None) -> None:
+        self.events, self.lost, self.refusal, self.pulls = events, lost, refusal, 0
+
+    def pull(self, ref, on_event):
+        from gpurig.connect.engine import EngineError, EngineLost
+
+        self.pulls += 1
+        if self.pulls <= self.lost:
+            raise EngineLost("gpu-01: lost the Docker engine", "retry", "Connection broken: IncompleteRead")
+        if self.refusal:
+            raise EngineError(f"gpu-01: the Docker engine refused to pull {ref}: {self.refusal}", "see", self.refusal)
+        for event in self.events:
+            on_event(event)
+
+
+def test_a_pull_whose_stream_breaks_off_is_asked_again_and_a_refusal_is_not():
+    from gpurig.deploy.delivery import PULL_ATTEMPTS, _host_pull
+
+    events = [{"id": "aaaa", "status": "Pulling fs layer"}, {"id": "aaaa", "status": "Downloading", "progressDetail": {"current": 5, "total": 10}}]
+    engine = PullingEngine(events, lost=PULL_ATTEMPTS - 1)
+    assert _host_pull(engine, "127.0.0.1:5000/x:y", PullProgress(lambda done, total: None)) == 10
+    assert engine.pulls == PULL_ATTEMPTS
+    with pytest.raises(PullFailed, match=f"broke off {PULL_ATTEMPTS} times: Connection broken"):
+        _host_pull(PullingEngine(events, lost=PULL_ATTEMPTS), "x:y", PullProgress(lambda done, total: None))
+    refusing = PullingEngine(events, refusal="write /var/lib/docker/x: no space left on device")
+    with pytest.raises(PullFailed) as err:
+        _host_pull(refusing, "x:y", PullProgress(lambda done, total: None))
+    assert refusing.pulls == 1 and err.value.disk_full and err.value.message == "write /var/lib/docker/x: no space left on device"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpurig.connect.connection import Result
-from gpurig.connect.engine import diagnose, dial_command
+from gpurig.connect.engine import EngineError, diagnose, dial_command
 
 
 class Conn:
@@ -40,3 +40,90 @@ def test_sudo_only_for_a_non_root_login_that_asks_for_become():
     assert dial_command(Conn(0)) == "sudo -n -- docker system dial-stdio"
     assert dial_command(Conn(0, user="root")) == "docker system dial-stdio"
     assert dial_command(Conn(0, become=False)) == "docker system dial-stdio"
+
+
+# ---- the one error conversion: what a caller gets whatever docker-py, requests or the socket raised ----
+
+
+class Refusing:
+    """docker-py's client as far as the Engine uses it, failing as a refusing engine or a broken connection would."""
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+    def start(self, ref):
+        raise self.err
+
+    def logs(self, ref, **kw):
+        def chunks():
+            yield b"first line\n"
+            raise self.err
+        return chunks()
+
+    def inspect_container(self, ref):
+        raise self.err
+
+
+def refused(message: str):
+    import docker.errors
+    import requests
+
+    response = requests.Response()
+    response.status_code = 404 if "No such" in message else 409
+    return docker.errors.APIError("409 Client Error", response=response, explanation=message)
+
+
+def test_a_refusal_names_the_host_the_request_and_the_engines_words():
+    from gpurig.connect.engine import Engine, EngineError, EngineLost
+
+    engine = Engine("gpu-01", Refusing(refused("Conflict. The container name is already in use\n")))
+    with pytest.raises(EngineError) as err:
+        engine.start("alice")
+    assert not isinstance(err.value, EngineLost)
+    assert err.value.problem == "gpu-01: the Docker engine refused to start alice: Conflict. The container name is already in use"
+    assert err.value.reason == "Conflict. The container name is already in use" and "docker info" in err.value.fix
+
+
+def test_a_connection_that_breaks_mid_stream_is_lost_not_refused():
+    import requests
+
+    from gpurig.connect.engine import Engine, EngineLost
+
+    engine = Engine("gpu-01", Refusing(requests.exceptions.ConnectionError("Connection aborted")))
+    stream = engine.follow_logs("alice", follow=True)
+    assert next(stream) == b"first line\n"
+    with pytest.raises(EngineLost) as err:
+        next(stream)
+    assert "lost the Docker engine while trying to read the logs of alice: Connection aborted" in err.value.problem
+    assert "dockerd runs" in err.value.fix
+
+
+def test_no_such_container_is_none_not_an_error():
+    from gpurig.connect.engine import Engine
+
+    assert Engine("gpu-01", Refusing(refused("No such container: alice"))).container("alice") is None
+
+
+def test_the_engine_is_opened_through_the_connections_stream_not_by_asking_its_kind():
+    from gpurig.connect.engine import open_engine
+
+    class Streams(Conn):
+        def __init__(self):
+            super().__init__(0)
+            self.asked = []
+
+        def connect(self):
+            pass
+
+        def stream_opener(self, line):
+            self.asked.append(line)
+
+            def open_stream(timeout):
+                raise OSError("Socket is closed")
+            return open_stream
+
+    conn = Streams()
+    with pytest.raises(EngineError) as err:
+        open_engine(conn, timeout=5)
+    assert conn.asked == ["sudo -n -- docker system dial-stdio"]
+    assert "only through sudo with a password" in err.value.problem  # diagnosed by a plain command, as before

@@ -36,19 +36,20 @@ def test_containers_logs_and_images_through_the_stream(engine_conn, docker_engin
         assert engine.image("gpurig-no-such-image:never") is None
         image = engine.image(host_image)
         assert image is not None and host_image in image.tags
-        created = engine.api.create_container(host_image, ["sh", "-c", "echo 'out $(id)'; echo err >&2"], labels={label.split("=")[0]: label.split("=")[1]})
+        body = {"Image": host_image, "Cmd": ["sh", "-c", "echo 'out $(id)'; echo err >&2"], "Labels": {label.split("=")[0]: label.split("=")[1]}}
+        created = engine.create(body, f"gpurig-test-{label.rsplit('=', 1)[1]}")
         try:
-            engine.api.start(created["Id"])
-            assert engine.api.wait(created["Id"], timeout=60)["StatusCode"] == 0
-            logs = engine.api.logs(created["Id"], stdout=True, stderr=True)
-            assert b"out $(id)" in logs and b"err" in logs
+            engine.start(created)
+            assert engine.wait(created, timeout=60) == 0
+            logs = engine.logs(created)
+            assert "out $(id)" in logs and "err" in logs
             listed = engine.containers(label=label)
-            assert [c.id for c in listed] == [created["Id"]]
+            assert [c.id for c in listed] == [created]
             assert listed[0].status == "exited" and listed[0].exit_code == 0
             assert listed[0].image_id == image.id
         finally:
-            engine.api.remove_container(created["Id"], force=True)
-        assert engine.container(created["Id"]) is None
+            engine.remove(created)
+        assert engine.container(created) is None
 
 
 def test_a_login_without_become_or_docker_group_gets_the_fix(connector, make_host, sshd, docker_engine):
@@ -66,7 +67,7 @@ def test_a_pooled_stream_whose_engine_restarted_is_opened_again(engine_conn):
     """A channel whose dial-stdio ended (its process killed, as a dockerd restart does) is not reused."""
     with open_engine(engine_conn) as engine:
         engine.info()
-        pooled = engine.api._custom_adapter._pool
+        pooled = engine._api._custom_adapter._pool  # the stream adapter's own pool: white-box, as the bug was there
         conn = pooled.pool.queue[-1]
         conn.sock.close()  # what the host's end going away leaves: a closed channel in the pool
         assert engine.info().server_version  # no "Socket is closed" error: a new stream was opened

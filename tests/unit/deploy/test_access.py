@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpurig.connect.engine import ContainerInfo
+from gpurig.connect.engineinfo import ContainerInfo
 from gpurig.connect.target import SSHTarget
 from gpurig.deploy.access import lines, ssh_config_block
 

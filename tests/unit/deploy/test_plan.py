@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connect.engine import ContainerInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy.apply import ContainerRun, Target, container_doc
 from gpurig.deploy.compare import plan
 from gpurig.deploy.containers import load_containers

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connect.engine import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.deploy.preflight import Planned, check_disk, check_driver, check_ports, check_runtime, parse_listening
 from gpurig.facts import parse_facts
 

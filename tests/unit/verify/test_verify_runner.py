@@ -9,15 +9,20 @@ import pytest
 
 from gpurig.cli.verify import host_rows, make_plan, record_rows
 from gpurig.connect.connection import Result
+from gpurig.connect.engineinfo import container_info, image_info
 from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.errors import ConfigError
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
+    _SPLIT,
+    DockerFacts,
     VerifyPlan,
     container_command,
-    parse_docker_facts,
+    container_records,
+    docker_facts,
     parse_document,
+    parse_host_gpus,
     probe_failed,
     toolkit_records,
     uuid_record,
@@ -25,63 +30,110 @@ from gpurig.verify.runner import (
 
 SMI_L = ("GPU 0: NVIDIA H200 (UUID: GPU-2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11)\n"
          "GPU 1: NVIDIA H200 (UUID: GPU-7a0f8e52-93d1-4c43-8b0e-55d1a2b3c4d5)\n")
-RUNTIMES_NVIDIA = '{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}\n'
-RUNTIMES_PLAIN = '{"io.containerd.runc.v2":{"path":"runc"},"runc":{"path":"runc"}}\n'
+RUNTIMES_NVIDIA = ("io.containerd.runc.v2", "nvidia", "runc")  # what the engine's info lists
+RUNTIMES_PLAIN = ("io.containerd.runc.v2", "runc")
 
 
-def inspect_json(runtime="runc", gpus=False, running=True, cuda="13.0") -> str:
+def inspect(runtime="runc", gpus=False, running=True, cuda="13.0") -> dict:
+    """A container as the engine's inspect answers (the fields verify reads)."""
     requests = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}] if gpus else None
-    return json.dumps([{
+    return {
+        "Id": "c" * 64, "Name": "/alice",
         "State": {"Status": "running" if running else "exited", "Running": running, "ExitCode": 0 if running else 137},
         "HostConfig": {"Runtime": runtime, "DeviceRequests": requests, "ShmSize": 67108864},
         "Config": {"Labels": {"io.gpurig.cuda": cuda, "io.gpurig.min-driver": "580.65.06"}},
-    }])
+    }
+
+
+def host_facts(smi=SMI_L, runtimes=RUNTIMES_NVIDIA, hooks="", proc="", container=None, image_cuda=None) -> DockerFacts:
+    """The facts as docker_facts gathers them: the shell probe's recorded output, then the engine's answers."""
+    uuids, hook, driver = parse_host_gpus(f"{smi}{_SPLIT}\n{hooks}{_SPLIT}\n{proc}")
+    image = None
+    if image_cuda:
+        image = image_info({"Id": "sha256:" + "1" * 64, "Config": {"Labels": {"io.gpurig.cuda": image_cuda, "io.gpurig.min-driver": "580.65.06"}}})
+    return DockerFacts(uuids, hook, driver, runtimes, container=container_info(container) if container else None, image=image)
 
 
 def test_nvidia_runtime_missing_on_a_gpu_host():
-    facts = parse_docker_facts(SMI_L, RUNTIMES_PLAIN, "", inspect_json())
+    facts = host_facts(runtimes=RUNTIMES_PLAIN, image_cuda="13.0")
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
     assert r.status == "fail" and "nvidia runtime is missing" in r.detail and "gpurig provision" in r.fix
+    assert r.measured == "io.containerd.runc.v2, runc"
     assert "--gpus" not in container_command(VerifyPlan(image="img", torch_probe="pass"), facts)
 
 
 def test_deployed_container_without_gpus():
-    facts = parse_docker_facts(SMI_L, RUNTIMES_NVIDIA, "/usr/bin/nvidia-container-runtime-hook\n", inspect_json())
+    facts = host_facts(hooks="/usr/bin/nvidia-container-runtime-hook\n", container=inspect())
     [r] = toolkit_records(facts, VerifyPlan(container="alice"))
     assert r.status == "fail" and "started without GPUs" in r.detail and "gpurig_containers" in r.fix
 
 
 def test_deployed_container_with_gpus_and_its_label_passed_on():
-    facts = parse_docker_facts(SMI_L, RUNTIMES_NVIDIA, "", inspect_json(gpus=True))
+    facts = host_facts(container=inspect(gpus=True))
     [r] = toolkit_records(facts, VerifyPlan(container="alice"))
     assert r.status == "pass" and "--gpus" in r.detail
     argv = container_command(VerifyPlan(container="alice", torch_probe="print(1)"), facts)
     assert argv[:3] == ["docker", "exec", "alice"] and argv[-2:] == ["--expect-cuda", "13.0"]
 
 
+def test_a_deployed_container_that_is_not_running_is_said_so():
+    [r] = container_records(
+        None, VerifyPlan(container="alice", torch_probe="x"), host_facts(container=inspect(gpus=True, running=False)), [])
+    assert (r.status, r.measured) == ("fail", "exited") and "not running (exited, exit code 137)" in r.detail
+
+
 def test_image_run_asks_for_gpus_only_where_the_host_can():
     plan = VerifyPlan(image="pytorch:slim-cu130", torch_probe="print(1)", level="full")
-    with_gpus = container_command(plan, parse_docker_facts(SMI_L, RUNTIMES_NVIDIA, "", inspect_json()))
+    with_gpus = container_command(plan, host_facts(image_cuda="13.0"))
     assert with_gpus[:2] == ["docker", "run"] and "--gpus" in with_gpus and "--rm" in with_gpus
     assert with_gpus[with_gpus.index("--shm-size") + 1] == "16g" and with_gpus[with_gpus.index("--pull") + 1] == "never"
-    cpu_host = container_command(plan, parse_docker_facts("", RUNTIMES_PLAIN, "", inspect_json(cuda="cpu")))
+    hook_only = container_command(plan, host_facts(runtimes=RUNTIMES_PLAIN, hooks="/usr/bin/nvidia-container-runtime-hook\n", image_cuda="13.0"))
+    assert "--gpus" in hook_only  # docker run --gpus works through NVIDIA's hook without the nvidia runtime
+    cpu_host = container_command(plan, host_facts(smi="", runtimes=RUNTIMES_PLAIN, image_cuda="cpu"))
     assert "--gpus" not in cpu_host and cpu_host[-4:] == ["--level", "full", "--expect-cuda", "cpu"]
 
 
 def test_cpu_host_skips_the_toolkit_with_its_reason():
-    facts = parse_docker_facts("", RUNTIMES_PLAIN, "", inspect_json())
+    facts = host_facts(smi="", runtimes=RUNTIMES_PLAIN, image_cuda="13.0")
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
     assert r.status == "skip" and "no NVIDIA GPU visible on the host" in r.detail
 
 
+class NoDockerAccess:
+    """A login that may not use the Docker socket: the engine's stream fails, and plain docker says why."""
+
+    name, user, become, needs_sudo = "gpu-01", "admin", False, False
+
+    def __init__(self):
+        self.commands = []
+
+    def connect(self):
+        pass
+
+    def stream_opener(self, line):
+        def open_stream(timeout):
+            raise OSError("Socket is closed")
+        return open_stream
+
+    def admin(self, command, **kw):
+        self.commands.append(command)
+        if "docker version" in str(command):
+            return Result("gpu-01", "docker version", 1, "", "permission denied while trying to connect to the Docker daemon socket\n")
+        return Result("gpu-01", "sh", 0, f"{SMI_L}{_SPLIT}\n{_SPLIT}\n", "")
+
+
 def test_docker_not_usable():
-    facts = parse_docker_facts("", "permission denied while trying to connect to the Docker daemon socket\n", "", "")
+    facts = docker_facts(NoDockerAccess(), VerifyPlan(image="img"))
+    assert len(facts.host_uuids) == 2  # the host's own GPUs are still known
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
-    assert r.id == "toolkit.docker" and r.status == "fail" and "permission denied" in r.detail
+    assert r.id == "toolkit.docker" and r.status == "fail"
+    assert r.detail == "Docker is not usable on the host: gpu-01: admin may not use the Docker socket" and "gpurig provision" in r.fix
+    [skipped] = container_records(None, VerifyPlan(image="img", torch_probe="x"), facts, [r])
+    assert skipped.status == "skip" and "needs toolkit.docker" in skipped.detail
 
 
 def test_uuids_same_subset_and_foreign():
-    host = parse_docker_facts(SMI_L, "{}", "", "[]")["host_uuids"]
+    host = list(host_facts().host_uuids)
     assert len(host) == 2
     seen = lambda uuids: [Record("container", "cuda.devices", "pass", uuids)]  # noqa: E731
     assert uuid_record(host, seen(host[:1])).status == "pass"
@@ -186,8 +238,8 @@ PROC_VERSION = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Fri
 
 
 def test_toolkit_refusing_an_image_for_a_newer_cuda_names_both_versions():
-    facts = parse_docker_facts(SMI_L, RUNTIMES_NVIDIA, "", inspect_json(cuda="13.0"), PROC_VERSION)
-    assert facts["driver"] == "570.133.20"
+    facts = host_facts(proc=PROC_VERSION, image_cuda="13.0")
+    assert facts.driver == "570.133.20"
     stderr = ("docker: Error response from daemon: failed to create task for container: failed to create shim task: "
               "OCI runtime create failed: runc create failed: unable to start container process: error during container init: "
               "error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n"
@@ -220,14 +272,17 @@ def test_json_report_validates_against_its_schema():
 def test_a_container_must_see_exactly_the_gpus_it_was_assigned():
     from gpurig.verify.runner import assigned_gpus
 
-    host = parse_docker_facts(SMI_L, "{}", "", "[]")["host_uuids"]
-    one = json.loads(inspect_json(gpus=True))[0]
+    host = list(host_facts().host_uuids)
+    one = inspect(gpus=True)
     one["HostConfig"]["DeviceRequests"][0].update(Count=0, DeviceIDs=["1"])
-    assert assigned_gpus(host, one) == [host[1]]
-    assert assigned_gpus(host, json.loads(inspect_json(gpus=True))[0]) is None  # --gpus all
-    by_env = json.loads(inspect_json(runtime="nvidia"))[0]
+    assert assigned_gpus(host, container_info(one)) == [host[1]]
+    assert assigned_gpus(host, container_info(inspect(gpus=True))) is None  # --gpus all
+    first = inspect(gpus=True)
+    first["HostConfig"]["DeviceRequests"][0].update(Count=1)
+    assert assigned_gpus(host, container_info(first)) == [host[0]]  # --gpus 1: dockerd hands over GPU 0
+    by_env = inspect(runtime="nvidia")
     by_env["Config"]["Env"] = [f"NVIDIA_VISIBLE_DEVICES={host[0]}", "PATH=/usr/bin"]
-    assert assigned_gpus(host, by_env) == [host[0]]
+    assert assigned_gpus(host, container_info(by_env)) == [host[0]]
     seen = lambda uuids: [Record("container", "cuda.devices", "pass", uuids)]  # noqa: E731
     assert uuid_record(host, seen([host[1]]), [host[1]]).status == "pass"
     wrong = uuid_record(host, seen([host[0]]), [host[1]])
@@ -235,12 +290,12 @@ def test_a_container_must_see_exactly_the_gpus_it_was_assigned():
 
 
 def test_mig_lines_of_nvidia_smi_do_not_shift_the_gpu_indexes():
-    from gpurig.verify.runner import _UUID, assigned_gpus
+    from gpurig.verify.runner import assigned_gpus
 
     listing = ("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)\n"
                "  MIG 3g.40gb     Device  0: (UUID: MIG-bbbb)\n"
                "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc)\n")
-    uuids = _UUID.findall(listing)
+    uuids = list(parse_host_gpus(listing)[0])
     assert uuids == ["GPU-aaaa", "GPU-cccc"]
-    inspect = {"HostConfig": {"DeviceRequests": [{"Count": 0, "DeviceIDs": ["1"], "Capabilities": [["gpu"]]}]}}
-    assert assigned_gpus(uuids, inspect) == ["GPU-cccc"]
+    found = container_info({"Id": "c" * 64, "HostConfig": {"DeviceRequests": [{"Count": 0, "DeviceIDs": ["1"], "Capabilities": [["gpu"]]}]}})
+    assert assigned_gpus(uuids, found) == ["GPU-cccc"]

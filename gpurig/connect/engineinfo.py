@@ -1,0 +1,149 @@
+"""What a Docker engine reports, typed: its info, an image, a container; and the rules read from them.
+
+Pure: built from the engine API's JSON (``container_info``), tested from
+recorded answers. The rules every caller shares live here, once: whether an
+engine has NVIDIA's runtime (``has_nvidia_runtime``) and which GPUs a
+container's DeviceRequests give it (``gpu_device_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+NVIDIA_RUNTIME = "nvidia"
+
+
+def has_nvidia_runtime(runtimes: Iterable[str]) -> bool:
+    """The one rule for "Docker knows NVIDIA's runtime": its name among the runtimes (engine info or daemon.json)."""
+    return NVIDIA_RUNTIME in runtimes
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    server_version: str
+    api_version: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+    root_dir: str
+    cpus: int
+    memory: int
+
+    @property
+    def nvidia_runtime(self) -> bool:
+        return has_nvidia_runtime(self.runtimes)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...]
+    labels: dict
+    size: int
+    digests: tuple[str, ...] = ()  # repository@sha256:... of the registries it was pushed to or pulled from
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    image: str  # the image reference it was created from
+    image_id: str
+    status: str  # created | running | exited | ...
+    health: str | None  # healthy | unhealthy | starting | None (no healthcheck)
+    exit_code: int
+    started_at: datetime | None
+    labels: dict
+    ports: tuple[tuple[str, int, int, str], ...]  # (host ip, host port, container port, proto)
+    device_ids: tuple[str, ...] | None  # None: no GPUs asked; ("all",) for every GPU
+    runtime: str
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The container's environment (its image's and its own), as it was created."""
+        return dict(e.split("=", 1) for e in (self.raw.get("Config") or {}).get("Env") or [] if "=" in e)
+
+
+def image_info(data: dict) -> ImageInfo:
+    return ImageInfo(
+        id=data["Id"],
+        tags=tuple(data.get("RepoTags") or ()),
+        labels=dict((data.get("Config") or {}).get("Labels") or {}),
+        size=int(data.get("Size") or 0),
+        digests=tuple(data.get("RepoDigests") or ()),
+    )
+
+
+def engine_info(info: dict, version: dict) -> EngineInfo:
+    return EngineInfo(
+        server_version=str(version.get("Version", "")),
+        api_version=str(version.get("ApiVersion", "")),
+        runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
+        default_runtime=str(info.get("DefaultRuntime") or "runc"),
+        root_dir=str(info.get("DockerRootDir") or "/var/lib/docker"),
+        cpus=int(info.get("NCPU") or 0),
+        memory=int(info.get("MemTotal") or 0),
+    )
+
+
+def gpu_device_ids(host_config: dict) -> tuple[str, ...] | None:
+    """The GPUs a container's DeviceRequests (``--gpus``) give it: None when it asks for none, ("all",) for every GPU.
+
+    A count without ids is the first ``count`` GPUs, as dockerd hands them to the toolkit ("0", "1", ...).
+    """
+    devices: tuple[str, ...] | None = None
+    for req in host_config.get("DeviceRequests") or ():
+        if ["gpu"] in (req.get("Capabilities") or []) or req.get("Driver") == "nvidia":
+            ids = tuple(str(i) for i in req.get("DeviceIDs") or ())
+            devices = ids if ids else ("all",) if req.get("Count") == -1 else tuple(str(i) for i in range(int(req.get("Count") or 0)))
+    return devices
+
+
+def container_info(data: dict) -> ContainerInfo:
+    state = data.get("State") or {}
+    host_config = data.get("HostConfig") or {}
+    config = data.get("Config") or {}
+    ports = []
+    for key, bindings in sorted(((data.get("NetworkSettings") or {}).get("Ports") or {}).items()):
+        port, _, proto = key.partition("/")
+        for b in bindings or ():
+            if b.get("HostPort"):
+                ports.append((b.get("HostIp") or "", int(b["HostPort"]), int(port), proto or "tcp"))
+    if not ports:  # not running: the asked bindings
+        for key, bindings in sorted((host_config.get("PortBindings") or {}).items()):
+            port, _, proto = key.partition("/")
+            for b in bindings or ():
+                if b.get("HostPort"):
+                    ports.append((b.get("HostIp") or "", int(b["HostPort"]), int(port), proto or "tcp"))
+    health = (state.get("Health") or {}).get("Status")
+    return ContainerInfo(
+        id=data["Id"],
+        name=str(data.get("Name") or "").lstrip("/"),
+        image=str(config.get("Image") or ""),
+        image_id=str(data.get("Image") or ""),
+        status=str(state.get("Status") or ""),
+        health=health,
+        exit_code=int(state.get("ExitCode") or 0),
+        started_at=_time(state.get("StartedAt")) if state.get("Running") else None,
+        labels=dict(config.get("Labels") or {}),
+        ports=tuple(ports),
+        device_ids=gpu_device_ids(host_config),
+        runtime=str(host_config.get("Runtime") or "runc"),
+        raw=data,
+    )
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text or text.startswith("0001-"):
+        return None
+    main, _, frac = text.rstrip("Z").partition(".")
+    try:
+        return datetime.fromisoformat(main).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None

@@ -1,0 +1,85 @@
+"""docker-py's HTTP client over a byte stream a Connection opens: one stream per HTTP connection.
+
+On a remote host the stream is an SSH channel of gpurig's own transport
+running ``docker system dial-stdio`` (the engine's unix socket on
+stdin/stdout, as the docker CLI's own ``ssh://`` mode does). The transport is
+the one gpurig opened and checked the host key of, so nothing here trusts an
+unknown key (docker-py's own ``ssh://`` mode would). Only
+``gpurig.connect.engine`` uses this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import docker
+import urllib3.connection
+from docker.transport.basehttpadapter import BaseHTTPAdapter
+from docker.transport.sshconn import SSHConnectionPool
+
+API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
+
+StreamOpener = Callable[[float | None], Any]  # (timeout) -> a socket-like stream (an SSH channel)
+
+
+class _StreamConnection(urllib3.connection.HTTPConnection):
+    """One HTTP connection = one stream (an SSH channel running ``docker system dial-stdio``)."""
+
+    def __init__(self, open_stream: StreamOpener, timeout) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._open_stream = open_stream
+
+    def connect(self) -> None:
+        self.sock = self._open_stream(self.timeout)
+
+
+class _StreamPool(SSHConnectionPool):
+    def __init__(self, open_stream: StreamOpener, timeout, maxsize) -> None:
+        super().__init__(ssh_client=None, timeout=timeout, maxsize=maxsize, host="gpurig")
+        self._open_stream = open_stream
+
+    def _new_conn(self):
+        return _StreamConnection(self._open_stream, self.timeout)
+
+    def _get_conn(self, timeout):
+        # docker-py's pool skips urllib3's dropped-connection check: a pooled channel whose dial-stdio
+        # ended (dockerd restarted) would fail the next request once. Closed, it is opened again.
+        conn = super()._get_conn(timeout)
+        chan = getattr(conn, "sock", None)
+        if chan is not None and (chan.closed or chan.eof_received):
+            conn.close()
+        return conn
+
+
+class _StreamAdapter(BaseHTTPAdapter):
+    def __init__(self, open_stream: StreamOpener, timeout: float, max_pool_size: int = 8) -> None:
+        self._pool = _StreamPool(open_stream, timeout, max_pool_size)
+        super().__init__()
+
+    def get_connection(self, url, proxies=None):
+        return self._pool
+
+    def close(self) -> None:
+        super().close()
+        self._pool.close()
+
+
+class StreamAPIClient(docker.APIClient):
+    """docker-py's APIClient with every request sent through ``open_stream`` (a callable giving a stream)."""
+
+    def __init__(self, open_stream: StreamOpener, timeout: float) -> None:
+        # An explicit version skips docker-py's detection request, which would go out before the adapter is mounted.
+        super().__init__(base_url="tcp://gpurig.invalid:2375", version=API_VERSION, timeout=timeout)
+        self._custom_adapter = _StreamAdapter(open_stream, timeout)
+        self.mount("http+docker://ssh", self._custom_adapter)
+        self._unmount("http://", "https://")
+        # "ssh" in the URL makes docker-py read attach/log streams from the stream (its SSH code path).
+        self.base_url = "http+docker://ssh"
+
+
+def api_client(open_stream: StreamOpener | None, base_url: str, timeout: float) -> docker.APIClient:
+    """A client over ``open_stream`` when there is one, else over ``base_url`` (this machine's unix socket or DOCKER_HOST)."""
+    if open_stream is None:
+        return docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
+    return StreamAPIClient(open_stream, timeout)
