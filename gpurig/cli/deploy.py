@@ -58,6 +58,9 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
 
+        if local is None:  # the image is not on the host and this machine has no engine to send it from
+            raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
+                              "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
         return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say,
                        progress=lambda done, total: say(f"{t.image_ref}: {human(done)} of {human(total)}"))
 
@@ -204,7 +207,8 @@ def uptime(ci) -> str:
     return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-@host_task(help={"name": "the container (as in gpurig status)", "follow": "keep printing new lines until Ctrl-C", "tail": "how many lines from the end (default 100; 0 = all)"},
+@host_task(help={"name": "the container (as in gpurig status)", "follow": "keep printing new lines until Ctrl-C",
+                 "tail": "how many lines from the end (default 100; 0 = all)"},
            positional=["name"])
 def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected."""

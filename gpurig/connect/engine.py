@@ -40,8 +40,8 @@ class EngineError(HostError):
     ``reason`` is the engine's own words (or the broken connection's), without the host and the request.
     """
 
-    def __init__(self, problem: str, fix: str = "", reason: str = "") -> None:
-        super().__init__(problem, fix)
+    def __init__(self, problem: str, fix: str = "", reason: str = "", host: str = "") -> None:
+        super().__init__(problem, fix, host)
         self.reason = reason or problem
 
 
@@ -103,7 +103,7 @@ class Engine:
         try:
             return str(data["Descriptor"]["digest"])
         except (KeyError, TypeError):
-            raise EngineError(f"{self.name}: the registry's answer for {ref} names no digest", "check the registry", "no digest in its answer") from None
+            raise EngineError(f"the registry's answer for {ref} names no digest", "check the registry", "no digest in its answer", host=self.name) from None
 
     # --- containers ------------------------------------------------------------------------------
 
@@ -176,7 +176,7 @@ class Engine:
         for event in self._stream(what, self._call(what, self._api.push, name, tag=tag, stream=True, decode=True)):
             if isinstance(event, dict) and "error" in event:
                 reason = last_line(str(event["error"]))
-                raise EngineError(f"{self.name}: the Docker engine refused to {what}: {reason}", "see the engine's message", reason)
+                raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
 
     def pull(self, ref: str, on_event: Callable[[dict], None]) -> None:
         """The engine pulls ``ref`` (name:tag); each JSON event it streams goes to ``on_event`` (which may raise to stop).
@@ -243,12 +243,12 @@ class Engine:
             if isinstance(reason, bytes):
                 reason = reason.decode(errors="replace")
             reason = last_line(str(reason))
-            return EngineError(f"{self.name}: the Docker engine refused to {what}: {reason}",
-                               "see the engine's message; `docker info` on the host", reason)
+            return EngineError(f"the Docker engine refused to {what}: {reason}",
+                               "see the engine's message; `docker info` on the host", reason, host=self.name)
         reason = last_line(str(err)) or type(err).__name__
         kind = EngineLost if isinstance(err, _LOST) else EngineError
-        return kind(f"{self.name}: lost the Docker engine while trying to {what}: {reason}",
-                    "check that dockerd runs on the host (`invoke facts`) and retry", reason)
+        return kind(f"lost the Docker engine while trying to {what}: {reason}",
+                    "check that dockerd runs on the host (`invoke facts`) and retry", reason, host=self.name)
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -279,29 +279,25 @@ def diagnose(conn: Connection, err: BaseException) -> EngineError:
     try:
         result = conn.admin("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
     except HostError as host_err:
-        return EngineError(str(host_err.problem), host_err.fix)
+        return EngineError(str(host_err.problem), host_err.fix, host=host_err.host or conn.name)
     text = (result.stderr + result.stdout).strip()
     if result.exited == 0 and conn.needs_sudo:
         # docker answers through sudo with the password gpurig was given, but the API stream's sudo -n cannot ask for one
         return EngineError(
-            f"{conn.name}: the Docker engine answers only through sudo with a password, which its API stream cannot give",
-            f"allow NOPASSWD sudo for {conn.user or 'the login user'} (at least for `docker system dial-stdio`), or add it to the docker group",
-        )
+            "the Docker engine answers only through sudo with a password, which its API stream cannot give",
+            f"allow NOPASSWD sudo for {conn.user or 'the login user'} (at least for `docker system dial-stdio`), or add it to the docker group", host=conn.name)
     if result.exited == 127 or "not found" in text:
-        return EngineError(f"{conn.name}: Docker is not installed", "run `invoke provision` on this host")
+        return EngineError("Docker is not installed", "run `invoke provision` on this host", host=conn.name)
     if permission_denied(text):
         return EngineError(
-            f"{conn.name}: {conn.user or 'the login user'} may not use the Docker socket",
-            "set ansible_become: true (passwordless sudo), or add the user to the docker group",
-        )
+            f"{conn.user or 'the login user'} may not use the Docker socket",
+            "set ansible_become: true (passwordless sudo), or add the user to the docker group", host=conn.name)
     if "a password is required" in text:
         return EngineError(
-            f"{conn.name}: sudo needs a password to reach the Docker engine",
-            "allow NOPASSWD sudo for the login user, or add it to the docker group",
-        )
+            "sudo needs a password to reach the Docker engine",
+            "allow NOPASSWD sudo for the login user, or add it to the docker group", host=conn.name)
     if "Cannot connect" in text or "Is the docker daemon running" in text:
-        return EngineError(f"{conn.name}: the Docker daemon is not running", "start it (`systemctl start docker`) or run `invoke provision`")
+        return EngineError("the Docker daemon is not running", "start it (`systemctl start docker`) or run `invoke provision`", host=conn.name)
     return EngineError(
-        f"{conn.name}: the Docker engine did not answer over SSH: {last_line(text) or last_line(str(err)) or type(err).__name__}",
-        "check `docker system dial-stdio` works on the host (Docker 18.09 or newer)",
-    )
+        f"the Docker engine did not answer over SSH: {last_line(text) or last_line(str(err)) or type(err).__name__}",
+        "check `docker system dial-stdio` works on the host (Docker 18.09 or newer)", host=conn.name)

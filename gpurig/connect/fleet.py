@@ -163,7 +163,7 @@ def run_fleet(
             try:
                 conn.connect()
             except ConnectError as err:
-                return HostResult(host.name, Status.UNREACHABLE, _problem(host, err), None, time.monotonic() - start, err.fix)
+                return HostResult(host.name, Status.UNREACHABLE, err.problem, None, time.monotonic() - start, err.fix)
             display.state(host.name, "running")
             value = work(conn)
             if isinstance(value, Outcome):
@@ -172,7 +172,7 @@ def run_fleet(
         except GpurigError as err:
             if stopping.is_set():
                 return HostResult(host.name, Status.FAILED, "interrupted", None, time.monotonic() - start)
-            return HostResult(host.name, Status.FAILED, _problem(host, err), None, time.monotonic() - start, err.fix)
+            return HostResult(host.name, Status.FAILED, err.problem, None, time.monotonic() - start, err.fix)
         except Exception as err:  # a bug in work() must cost one host, not the fleet
             log.exception("unexpected error on %s", host.name)
             reason = "interrupted" if stopping.is_set() else f"internal error: {type(err).__name__}: {err}"
@@ -227,15 +227,6 @@ class FleetInterrupted(KeyboardInterrupt):
     def __init__(self, report: FleetReport) -> None:
         super().__init__("interrupted")
         self.report = report
-
-
-def _problem(host: Host, err: GpurigError) -> str:
-    """The error's problem without the host name it starts with: reports already say which host.
-
-    An error that names its host in a ``host`` field needs nothing taken off;
-    the engine's errors still start with it (gpurig/connect/engine.py).
-    """
-    return err.problem if err.host else err.problem.removeprefix(f"{host.name}: ")
 
 
 def _data(value: Any) -> Any:

@@ -83,11 +83,10 @@ class KnownHosts:
                 raise self._changed(target, key, known)
             if self.policy == "strict":
                 raise HostKeyError(
-                    f"{target.name}: host key for {name} is not in {self.project} or {self.user} "
+                    f"host key for {name} is not in {self.project} or {self.user} "
                     f"(offered {key.get_name()} {fingerprint(key)}) and the policy is strict",
                     f"check the fingerprint with the host's owner, then run "
-                    f"'ssh-keyscan -p {target.port} {target.hostname} >> {self.project}' or use --host-key-policy accept-new",
-                )
+                    f"'ssh-keyscan -p {target.port} {target.hostname} >> {self.project}' or use --host-key-policy accept-new", host=target.name)
             if self.policy == "off":
                 return
             self._record(name, key)
@@ -105,11 +104,10 @@ class KnownHosts:
         files = sorted({str(p) for p, _ in known})
         removal = " and ".join(f"ssh-keygen -R {quote(target.known_hosts_name)} -f {quote(f)}" for f in files)
         return HostKeyError(
-            f"{target.name}: HOST KEY CHANGED for {target.known_hosts_name}: offered {key.get_name()} "
+            f"HOST KEY CHANGED for {target.known_hosts_name}: offered {key.get_name()} "
             f"{fingerprint(key)}, recorded {recorded}; someone may be intercepting the connection",
             f"if the host was legitimately reinstalled, confirm the new fingerprint with its owner, "
-            f"then run '{removal}' and connect again",
-        )
+            f"then run '{removal}' and connect again", host=target.name)
 
     def _record(self, name: str, key: paramiko.PKey) -> None:
         self.project.parent.mkdir(parents=True, exist_ok=True)

@@ -55,21 +55,19 @@ def authenticate(transport: paramiko.Transport, target: SSHTarget, *, allow_agen
             transport.auth_publickey(target.user, key)
         except paramiko.BadAuthenticationType as err:
             raise AuthError(
-                f"{target.name}: {target.hostname}:{target.port} does not accept public keys (allows {', '.join(err.allowed_types)})",
-                "enable PubkeyAuthentication on the host",
-            ) from None
+                f"{target.hostname}:{target.port} does not accept public keys (allows {', '.join(err.allowed_types)})",
+                "enable PubkeyAuthentication on the host", host=target.name) from None
         except paramiko.AuthenticationException:
             continue
         except (paramiko.SSHException, OSError, EOFError) as err:
-            raise UnreachableError(f"{target.name}: connection dropped during login: {err}", "check the host's sshd logs") from None
+            raise UnreachableError(f"connection dropped during login: {err}", "check the host's sshd logs", host=target.name) from None
         if transport.is_authenticated():
             return
     raise AuthError(
-        f"{target.name}: authentication failed for {target.user}@{target.hostname}:{target.port}: "
+        f"authentication failed for {target.user}@{target.hostname}:{target.port}: "
         + (f"server refused {', '.join(tried)}" if tried else "no key to offer"),
         f"add the public key to ~{target.user}/.ssh/authorized_keys on the host, "
-        "or set ansible_ssh_private_key_file / IdentityFile to the right key",
-    )
+        "or set ansible_ssh_private_key_file / IdentityFile to the right key", host=target.name)
 
 
 def _keys(target: SSHTarget, allow_agent: bool, look_for_keys: bool) -> Iterator[tuple[str, paramiko.PKey]]:
@@ -138,13 +136,12 @@ def open_transport(
             sock.close()
     else:
         raise UnreachableError(
-            f"{target.name}: cannot connect to {target.user}@{target.hostname}:{target.port}: {first}"
+            f"cannot connect to {target.user}@{target.hostname}:{target.port}: {first}"
             + (f" (after {s.connect_attempts} attempts)" if s.connect_attempts > 1 else ""),
-            "check the host is up, the address/port in the inventory, and any firewall or jump host",
-        )
+            "check the host is up, the address/port in the inventory, and any firewall or jump host", host=target.name)
     # Only a break on ``stop`` leaves no transport (or a closed one from the attempt before).
     if transport is None or (stop.is_set() and not transport.is_active()):
-        raise UnreachableError(f"{target.name}: interrupted while connecting", "")
+        raise UnreachableError("interrupted while connecting", "", host=target.name)
     try:
         known_hosts.check(target, transport.get_remote_server_key())
         authenticate(transport, target, allow_agent=s.allow_agent, look_for_keys=s.look_for_keys)

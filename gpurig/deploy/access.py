@@ -64,7 +64,8 @@ def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, logi
         token = read_token(engine, container.name) if show_token else None
         query = f"?token={token}" if token else ""
         if bind in LOOPBACK:
-            tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *(["-p", str(ssh_port)] if ssh_port != 22 else []), f"{host_login}@{address}" if host_login else address]
+            port_flag = ["-p", str(ssh_port)] if ssh_port != 22 else []
+            tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *port_flag, f"{host_login}@{address}" if host_login else address]
             if jumps:
                 tunnel[1:1] = ["-J", ",".join(f"{j.user}@{j.hostname}:{j.port}" for j in jumps)]
             out.append(f"Jupyter (bound to the host's loopback): first  {shlex.join(tunnel)}")

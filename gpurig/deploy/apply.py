@@ -165,10 +165,12 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
     for t in targets:
         other = engine.container(t.spec.name)
         if other is not None and NAME_LABEL not in other.labels:
-            refusals.append(Refusal(t.spec.name, f"a container named {t.spec.name} exists and was not made by gpurig", "remove or rename it, or give this one another name in gpurig_containers"))
+            refusals.append(Refusal(t.spec.name, f"a container named {t.spec.name} exists and was not made by gpurig",
+                                    "remove or rename it, or give this one another name in gpurig_containers"))
         for v in t.spec.volumes:
             if not v.create and not state.exists.get(v.source, True):
-                refusals.append(Refusal(t.spec.name, f"the volume source {v.source!r} does not exist on the host", "create it there (datasets are mounted read-only, never made), or fix the path"))
+                refusals.append(Refusal(t.spec.name, f"the volume source {v.source!r} does not exist on the host",
+                                        "create it there (datasets are mounted read-only, never made), or fix the path"))
         refusals += check_memlock(t.spec, state)
         if t.spec.cpus and info.cpus and t.spec.cpus > info.cpus:
             refusals.append(Refusal(t.spec.name, f"cpus: {t.spec.cpus:g} but the host has {info.cpus}", f"set cpus to at most {info.cpus}"))

@@ -191,14 +191,14 @@ def _pull_forwarded(remote: Engine, ref: str, parsed, image_id: str, forward: Re
         _host_pull(remote, temp, tracker)
         found = remote.image(temp)
         if found is None or found.id != image_id:
-            raise DeliveryError(f"{remote.name}: the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
-                                "deploy again; if it persists, remove the image on the host")
+            raise DeliveryError(f"the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
+                                "deploy again; if it persists, remove the image on the host", host=remote.name)
         _tag(remote, image_id, ref)
     except PullFailed as err:
         if err.disk_full:
             raise _disk_full(remote, err.message) from None
-        raise DeliveryError(f"{remote.name}: pulling through the SSH forward failed: {err.message}",
-                            "deploy again: only the layers still missing will move") from None
+        raise DeliveryError(f"pulling through the SSH forward failed: {err.message}",
+                            "deploy again: only the layers still missing will move", host=remote.name) from None
     finally:
         _untag(remote, temp)
     _forget_temporary_names(remote, parsed, staged)
@@ -277,17 +277,17 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
                 message = last_line(str(event["error"]))
                 if "no space left on device" in message:
                     raise _disk_full(remote, message)
-                raise DeliveryError(f"{remote.name}: docker load refused {ref}: {message}", "deploy again; see the host's dockerd log")
+                raise DeliveryError(f"docker load refused {ref}: {message}", "deploy again; see the host's dockerd log", host=remote.name)
     except DeliveryError:
         raise
     except EngineError as err:  # either engine: this machine's save or the host's load
         message = err.reason
         if "no space left on device" in message:
             raise _disk_full(remote, message) from None
-        raise DeliveryError(f"{remote.name}: docker save | docker load of {ref} failed: {message}", "deploy again") from None
+        raise DeliveryError(f"docker save | docker load of {ref} failed: {message}", "deploy again", host=remote.name) from None
     found = remote.image(ref)
     if found is None or found.id != image_id:
-        raise DeliveryError(f"{remote.name}: after docker load, {ref} is {found.id[:19] if found else 'missing'}, not {image_id[:19]}", "deploy again")
+        raise DeliveryError(f"after docker load, {ref} is {found.id[:19] if found else 'missing'}, not {image_id[:19]}", "deploy again", host=remote.name)
     progress(meter.down, meter.down)
     return meter.total
 
@@ -311,4 +311,4 @@ def _untag(engine: Engine, ref: str) -> None:
 
 
 def _disk_full(remote: Engine, message: str) -> DeliveryError:
-    return DeliveryError(f"{remote.name}: the host's disk is full ({message})", DISK_FULL_FIX)
+    return DeliveryError(f"the host's disk is full ({message})", DISK_FULL_FIX, host=remote.name)

@@ -38,7 +38,7 @@ def read_host(conn: Connection, sources: list[str]) -> HostState:
 
 
 def parse_host_state(output: str, sources: list[str]) -> HostState:
-    sections = {"tcp": [], "paths": [], "dockerd": []}
+    sections: dict[str, list[str]] = {"tcp": [], "paths": [], "dockerd": []}
     current = "tcp"
     for line in output.splitlines():
         if line.startswith(_MARK):
@@ -68,7 +68,8 @@ def check_memlock(spec, state: HostState) -> list[Refusal]:
     for u in spec.ulimits:
         if u.name == "memlock" and (u.hard == -1 or u.hard > state.memlock_hard):
             asked = "unlimited" if u.hard == -1 else f"{u.hard} bytes"
-            return [Refusal(spec.name, f"memlock {asked} is above dockerd's hard limit of {state.memlock_hard} bytes, which it may not raise (no CAP_SYS_RESOURCE)",
+            return [Refusal(spec.name, f"memlock {asked} is above dockerd's hard limit of {state.memlock_hard} bytes, "
+                                       "which it may not raise (no CAP_SYS_RESOURCE)",
                             f"set ulimits: {{memlock: {state.memlock_hard}}} in gpurig_containers, or give docker.service LimitMEMLOCK=infinity")]
     return []
 

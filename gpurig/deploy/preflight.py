@@ -51,12 +51,14 @@ def check_driver(p: Planned, facts: Facts, matrix_cudas: tuple[str, ...] = ()) -
         return [Refusal(p.name, f"GPUs asked for, but {p.image_ref} is a CPU image", "set gpus: none, or deploy an image built for CUDA")]
     have = facts.driver_version
     if have is None:
-        return [Refusal(p.name, f"no NVIDIA driver loaded on the host; {p.image_ref} (CUDA {cuda}) needs >= {need}", "install it: invoke provision (driver step)")]
+        return [Refusal(p.name, f"no NVIDIA driver loaded on the host; {p.image_ref} (CUDA {cuda}) needs >= {need}",
+                        "install it: invoke provision (driver step)")]
     if compat.driver_at_least(have, need):
         return []
     fits = [c for c in matrix_cudas if c != compat.CPU and compat.driver_supports(have, c)]
     other = f", or deploy the image built for CUDA {max(fits, key=compat.version_key)}" if fits else ""
-    return [Refusal(p.name, f"host driver {have} is older than {need}, which {p.image_ref} (CUDA {cuda}) needs", f"upgrade the driver to >= {need} (invoke provision){other}")]
+    return [Refusal(p.name, f"host driver {have} is older than {need}, which {p.image_ref} (CUDA {cuda}) needs",
+                    f"upgrade the driver to >= {need} (invoke provision){other}")]
 
 
 def check_runtime(planned: list[Planned], info: EngineInfo) -> list[Refusal]:
@@ -64,7 +66,8 @@ def check_runtime(planned: list[Planned], info: EngineInfo) -> list[Refusal]:
     if info.nvidia_runtime:
         return []
     return [
-        Refusal(p.name, "GPUs asked for, but the host's Docker has no nvidia runtime (NVIDIA Container Toolkit)", "invoke provision (container-toolkit and daemon steps)")
+        Refusal(p.name, "GPUs asked for, but the host's Docker has no nvidia runtime (NVIDIA Container Toolkit)",
+                "invoke provision (container-toolkit and daemon steps)")
         for p in planned if p.wants_gpus
     ]
 
@@ -79,7 +82,8 @@ def check_ports(planned: list[Planned], listening: set[tuple[str, int]], ours: l
         for bind, port in p.host_ports:
             clash = [(ip, pt) for ip, pt in taken if pt == port and _overlap(ip, bind)]
             if clash:
-                refusals.append(Refusal(p.name, f"host port {port} is in use on {clash[0][0]}", f"pick another port in gpurig_containers, or stop what listens there (`ss -ltnp 'sport = :{port}'`)"))
+                refusals.append(Refusal(p.name, f"host port {port} is in use on {clash[0][0]}",
+                                        f"pick another port in gpurig_containers, or stop what listens there (`ss -ltnp 'sport = :{port}'`)"))
     return refusals
 
 
@@ -90,7 +94,8 @@ def _overlap(a: str, b: str) -> bool:
 
 def check_disk(to_move: list[Planned], facts: Facts, root_dir: str) -> list[Refusal]:
     """Room in the engine's storage for the images that must move (their full size: a bound, not a guess)."""
-    need = sum(p.image.size for p in {p.image_ref: p for p in to_move if p.image}.values())
+    images = {p.image_ref: p.image for p in to_move if p.image}
+    need = sum(image.size for image in images.values())
     if not need:
         return []
     disk = _disk_for(facts, root_dir)

@@ -171,8 +171,7 @@ class LocalRegistry:
                 (self.cache_dir / "port").write_text(f"{port}\n")
                 return
             stop(proc, STOP_GRACE_S)
-            last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["it did not answer"]
-            last = last[0]
+            last = (log.read_text(errors="replace").strip().splitlines() or ["it did not answer"])[-1]
         raise RegistryError(f"the local registry did not start: {last}", f"see {self.cache_dir}; `{self.binary} serve CONFIG` by hand")
 
     def stop(self) -> None:

@@ -102,10 +102,10 @@ def watch(
         except _Stopped:
             return summary(stopped=True)
         if result.exited == 127:
-            raise HostError(f"{name}: python3 not found", "install python3 on the host (the sampler needs nothing else)")
+            raise HostError("python3 not found", "install python3 on the host (the sampler needs nothing else)", host=name)
         if result.exited != 0 or seen["end"] == ends_before:
             why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
-            raise HostError(f"{name}: the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why")
+            raise HostError(f"the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why", host=name)
         left -= part
         if duration and left < interval / 2:
             return summary()

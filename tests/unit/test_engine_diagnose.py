@@ -80,7 +80,8 @@ def test_a_refusal_names_the_host_the_request_and_the_engines_words():
     with pytest.raises(EngineError) as err:
         engine.start("alice")
     assert not isinstance(err.value, EngineLost)
-    assert err.value.problem == "gpu-01: the Docker engine refused to start alice: Conflict. The container name is already in use"
+    assert err.value.problem == "the Docker engine refused to start alice: Conflict. The container name is already in use"
+    assert err.value.host == "gpu-01" and str(err.value).startswith("gpu-01: the Docker engine refused")
     assert err.value.reason == "Conflict. The container name is already in use" and "docker info" in err.value.fix
 
 

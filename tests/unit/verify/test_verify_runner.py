@@ -127,7 +127,7 @@ def test_docker_not_usable():
     assert len(facts.host_uuids) == 2  # the host's own GPUs are still known
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
     assert r.id == "toolkit.docker" and r.status == "fail"
-    assert r.detail == "Docker is not usable on the host: gpu-01: admin may not use the Docker socket" and "gpurig provision" in r.fix
+    assert r.detail == "Docker is not usable on the host: admin may not use the Docker socket" and "gpurig provision" in r.fix
     [skipped] = container_records(None, VerifyPlan(image="img", torch_probe="x"), facts, [r])
     assert skipped.status == "skip" and "needs toolkit.docker" in skipped.detail
 
@@ -143,7 +143,8 @@ def test_uuids_same_subset_and_foreign():
 
 
 def test_container_probe_errors_in_dockers_words():
-    gpu = probe_failed(Result("h", "x", 125, "", 'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].\n'), VerifyPlan(image="i"))
+    said = 'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].\n'
+    gpu = probe_failed(Result("h", "x", 125, "", said), VerifyPlan(image="i"))
     assert "gpurig provision" in gpu.fix
     nopy = probe_failed(Result("h", "x", 127, "", 'OCI runtime exec failed: exec: "python3": executable file not found in $PATH\n'), VerifyPlan(container="c"))
     assert "no python3 in container c" in nopy.detail
