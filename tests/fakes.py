@@ -28,8 +28,10 @@ class ScriptedConnection(Connection):
     """
 
     def __init__(self, name: str = "gpu-01", answers: Iterable[Answer] | Script = ((0, "", ""),), *,
-                 user: str | None = "root", become: bool = False, sudo_password: str | None = None) -> None:
+                 user: str | None = "root", become: bool = False, sudo_password: str | None = None, remote: bool = True) -> None:
         super().__init__(name, user=user, become=become, sudo_password=lambda: sudo_password)
+        self.remote = remote
+        self.streams: list[str] = []  # the lines asked for as streams (the engine's dial-stdio)
         self._script: Script | None = answers if callable(answers) else None
         self._queue: list[Answer] = [] if callable(answers) else list(answers)
         self.lines: list[str] = []
@@ -45,6 +47,16 @@ class ScriptedConnection(Connection):
             raise answer
         exited, out, err = answer
         return Result(self.name, shown, exited, out, err, 0.0)
+
+    def stream_opener(self, line: str) -> Callable[[float | None], object] | None:
+        """A remote host's stream that is a closed socket (as dial-stdio is where the engine cannot be reached)."""
+        if not self.remote:
+            return None
+        self.streams.append(line)
+
+        def open_stream(timeout: float | None) -> object:
+            raise OSError("Socket is closed")
+        return open_stream
 
     def close(self) -> None:
         self.closed = True

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from fakes import ScriptedConnection
 
-from gpurig.connect.connection import Result
 from gpurig.connect.engine import EngineError, diagnose, dial_command
 
 
-class Conn:
-    name = "gpu-01"
-
-    def __init__(self, exited: int, out: str = "", err: str = "", become: bool = True, user: str = "admin"):
-        self.become, self.user = become, user
-        self._result = Result("gpu-01", "docker version", exited, out, err, 0.1)
-
-    @property
-    def needs_sudo(self):
-        return self.become and self.user != "root"
-
-    def sudo(self, command, **kw):
-        return self._result
-
-    run = admin = sudo
+def Conn(exited: int, out: str = "", err: str = "", become: bool = True, user: str = "admin") -> ScriptedConnection:
+    """A host whose every command (docker version, through sudo or not) answers as recorded."""
+    return ScriptedConnection("gpu-01", [(exited, out, err)], user=user, become=become)
 
 
 @pytest.mark.parametrize("conn, problem, fix", [
@@ -108,23 +96,8 @@ def test_no_such_container_is_none_not_an_error():
 def test_the_engine_is_opened_through_the_connections_stream_not_by_asking_its_kind():
     from gpurig.connect.engine import open_engine
 
-    class Streams(Conn):
-        def __init__(self):
-            super().__init__(0)
-            self.asked = []
-
-        def connect(self):
-            pass
-
-        def stream_opener(self, line):
-            self.asked.append(line)
-
-            def open_stream(timeout):
-                raise OSError("Socket is closed")
-            return open_stream
-
-    conn = Streams()
+    conn = Conn(0)
     with pytest.raises(EngineError) as err:
         open_engine(conn, timeout=5)
-    assert conn.asked == ["sudo -n -- docker system dial-stdio"]
+    assert conn.streams == ["sudo -n -- docker system dial-stdio"]
     assert "only through sudo with a password" in err.value.problem  # diagnosed by a plain command, as before

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import RecordedEngine
 
 from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy.apply import ContainerRun, Target, container_doc
@@ -35,17 +36,9 @@ def spec(entry):
     return specs[0]
 
 
-class Engine:
-    """What plan() asks of an engine: one container by name, one image by ref (recorded values)."""
-
-    def __init__(self, container=None):
-        self._container = container
-
-    def container(self, name):
-        return self._container
-
-    def image(self, ref):
-        return IMAGE
+def engine(container=None) -> RecordedEngine:
+    """What plan() asks of an engine: the container by its name, the image by its ref (recorded values)."""
+    return RecordedEngine([container] if container else [], {IMAGE.tags[0]: IMAGE, IMAGE.id: IMAGE})
 
 
 def on_host(s, host: dict) -> ContainerInfo:
@@ -62,7 +55,7 @@ def test_container_plan(case_file: Path):
     host = case["host"]
     current = None if host.get("container", "same") is None else on_host(spec(host["container"]) if "container" in host else wanted, host)
     target = Target(wanted, wanted.image, IMAGE)
-    p = plan(Engine(current), target, tuple(case["devices"]))
+    p = plan(engine(current), target, tuple(case["devices"]))
     assert p.status == case["status"]
     assert [c.summary for c in p.changes] == ([] if case["action"] == "none" else [case["action"]])
     settings = [list(d) for c in p.changes for d in c.settings]
@@ -72,7 +65,7 @@ def test_container_plan(case_file: Path):
         assert d in settings
     if "diff_text" in case:
         assert p.changes[0].diff.splitlines() == case["diff_text"]
-    run = ContainerRun(Engine(current), target, tuple(case["devices"]), None, {})
+    run = ContainerRun(engine(current), target, tuple(case["devices"]), None, {})
     shown = json.dumps(container_doc(run.result(p))) + "".join(c.diff for c in p.changes)
     for secret in case.get("never_shown", []):
         assert secret not in shown
@@ -80,6 +73,6 @@ def test_container_plan(case_file: Path):
 
 def test_a_change_runs_through_engine_calls_not_a_special_apply():
     wanted = spec({"variant": "jupyter", "gpus": 1})
-    run = ContainerRun(Engine(None), Target(wanted, wanted.image, IMAGE), ("1",), None, {})
-    p = plan(Engine(None), run.target, ("1",), run.commands)
+    run = ContainerRun(engine(), Target(wanted, wanted.image, IMAGE), ("1",), None, {})
+    p = plan(engine(), run.target, ("1",), run.commands)
     assert [str(c) for c in p.changes[0].commands] == [f"move {wanted.image} to the host", f"create {wanted.name}"]

@@ -6,6 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from fakes import ScriptedConnection
 
 from gpurig.cli.verify import host_rows, make_plan, record_rows
 from gpurig.connect.connection import Result
@@ -99,31 +100,17 @@ def test_cpu_host_skips_the_toolkit_with_its_reason():
     assert r.status == "skip" and "no NVIDIA GPU visible on the host" in r.detail
 
 
-class NoDockerAccess:
+def no_docker_access() -> ScriptedConnection:
     """A login that may not use the Docker socket: the engine's stream fails, and plain docker says why."""
-
-    name, user, become, needs_sudo = "gpu-01", "admin", False, False
-
-    def __init__(self):
-        self.commands = []
-
-    def connect(self):
-        pass
-
-    def stream_opener(self, line):
-        def open_stream(timeout):
-            raise OSError("Socket is closed")
-        return open_stream
-
-    def admin(self, command, **kw):
-        self.commands.append(command)
-        if "docker version" in str(command):
-            return Result("gpu-01", "docker version", 1, "", "permission denied while trying to connect to the Docker daemon socket\n")
-        return Result("gpu-01", "sh", 0, f"{SMI_L}{_SPLIT}\n{_SPLIT}\n", "")
+    def host(line: str):
+        if "docker version" in line:
+            return (1, "", "permission denied while trying to connect to the Docker daemon socket\n")
+        return (0, f"{SMI_L}{_SPLIT}\n{_SPLIT}\n", "")
+    return ScriptedConnection("gpu-01", host, user="admin")
 
 
 def test_docker_not_usable():
-    facts = docker_facts(NoDockerAccess(), VerifyPlan(image="img"))
+    facts = docker_facts(no_docker_access(), VerifyPlan(image="img"))
     assert len(facts.host_uuids) == 2  # the host's own GPUs are still known
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
     assert r.id == "toolkit.docker" and r.status == "fail"
