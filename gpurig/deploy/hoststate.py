@@ -10,18 +10,41 @@ from dataclasses import dataclass, field
 
 from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
+from gpurig.facts.probes import Probe, Section, facts_script, read, split_sections
 
 CAP_SYS_RESOURCE = 24
-_MARK = "@@gpurig-deploy"
-# $@ are the volume sources; one y/n line each, in order (a path may hold anything but NUL, so no path is echoed).
-SCRIPT = f"""\
-cat /proc/net/tcp /proc/net/tcp6 2>/dev/null
-echo {_MARK} paths
-for p in "$@"; do if [ -e "$p" ]; then echo y; else echo n; fi; done
-echo {_MARK} dockerd
-pid=$(pidof dockerd 2>/dev/null | cut -d' ' -f1)
-if [ -n "$pid" ]; then grep -i 'locked memory' /proc/$pid/limits; grep '^CapEff' /proc/$pid/status; fi
-"""
+
+
+def _exists(section: Section) -> list[bool]:
+    return [line == "y" for line in section.text.splitlines()]
+
+
+def _dockerd_limits(section: Section) -> tuple[int | None, bool | None]:
+    """(dockerd's hard RLIMIT_MEMLOCK, whether it holds CAP_SYS_RESOURCE); None where unknown."""
+    memlock, capable = None, None
+    for line in section.text.splitlines():
+        words = line.split()
+        if line.lower().startswith("max locked memory") and len(words) >= 5:
+            hard = words[4]
+            memlock = -1 if hard == "unlimited" else int(hard) if hard.isascii() and hard.isdigit() else None
+        elif line.startswith("CapEff:") and len(words) == 2:
+            try:
+                capable = bool(int(words[1], 16) >> CAP_SYS_RESOURCE & 1)
+            except ValueError:
+                pass
+    return memlock, capable
+
+
+# Declared like the host facts (gpurig/facts/probes.py) and sent as one script. "$@" are the volume sources:
+# one y/n line each, in order (a path may hold anything but NUL, so no path is echoed).
+PROBES = (
+    Probe("tcp", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", lambda s: parse_listening(s.text)),
+    Probe("paths", 'for p in "$@"; do if [ -e "$p" ]; then echo y; else echo n; fi; done', _exists),
+    Probe("dockerd", "pid=$(pidof dockerd 2>/dev/null | cut -d' ' -f1); "
+                     "if [ -n \"$pid\" ]; then grep -i 'locked memory' /proc/$pid/limits; grep '^CapEff' /proc/$pid/status; fi",
+          _dockerd_limits),
+)
+SCRIPT = facts_script(PROBES)
 
 
 @dataclass(frozen=True)
@@ -38,27 +61,11 @@ def read_host(conn: Connection, sources: list[str]) -> HostState:
 
 
 def parse_host_state(output: str, sources: list[str]) -> HostState:
-    sections: dict[str, list[str]] = {"tcp": [], "paths": [], "dockerd": []}
-    current = "tcp"
-    for line in output.splitlines():
-        if line.startswith(_MARK):
-            current = line.split()[-1]
-            continue
-        sections.setdefault(current, []).append(line)
-    answers = sections["paths"]
-    exists = {s: answers[i] == "y" for i, s in enumerate(sources) if i < len(answers)}
-    memlock, capable = None, None
-    for line in sections["dockerd"]:
-        words = line.split()
-        if line.lower().startswith("max locked memory") and len(words) >= 5:
-            hard = words[4]
-            memlock = -1 if hard == "unlimited" else int(hard) if hard.isdigit() else None
-        elif line.startswith("CapEff:") and len(words) == 2:
-            try:
-                capable = bool(int(words[1], 16) >> CAP_SYS_RESOURCE & 1)
-            except ValueError:
-                pass
-    return HostState(parse_listening("\n".join(sections["tcp"])), exists, memlock, capable)
+    values = read(PROBES, split_sections(output))
+    answers = values["paths"]
+    exists = {s: answers[i] for i, s in enumerate(sources) if i < len(answers)}
+    memlock, capable = values["dockerd"]
+    return HostState(values["tcp"], exists, memlock, capable)
 
 
 def check_memlock(spec, state: HostState) -> list[Refusal]:

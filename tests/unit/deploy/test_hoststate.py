@@ -7,14 +7,24 @@ from gpurig.deploy.hoststate import SCRIPT, check_memlock, parse_host_state
 
 # The sections as the script prints them on a host whose dockerd lacks CAP_SYS_RESOURCE (a container host here).
 OUTPUT = """\
+
+@@gpurig-fact tcp
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 20531 1 0 100 0 0 10 0
-@@gpurig-deploy paths
+
+@@gpurig-rc 0
+
+@@gpurig-fact paths
 y
 n
-@@gpurig-deploy dockerd
+
+@@gpurig-rc 0
+
+@@gpurig-fact dockerd
 Max locked memory         8388608              8388608              bytes
 CapEff:\ta80425fb
+
+@@gpurig-rc 0
 """
 
 
@@ -45,10 +55,20 @@ def test_memlock_above_dockerds_limit_is_refused_only_when_dockerd_cannot_raise_
 
 
 def test_no_dockerd_section_means_unknown_not_refused():
-    state = parse_host_state("@@gpurig-deploy paths\n@@gpurig-deploy dockerd\n", [])
+    state = parse_host_state("\n@@gpurig-fact paths\n\n@@gpurig-rc 0\n\n@@gpurig-fact dockerd\n\n@@gpurig-rc 0\n", [])
     assert (state.memlock_hard, state.can_raise_limits) == (None, None)
     assert check_memlock(Spec(Ulimit("memlock", -1, -1)), state) == []
 
 
 def test_the_script_names_no_path_itself():
     assert "$@" in SCRIPT and "echo \"$p\"" not in SCRIPT
+
+
+def test_the_script_run_by_sh_reads_a_hostile_path_as_one_argument(tmp_path):
+    import subprocess
+
+    there = tmp_path / "odd\nname $(touch pwned)"
+    there.mkdir()
+    out = subprocess.run(["sh", "-c", SCRIPT, "sh", str(there), str(tmp_path / "missing")], capture_output=True, text=True, timeout=30).stdout
+    assert parse_host_state(out, [str(there), "missing"]).exists == {str(there): True, "missing": False}
+    assert not (tmp_path / "pwned").exists()
