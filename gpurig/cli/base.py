@@ -16,6 +16,7 @@ from invoke.exceptions import Exit
 from gpurig.config import root_of
 from gpurig.errors import GpurigError
 from gpurig.report import configure_logging, silence_broken_pipe
+from gpurig.strict.validate import printable
 
 # Ansible's short flags, given explicitly: Invoke's automatic ones would make -h mean --host, not help.
 SHORT_FLAGS = {"inventory": "i", "limit": "l", "forks": "f", "verbose": "v"}
@@ -50,7 +51,8 @@ def task(*args, **kwargs):
                 sys.stdout.flush()  # inside the try: a reader gone before the buffer was written is a BrokenPipeError here
                 return result
             except GpurigError as err:
-                raise Exit(f"gpurig: {err}", code=err.exit_code) from None
+                # the line may quote a file, a flag or a host's answer: shown, never obeyed by the terminal
+                raise Exit(f"gpurig: {printable(str(err))}", code=err.exit_code) from None
             except Terminated:
                 raise Exit("gpurig: terminated (SIGTERM)", code=128 + signal.SIGTERM) from None
             except KeyboardInterrupt:

@@ -22,7 +22,7 @@ import paramiko
 
 from gpurig.errors import HostError
 from gpurig.inventory import Host
-from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem
+from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem, whole_number
 
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 # ssh options accepted and not needed: gpurig keeps one connection per host open and sends keepalives itself.
@@ -209,7 +209,8 @@ def _config_port(name: str, conf: dict) -> int:
 
 def _port(name: str, what: str, text: str) -> int:
     """A port written as text: digits are its number, anything else stays text for port_problem to refuse."""
-    port = int(text) if text.isdigit() else text
+    number = whole_number(text, 99999)
+    port = text if number is None else number
     _check(name, what, port, port_problem)
     assert isinstance(port, int), "port_problem passes only ints"
     return port

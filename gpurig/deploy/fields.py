@@ -298,9 +298,10 @@ def restart(node: Node) -> str:
     if not isinstance(value, str):
         raise node.fail(f"expected a restart policy, got {validate.excerpt(value)}", _RESTART_FIX)
     name, _, retries = value.partition(":")
-    if name not in RESTART_POLICIES or (retries and (name != "on-failure" or not retries.isdigit() or len(retries) > 6)):
+    count = validate.whole_number(retries, 999999) if retries else None
+    if name not in RESTART_POLICIES or (retries and (name != "on-failure" or count is None)):
         raise node.fail(f"{validate.excerpt(value)} is not a restart policy{did_you_mean(value, RESTART_POLICIES)}", _RESTART_FIX)
-    return f"{name}:{int(retries)}" if retries else name
+    return f"{name}:{count}" if retries else name
 
 
 def gpus(node: Node) -> Gpus:

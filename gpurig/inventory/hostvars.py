@@ -19,9 +19,8 @@ _FALSE = ("no", "off", "0", "false", "n", "f")
 
 def as_port(value: Any) -> Any:
     """A port as written: an int, or digits in quotes ("2222", as INI inventories give it)."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
-        return int(value)
-    return value
+    number = validate.whole_number(value, 99999) if isinstance(value, str) else None
+    return value if number is None else number
 
 
 def _checked(check, fix: str):
