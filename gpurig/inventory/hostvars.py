@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpurig.errors import did_you_mean
+from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
 from gpurig.strict import validate
 
 CONNECTIONS = ("ssh", "paramiko", "smart", "local")
@@ -56,7 +57,14 @@ def _key_file_problem(value: Any) -> tuple[str, str] | None:
 
 
 def _ssh_args_problem(value: Any) -> tuple[str, str] | None:
-    return None if isinstance(value, str) else ("must be text (ssh options)", "write the options as one string")
+    """The same grammar connecting applies, at load: `gpurig hosts` must not accept a ProxyCommand that `facts` refuses."""
+    if not isinstance(value, str):
+        return ("must be text (ssh options)", "write the options as one string")
+    try:
+        ssh_args_jump(value)
+    except SSHArgsProblem as problem:
+        return (problem.rule, problem.fix)
+    return None
 
 
 _host_problem = _checked(validate.hostname_problem, "use a DNS name or an IP address")
