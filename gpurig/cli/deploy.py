@@ -27,6 +27,7 @@ from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.status import Status
 from gpurig.steps.plan import StepResult
+from gpurig.strict import validate
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -212,6 +213,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected."""
     if not name:
         raise ConfigError("which container? `gpurig logs -l HOST NAME`", "see the names with `gpurig status`")
+    _names(name)  # checked before any host is contacted
     chosen = select_hosts(opts)
     prefix = len(chosen) > 1
 
@@ -257,7 +259,13 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
 
 
 def _names(name: str | None) -> list[str]:
-    return [n.strip() for n in (name or "").split(",") if n.strip()]
+    """The container names of a NAME[,NAME] flag, each by Docker's grammar (one line before any host is contacted)."""
+    names = [n.strip() for n in (name or "").split(",") if n.strip()]
+    for one in names:
+        rule = validate.container_name_problem(one)
+        if rule:
+            raise ConfigError(f"container {validate.excerpt(one)} {rule}", "name containers as `gpurig status` shows them")
+    return names
 
 
 # stop and rm take --name, not a positional: Invoke makes positionals required, and both have a no-name form.
