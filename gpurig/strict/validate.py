@@ -78,13 +78,13 @@ def printable(text: object, newlines: bool = False) -> str:
 
     For text that came from outside (host names, notes, a host's output,
     recorded runs): a terminal escape sequence in it is shown, not obeyed.
-    ``newlines``: keep line breaks (a multi-line table cell).
+    ``newlines``: keep line breaks and tabs (a multi-line table cell); a carriage return is always shown.
     """
     text = str(text)
 
     def shown(match: re.Match) -> str:
         ch = match.group()
-        if newlines and ch == "\n":
+        if newlines and ch in "\n\t":
             return ch
         return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}"
 

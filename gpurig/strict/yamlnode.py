@@ -69,7 +69,7 @@ class Node:
             raise self.fail(f"a value of {len(value)} characters (at most {MAX_TEXT})", f"write e.g. {example!r}")
         # Every text value is one line of printable text, whatever its own rule: a control character
         # in a model name or a tag would reach a terminal, a log or a label.
-        problem = validate.free_text_problem(value) or check(value)
+        problem = check(value) or validate.free_text_problem(value)
         if problem:
             raise self.fail(f"{validate.excerpt(value)} {problem}", f"write e.g. {example!r}")
         return value
