@@ -73,7 +73,7 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
         from gpurig.monitor.plot import plot as draw_plot  # matplotlib: ~1 s to import, only when a plot is asked for
 
         draw_plot(run, plot)
-        err_console.print(f"plot: {plot}")
+        err_console.print(f"plot: {outside(plot)}")
     if opts.json:
         write_report(opts.json, _report_data(opts, run, findings, report))
     if report is not None and report.exit_code:
@@ -104,7 +104,7 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     started = time.time()
     try:
         if exporter:
-            err_console.print(f"prometheus: scrape {exporter.url}")
+            err_console.print(f"prometheus: scrape {outside(exporter.url)}")
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
@@ -120,7 +120,7 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
         if recorder:
             recorder.close({"started": started, "interval": interval, "duration": duration, "hosts": [h.name for h in hosts]})
     if csv:
-        err_console.print(f"csv: {csv}")
+        err_console.print(f"csv: {outside(csv)}")
     return run, report
 
 
