@@ -28,6 +28,7 @@ except ImportError:
     _YAML_ERRORS = (yaml.YAMLError,)
 
 from gpurig.errors import ConfigError, did_you_mean
+from gpurig.strict import validate
 
 # How unknown SSH host keys are met; the settings name them, connect/hostkeys.py enforces them.
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
@@ -188,24 +189,24 @@ def settings(config: Mapping[str, Any], **flags: Any) -> Settings:
 
 
 def positive_int(value: Any, where: str) -> int:
-    """``value`` as an integer >= 1, else a ConfigError naming ``where`` it was set."""
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{where} {value!r} is not a whole number", f"give a number of at least 1 to {where}") from None
+    """``value`` as an integer >= 1, else a ConfigError naming ``where`` it was set (ASCII digits only)."""
+    text = str(value).strip()
+    number = validate.whole_number(text.lstrip("+-"))
+    if number is None:
+        raise ConfigError(f"{where} {validate.excerpt(value)} is not a whole number", f"give a number of at least 1 to {where}")
+    number = -number if text.startswith("-") else number
     if number < 1:
         raise ConfigError(f"{where} {number} is below 1", f"give a number of at least 1 to {where}")
     return number
 
 
 def positive_number(value: Any, where: str) -> float:
-    """``value`` as a number > 0 (seconds), else a ConfigError naming ``where`` it was set."""
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{where} {value!r} is not a number", f"give {where} a number of seconds above 0") from None
-    if not number > 0 or number == float("inf"):
-        raise ConfigError(f"{where} {value} is out of range", f"give {where} a number of seconds above 0")
+    """``value`` as a finite number > 0 (seconds), else a ConfigError naming ``where`` it was set (ASCII digits only)."""
+    number = validate.finite_number(value if isinstance(value, (int, float)) else str(value).strip())
+    if number is None:
+        raise ConfigError(f"{where} {validate.excerpt(value)} is not a number", f"give {where} a number of seconds above 0")
+    if not number > 0:
+        raise ConfigError(f"{where} {number:g} is out of range", f"give {where} a number of seconds above 0")
     return number
 
 

@@ -14,6 +14,7 @@ import sys
 from invoke import Collection, Program
 
 from gpurig import __version__
+from gpurig.cli.base import whole_number_flags
 from gpurig.config import GpurigConfig, find_project_root
 from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
@@ -33,7 +34,7 @@ class GpurigProgram(Program):
     """Invoke's Program reading gpurig.yaml files and GPURIG_* variables, from any directory of a project."""
 
     def core_args(self):
-        args = super().core_args()
+        args = whole_number_flags(super().core_args())
         for arg in args:
             if arg.name == "dry":
                 # gpurig runs no local commands through Invoke; --dry means what --check means

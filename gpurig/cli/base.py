@@ -9,20 +9,50 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from invoke import Task
+from invoke import Argument, Task
 from invoke import task as invoke_task
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
 
 from gpurig.config import root_of
 from gpurig.errors import GpurigError
 from gpurig.report import configure_logging, silence_broken_pipe
+from gpurig.strict.validate import excerpt, printable, whole_number
 
 # Ansible's short flags, given explicitly: Invoke's automatic ones would make -h mean --host, not help.
 SHORT_FLAGS = {"inventory": "i", "limit": "l", "forks": "f", "verbose": "v"}
 
 
+class WholeNumberArgument(Argument):
+    """An Invoke flag whose default is a number: its value read by gpurig's grammar, a bad one a one-line usage error.
+
+    Invoke casts with int(), which raises on '²' (str.isdigit() is true) or
+    '1e999' and so printed a traceback.
+    """
+
+    def set_value(self, value, cast: bool = True) -> None:
+        if cast and self.kind is int and not self.incrementable and not isinstance(value, int):
+            text = str(value)
+            number = whole_number(text.removeprefix("-"))
+            if number is None:
+                flag = f"--{self.name.replace('_', '-')}" if self.name else "a flag"
+                raise ParseError(f"gpurig: {flag} {excerpt(text)} is not a whole number; fix: give {flag} a number such as 100")
+            value, cast = (-number if text.startswith("-") else number), False
+        super().set_value(value, cast=cast)
+
+
+def whole_number_flags(arguments: list[Argument]) -> list[Argument]:
+    """``arguments`` with each numeric flag read by WholeNumberArgument (same state, stricter cast)."""
+    for argument in arguments:
+        if argument.kind is int and type(argument) is Argument:
+            argument.__class__ = WholeNumberArgument
+    return arguments
+
+
 class GpurigTask(Task):
-    """An Invoke task that also knows gpurig's fixed short flags (-i -l -f -v)."""
+    """An Invoke task that also knows gpurig's fixed short flags (-i -l -f -v), its numeric flags read by gpurig's grammar."""
+
+    def get_arguments(self, *args, **kwargs) -> list[Argument]:
+        return whole_number_flags(super().get_arguments(*args, **kwargs))
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -50,7 +80,8 @@ def task(*args, **kwargs):
                 sys.stdout.flush()  # inside the try: a reader gone before the buffer was written is a BrokenPipeError here
                 return result
             except GpurigError as err:
-                raise Exit(f"gpurig: {err}", code=err.exit_code) from None
+                # the line may quote a file, a flag or a host's answer: shown, never obeyed by the terminal
+                raise Exit(f"gpurig: {printable(str(err))}", code=err.exit_code) from None
             except Terminated:
                 raise Exit("gpurig: terminated (SIGTERM)", code=128 + signal.SIGTERM) from None
             except KeyboardInterrupt:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import sys
 
-from rich.markup import escape
-
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
@@ -23,12 +21,13 @@ from gpurig.deploy.apply import DeployJob, Target, container_doc, deploy_host
 from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
 from gpurig.errors import ConfigError
 from gpurig.image.build import human_size
-from gpurig.report import console, err_console
+from gpurig.report import console, err_console, outside
 from gpurig.report.changes import host_documents, host_results, outcome, print_diffs, result_rows
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.status import Status
 from gpurig.steps.plan import StepResult
+from gpurig.strict import validate
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -52,7 +51,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     for host in chosen:  # every host's containers checked before any connection
         specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
         for w in warnings:
-            err_console.print(f"[yellow]{escape(host.name)}: {escape(w)}[/]")
+            err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")
         targets[host.name] = [resolve(image_spec, s, local) for s in specs]
 
     def move(engine: Engine, conn: Connection, t: Target, say):
@@ -107,7 +106,7 @@ def progress_printer(every_s: float = 1.0):
             if now - last.get(host, -every_s) < every_s:
                 return
             last[host] = now
-        err_console.print(f"{escape(host)}: {escape(text)}", highlight=False)
+        err_console.print(f"{outside(host)}: {outside(text)}", highlight=False)
 
     return say
 
@@ -153,9 +152,9 @@ def print_access(report: FleetReport, out) -> None:
     for r in report.results:
         for s in host_results(r):
             if s.details.get("access"):
-                out.print(f"[bold]{escape(r.host)} {escape(s.step)}[/]")
+                out.print(f"[bold]{outside(r.host)} {outside(s.step)}[/]")
                 for line in s.details["access"]:
-                    out.print(escape(line), soft_wrap=True)
+                    out.print(outside(line), soft_wrap=True)
 
 
 # --- status, logs, stop, rm ------------------------------------------------------------------
@@ -214,6 +213,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected."""
     if not name:
         raise ConfigError("which container? `gpurig logs -l HOST NAME`", "see the names with `gpurig status`")
+    _names(name)  # checked before any host is contacted
     chosen = select_hosts(opts)
     prefix = len(chosen) > 1
 
@@ -259,7 +259,13 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
 
 
 def _names(name: str | None) -> list[str]:
-    return [n.strip() for n in (name or "").split(",") if n.strip()]
+    """The container names of a NAME[,NAME] flag, each by Docker's grammar (one line before any host is contacted)."""
+    names = [n.strip() for n in (name or "").split(",") if n.strip()]
+    for one in names:
+        rule = validate.container_name_problem(one)
+        if rule:
+            raise ConfigError(f"container {validate.excerpt(one)} {rule}", "name containers as `gpurig status` shows them")
+    return names
 
 
 # stop and rm take --name, not a positional: Invoke makes positionals required, and both have a no-name form.

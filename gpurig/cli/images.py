@@ -16,7 +16,7 @@ from gpurig.image.lint import lint as run_hadolint
 from gpurig.image.pipeline import BuildObserver
 from gpurig.image.render import BuildContext, check_renderable, render_matrix
 from gpurig.image.spec import ImageSpec, find_specs, load_spec
-from gpurig.report import console
+from gpurig.report import console, outside
 from gpurig.report.tables import FORMATS, Column, Row, show
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def render_selected(c, spec_file, variant, torch, cuda, all_) -> list[BuildConte
     root = project_root(c)
     contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR)
     for entry, name, reason in skipped:
-        console.print(f"[yellow]skipped[/] {entry.tag}-{name}: {reason}")
+        console.print(f"[yellow]skipped[/] {entry.tag}-{name}: {outside(reason)}")
     for context in contexts:
         console.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}")
     return contexts
@@ -100,7 +100,7 @@ def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
         name = dockerfile.parent.relative_to(root / CONTEXTS_DIR)
         console.print(f"{'[red]FAIL[/]' if failed else '[green]ok[/]  '} {name}")
         for finding in findings:
-            console.print(f"      {finding.code} line {finding.line} ({finding.level}): {finding.message}")
+            console.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
     if bad:
         raise LintError(f"hadolint found {bad} problem(s) in {len(dockerfiles)} Dockerfile(s)", "fix the templates")
 
@@ -206,7 +206,7 @@ class BuildProgress(BuildObserver):
         self.progress.__exit__(*exc)
 
     def base(self, line: str) -> None:
-        console.print(line)
+        console.print(outside(line))
 
     def started(self, context: BuildContext) -> None:
         if self.task is not None:
@@ -221,7 +221,7 @@ class BuildProgress(BuildObserver):
             finished = sum(1 for s in parser.steps.values() if s.state in ("cached", "done"))
             self.progress.update(self.task, completed=finished)
             outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
-            console.print(f"  [{step.number}/{step.total}] {shorten(step.text, 80)} [dim]{outcome}[/]")
+            console.print(f"  \\[{step.number}/{step.total}] {outside(shorten(step.text, 80))} [dim]{outside(outcome)}[/]")
 
     def pushing(self, context: BuildContext, refs: list[str]) -> None:
         console.print(f"pushing {', '.join(refs)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 
@@ -19,8 +18,9 @@ from gpurig.monitor.diagnose import diagnose
 from gpurig.monitor.live import findings_view, live_table, summary_table
 from gpurig.monitor.record import Recorder, load_run
 from gpurig.monitor.session import Run
-from gpurig.report import console, err_console
+from gpurig.report import console, err_console, outside
 from gpurig.report.fleetrun import print_recap
+from gpurig.strict.validate import excerpt, finite_number
 
 __all__ = ["monitor"]
 
@@ -37,15 +37,18 @@ _HELP = {
 }
 
 
+# Past this a wait's timeout overflows the C time types (threading refuses 1e300 s); a year is already "until Ctrl-C".
+MAX_SECONDS = 366 * 86400.0
+
+
 def _seconds(flag: str, value, default: float, minimum: float = 0.0) -> float:
     if value is None:
         return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < minimum:
-        raise MonitorError(f"{flag} {value!r} is not a number of seconds >= {minimum:g}", f"give {flag} a number such as 1 or 0.5")
+    seconds = finite_number(value)
+    if seconds is None or not minimum <= seconds <= MAX_SECONDS:
+        raise MonitorError(
+            f"{flag} {excerpt(value)} is not a number of seconds from {minimum:g} to {MAX_SECONDS:.0f}", f"give {flag} a number such as 1 or 0.5"
+        )
     return seconds
 
 
@@ -70,7 +73,7 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
         from gpurig.monitor.plot import plot as draw_plot  # matplotlib: ~1 s to import, only when a plot is asked for
 
         draw_plot(run, plot)
-        err_console.print(f"plot: {plot}")
+        err_console.print(f"plot: {outside(plot)}")
     if opts.json:
         write_report(opts.json, _report_data(opts, run, findings, report))
     if report is not None and report.exit_code:
@@ -101,7 +104,7 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     started = time.time()
     try:
         if exporter:
-            err_console.print(f"prometheus: scrape {exporter.url}")
+            err_console.print(f"prometheus: scrape {outside(exporter.url)}")
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
@@ -117,7 +120,7 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
         if recorder:
             recorder.close({"started": started, "interval": interval, "duration": duration, "hosts": [h.name for h in hosts]})
     if csv:
-        err_console.print(f"csv: {csv}")
+        err_console.print(f"csv: {outside(csv)}")
     return run, report
 
 
@@ -135,7 +138,7 @@ def _present(run: Run, findings, report: FleetReport | None, out) -> None:
         for note in run.state(host).notes:
             notes[note].append(host)
     for note, hosts in notes.items():
-        err_console.print(f"[yellow]note[/] {', '.join(hosts)}: {note}")
+        err_console.print(f"[yellow]note[/] {', '.join(outside(h) for h in hosts)}: {outside(note)}")
     out.print(summary_table(run))
     out.print(findings_view(findings))
     if report is not None:

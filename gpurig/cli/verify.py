@@ -17,6 +17,7 @@ from gpurig.files import write_text_report
 from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
 from gpurig.status import Status
+from gpurig.strict import validate
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict
 from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
@@ -82,9 +83,13 @@ def make_plan(container: str | None, image: str | None, level: str | None) -> Ve
     """The run's plan from the flags; conflicting or empty values are one clear usage error."""
     if container and image:
         raise ConfigError("--container and --image both given", "verify either a deployed container (--container NAME) or an image (--image TAG)")
-    for flag, value in (("--container", container), ("--image", image)):
-        if value is not None and (not value.strip() or value.startswith("-")):
-            raise ConfigError(f"{flag} {value!r} is not a name", f"give {flag} the container's name or the image's tag")
+    # Docker's own grammars, checked before any host is contacted (a bad tag used to fail on every host, one by one)
+    checks = (("--container", container, validate.container_name_problem, "the container's name, e.g. alice-jupyter"),
+              ("--image", image, validate.image_ref_problem, "an image reference, e.g. registry.example.com/ml/pytorch:2.9.1-cu128-slim"))
+    for flag, value, problem, fix in checks:
+        rule = problem(value) if value is not None else None
+        if rule:
+            raise ConfigError(f"{flag} {validate.excerpt(value)} {rule}", f"give {flag} {fix}")
     return VerifyPlan.from_checks(choice(level or "quick", LEVELS, "--level"), container, image)
 
 

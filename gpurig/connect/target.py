@@ -13,8 +13,6 @@ option gpurig cannot honour.
 from __future__ import annotations
 
 import getpass
-import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,27 +20,10 @@ import paramiko
 
 from gpurig.errors import HostError
 from gpurig.inventory import Host
-from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem
+from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
+from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem, whole_number
 
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-# ssh options accepted and not needed: gpurig keeps one connection per host open and sends keepalives itself.
-_UNNEEDED_OPTIONS = {
-    "controlmaster",
-    "controlpersist",
-    "controlpath",
-    "serveraliveinterval",
-    "serveralivecountmax",
-    "tcpkeepalive",
-    "compression",
-}
-_UNNEEDED_FLAGS = set("CqT")  # compression, quiet, no pty: nothing gpurig does differently
-_OPTION_FIX = {
-    "proxycommand": "use -J or -o ProxyJump=HOST instead (gpurig never runs a ProxyCommand)",
-    "stricthostkeychecking": "gpurig checks host keys itself: use --host-key-policy strict|accept-new|off",
-    "userknownhostsfile": "gpurig keeps host keys in known_hosts beside the inventory and reads ~/.ssh/known_hosts",
-    "connecttimeout": "use --connect-timeout",
-}
-_OPTION = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)", re.S)
 
 
 class TargetError(HostError):
@@ -113,39 +94,12 @@ def resolve_target(host: Host, ssh_config: paramiko.SSHConfig | None) -> SSHTarg
 
 
 def jump_from_ssh_args(name: str, var: str, args: object) -> str | None:
-    """The ProxyJump in ansible_ssh_common_args / _extra_args ('-J host' or '-o ProxyJump=host').
-
-    Options gpurig does not need (Control*, ServerAlive*, Compression, -C -q
-    -T) are accepted; any other is refused by name rather than silently ignored.
-    """
+    """The ProxyJump in ansible_ssh_common_args / _extra_args (the inventory's grammar, gpurig/inventory/sshargs.py)."""
     try:
-        words = shlex.split(str(args or ""))
-    except ValueError as err:
-        raise TargetError(name, f"{var} {excerpt(args)} cannot be split into words: {err}", "balance its quotes") from None
-    jump = None
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in ("-J", "-o"):
-            if i + 1 == len(words):
-                raise TargetError(name, f"{var} ends with {word} and no value", f"give {word} its value or remove it")
-            value, i = words[i + 1], i + 2
-        else:
-            value, i = word[2:], i + 1
-        if word.startswith("-J"):
-            jump = value
-        elif word.startswith("-o"):
-            m = _OPTION.fullmatch(value)
-            option = m.group(1) if m else value.strip()
-            if option.lower() == "proxyjump":
-                if not m or not m.group(2).strip():
-                    raise TargetError(name, f"{var}: -o ProxyJump has no value", "write -o ProxyJump=[user@]host[:port]")
-                jump = m.group(2).strip()
-            elif option.lower() not in _UNNEEDED_OPTIONS:
-                raise _unsupported(name, var, f"option {excerpt(option)}", _OPTION_FIX.get(option.lower()))
-        elif not (len(word) > 1 and word[0] == "-" and set(word[1:]) <= _UNNEEDED_FLAGS):
-            raise _unsupported(name, var, excerpt(word), None)
-    return jump
+        return ssh_args_jump(args)
+    except SSHArgsProblem as problem:
+        separator = ": " if problem.rule.startswith(("-o", "option")) else " "
+        raise TargetError(name, f"{var}{separator}{problem.rule}", problem.fix) from None
 
 
 def parse_jumps(name: str, var: str, spec: str | None) -> list[tuple[str, str, int | None, str]]:
@@ -209,7 +163,8 @@ def _config_port(name: str, conf: dict) -> int:
 
 def _port(name: str, what: str, text: str) -> int:
     """A port written as text: digits are its number, anything else stays text for port_problem to refuse."""
-    port = int(text) if text.isdigit() else text
+    number = whole_number(text, 99999)
+    port = text if number is None else number
     _check(name, what, port, port_problem)
     assert isinstance(port, int), "port_problem passes only ints"
     return port
@@ -232,11 +187,3 @@ def _check(name: str, what: str, value: object, problem) -> None:
 
 def _first_set(host: Host, names: tuple[str, ...], default: str) -> str:
     return next((n for n in names if n in host.vars), default)
-
-
-def _unsupported(name: str, var: str, what: str, fix: str | None) -> TargetError:
-    return TargetError(
-        name,
-        f"{var}: {what} is not supported by gpurig",
-        fix or f"remove it from {var}; gpurig understands -J / -o ProxyJump= and accepts Control*, ServerAlive*, Compression",
-    )

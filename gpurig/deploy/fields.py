@@ -16,9 +16,10 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
-from gpurig.errors import did_you_mean
+from gpurig.errors import GpurigError, did_you_mean
 from gpurig.strict import validate, yamlio
 from gpurig.strict.yamlnode import Node
 
@@ -116,7 +117,8 @@ def size(node: Node, example: str) -> int:
         raise node.fail(f"{validate.excerpt(value)} is not a size (a number with k, m, g or t)", f"write e.g. {example}")
     unit = (match.group(2) or "b").lower()
     scale = {"b": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024**4, "p": 1024**5}[unit]
-    nbytes = int(float(match.group(1)) * scale)
+    # exact arithmetic: float('9' * 400) is inf, and int(inf) raises instead of saying the size is too large
+    nbytes = int(Fraction(match.group(1)) * scale)
     if nbytes >= MAX_SIZE:
         raise node.fail(f"{validate.excerpt(value)} is more than any host has", f"write e.g. {example}")
     return nbytes
@@ -210,10 +212,20 @@ def _path(node: Node, what: str) -> str:
 
 
 def _target(node: Node) -> str:
+    """A mount point in the container, as Docker will resolve it: no '.' or '..' part, never the root itself."""
     target = _path(node, "container")
-    if target.rstrip("/") == "":
-        raise node.fail("mounts over the container's root /", "choose a directory such as /workspace")
+    parts = target.split("/")
+    if any(part in (".", "..") for part in parts):
+        raise node.fail(f"{validate.excerpt(target)} has a '.' or '..' part (Docker resolves it, maybe to /)",
+                        "write the directory plainly, e.g. /workspace")
+    if not any(parts):
+        raise node.fail(f"{validate.excerpt(target)} mounts over the container's root /", "choose a directory such as /workspace")
     return target
+
+
+def _mount_point(target: str) -> str:
+    """``target`` as the container sees it: '/data//x/' and '/data/x' are one mount point."""
+    return "/" + "/".join(part for part in target.split("/") if part)
 
 
 def volumes(node: Node | None, datasets: Node | None, default: Volume) -> tuple[Volume, ...]:
@@ -234,7 +246,7 @@ def volumes(node: Node | None, datasets: Node | None, default: Volume) -> tuple[
         found.append(Volume(source, f"/datasets/{name}", True))
     seen: dict[str, Volume] = {}
     for volume in found:
-        key = volume.target.rstrip("/")
+        key = _mount_point(volume.target)
         if key in seen:
             where = node if node is not None else datasets
             raise where.fail(  # type: ignore[union-attr]
@@ -298,9 +310,10 @@ def restart(node: Node) -> str:
     if not isinstance(value, str):
         raise node.fail(f"expected a restart policy, got {validate.excerpt(value)}", _RESTART_FIX)
     name, _, retries = value.partition(":")
-    if name not in RESTART_POLICIES or (retries and (name != "on-failure" or not retries.isdigit() or len(retries) > 6)):
+    count = validate.whole_number(retries, 999999) if retries else None
+    if name not in RESTART_POLICIES or (retries and (name != "on-failure" or count is None)):
         raise node.fail(f"{validate.excerpt(value)} is not a restart policy{did_you_mean(value, RESTART_POLICIES)}", _RESTART_FIX)
-    return f"{name}:{int(retries)}" if retries else name
+    return f"{name}:{count}" if retries else name
 
 
 def gpus(node: Node) -> Gpus:
@@ -366,7 +379,10 @@ def _key_line(node: Node, line: str) -> str:
 def _key_file(node: Node, path: str, base_dir: Path) -> list[str]:
     file = Path(path).expanduser()
     file = file if file.is_absolute() else base_dir / file
-    text = yamlio.read_text(file, error=node.error, what="ssh_keys file", fix_missing="give a .pub file (relative: to the inventory)")
+    try:
+        text = yamlio.read_text(file, error=node.error, what="ssh_keys file", fix_missing="give a .pub file (relative: to the inventory)")
+    except GpurigError as err:  # said with the inventory, the host and the key as written, not the resolved file alone
+        raise node.fail(f"{validate.excerpt(path)}: {err.problem}", err.fix) from None
     if "PRIVATE KEY" in text:
         raise node.fail(f"{file} holds a private key", "give the .pub file (ssh-keygen -y -f KEY > KEY.pub makes one)")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]

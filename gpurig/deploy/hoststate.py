@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
 from gpurig.facts.probes import Probe, Section, facts_script, read, split_sections
+from gpurig.strict.validate import whole_number
 
 CAP_SYS_RESOURCE = 24
 
@@ -26,7 +27,7 @@ def _dockerd_limits(section: Section) -> tuple[int | None, bool | None]:
         words = line.split()
         if line.lower().startswith("max locked memory") and len(words) >= 5:
             hard = words[4]
-            memlock = -1 if hard == "unlimited" else int(hard) if hard.isascii() and hard.isdigit() else None
+            memlock = -1 if hard == "unlimited" else whole_number(hard)
         elif line.startswith("CapEff:") and len(words) == 2:
             try:
                 capable = bool(int(words[1], 16) >> CAP_SYS_RESOURCE & 1)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpurig.errors import last_line, permission_denied
 from gpurig.facts.probes import Probe, Section
+from gpurig.strict.validate import whole_number
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,9 @@ def parse_df(s: Section) -> tuple[Disk, ...]:
     disks = []
     for line in s.text.splitlines()[1:] if s.rc in (0, 1) else []:
         parts = line.split()
-        if len(parts) >= 6 and parts[1].isdigit() and parts[3].isdigit():
-            disks.append(Disk(mount=parts[5], size_bytes=int(parts[1]) * 1024, free_bytes=int(parts[3]) * 1024))
+        size, free = (whole_number(parts[1]), whole_number(parts[3])) if len(parts) >= 6 else (None, None)
+        if size is not None and free is not None:
+            disks.append(Disk(mount=parts[5], size_bytes=size * 1024, free_bytes=free * 1024))
     return tuple(disks)
 
 
@@ -194,10 +196,10 @@ def parse_nvidia_smi(s: Section) -> tuple[tuple[Gpu, ...], str | None]:
     driver = None
     for line in s.text.splitlines() if s.ok else []:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 6 or not parts[0].isdigit():
+        if len(parts) != 6 or whole_number(parts[0]) is None:
             continue
         index, name, uuid, memory, driver_version, bus = parts
-        gpus.append(Gpu(int(index), name, uuid, int(memory) if memory.isdigit() else None, bus))
+        gpus.append(Gpu(int(index), name, uuid, whole_number(memory), bus))
         driver = driver or driver_version
     return tuple(gpus), driver
 
@@ -221,7 +223,7 @@ def parse_secure_boot(s: Section) -> str:
         return "not-efi"
     numbers = text.split()
     # efivarfs files start with 4 attribute bytes; the fifth is the SecureBoot value.
-    if s.ok and len(numbers) >= 5 and numbers[4].isdigit():
+    if s.ok and len(numbers) >= 5 and whole_number(numbers[4]) is not None:
         return "enabled" if numbers[4] == "1" else "disabled"
     return "unknown"
 

@@ -168,7 +168,7 @@ TORCH_INDEX_FIELDS = ("cuda_tag", "cuda")
 
 def _pattern(regex: str, rule: str) -> Check:
     """A check that ``regex`` matches the whole value (fullmatch: no trailing newline slips through)."""
-    compiled = re.compile(regex)
+    compiled = re.compile(regex, re.ASCII)  # \d is ASCII digits only: a version of '٢.٩.١' is no version
     return lambda value: None if validate.matches(compiled, value) else rule
 
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpurig.errors import did_you_mean
+from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
 from gpurig.strict import validate
 
 CONNECTIONS = ("ssh", "paramiko", "smart", "local")
@@ -19,9 +20,8 @@ _FALSE = ("no", "off", "0", "false", "n", "f")
 
 def as_port(value: Any) -> Any:
     """A port as written: an int, or digits in quotes ("2222", as INI inventories give it)."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
-        return int(value)
-    return value
+    number = validate.whole_number(value, 99999) if isinstance(value, str) else None
+    return value if number is None else number
 
 
 def _checked(check, fix: str):
@@ -57,7 +57,14 @@ def _key_file_problem(value: Any) -> tuple[str, str] | None:
 
 
 def _ssh_args_problem(value: Any) -> tuple[str, str] | None:
-    return None if isinstance(value, str) else ("must be text (ssh options)", "write the options as one string")
+    """The same grammar connecting applies, at load: `gpurig hosts` must not accept a ProxyCommand that `facts` refuses."""
+    if not isinstance(value, str):
+        return ("must be text (ssh options)", "write the options as one string")
+    try:
+        ssh_args_jump(value)
+    except SSHArgsProblem as problem:
+        return (problem.rule, problem.fix)
+    return None
 
 
 _host_problem = _checked(validate.hostname_problem, "use a DNS name or an IP address")

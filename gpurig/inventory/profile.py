@@ -18,7 +18,8 @@ from typing import Any
 
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory import Host
-from gpurig.strict.validate import excerpt, image_ref_problem, user_problem
+from gpurig.strict.validate import excerpt, free_text_problem, image_ref_problem, user_problem
+from gpurig.strict.yamlnode import MAX_TEXT
 
 DRIVER_SOURCES = ("distro", "nvidia")  # the OS's own packages, or NVIDIA's CUDA repository
 DOCKER_SOURCES = ("distro", "docker")  # docker.io from the OS, or Docker's own repository
@@ -105,6 +106,8 @@ class _Reader:
     def text(self, path: str, value: Any, pattern: re.Pattern | None = None, example: str = "") -> str:
         if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)):
             raise self.fail(path, f"must be a string like {example!r}, not {excerpt(value)}", f"write e.g. {example!r}")
+        if len(value) > MAX_TEXT or free_text_problem(value):  # free text too: it reaches terminals, logs and labels
+            raise self.fail(path, f"{excerpt(value)} {free_text_problem(value) or f'is over {MAX_TEXT} characters'}", f"write e.g. {example!r}")
         return value
 
     def choice(self, path: str, value: Any, choices: tuple[str, ...]) -> str:

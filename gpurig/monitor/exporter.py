@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from gpurig.monitor import MonitorError
 from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
+from gpurig.strict.validate import excerpt, whole_number
 
 MAX_AGE_S = 1.0  # samples arrive about once a second
 MAX_STALE_S = 5.0  # older than this, a scrape waits for a fresh page (Prometheus scrapes every 15 s or so)
@@ -113,9 +114,10 @@ def parse_listen(text: str) -> tuple[str, int]:
     """'[ADDR:]PORT' -> (address, port); loopback unless an address is given."""
     addr, _, port = str(text).rpartition(":")
     addr = addr.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise MonitorError(f"--prometheus {text!r} is not [ADDR:]PORT", "give a port such as 9400, or 0.0.0.0:9400 to listen on every interface")
-    return addr, int(port)
+    number = whole_number(port, 65535)
+    if number is None:
+        raise MonitorError(f"--prometheus {excerpt(text)} is not [ADDR:]PORT", "give a port such as 9400, or 0.0.0.0:9400 to listen on every interface")
+    return addr, number
 
 
 class MetricsPage:

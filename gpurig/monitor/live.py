@@ -11,6 +11,12 @@ from rich.text import Text
 from gpurig.monitor.diagnose import Finding
 from gpurig.monitor.samples import Sample
 from gpurig.monitor.session import Run
+from gpurig.strict.validate import printable
+
+
+def _shown(text: object) -> Text:
+    """A recorded host name or source as a cell: data, never markup, its control characters shown as escapes."""
+    return Text(printable(text))
 
 
 def _n(value, fmt="{:.0f}", none="-") -> str:
@@ -19,7 +25,7 @@ def _n(value, fmt="{:.0f}", none="-") -> str:
 
 def live_table(latest: dict[str, Sample], failed: dict[str, str] | None = None) -> Table:
     """One row per GPU (or per host without GPUs), in 80 columns: host, GPU, util, SM, memory, temp, power, CPU, RAM."""
-    caption = "\n".join(f"{h}: {why}" for h, why in sorted((failed or {}).items())) or None
+    caption = "\n".join(f"{printable(h)}: {why}" for h, why in sorted((failed or {}).items())) or None
     table = Table(
         "host", "gpu", "util", "sm", "mem GiB", "°C", "W", "cpu", "core", "ram",
         box=None, pad_edge=False, header_style="bold", caption=caption, caption_style="red", caption_justify="left",
@@ -28,11 +34,11 @@ def live_table(latest: dict[str, Sample], failed: dict[str, str] | None = None) 
         s = latest[host]
         cpu = (f"{s.cpu_percent:.0f}%", f"{s.max_core:.0f}%", f"{s.mem_used / 2**30:.0f}/{s.mem_total / 2**30:.0f}G")
         if not s.gpus:
-            table.add_row(host[:14], "-", "", "", "", "", "", *cpu)
+            table.add_row(_shown(host[:14]), "-", "", "", "", "", "", *cpu)
         for g in s.gpus:
             mem = f"{g.mem_used_mib / 1024:.0f}/{g.mem_total_mib / 1024:.0f}" if g.mem_used_mib is not None and g.mem_total_mib else "-"
             table.add_row(
-                host[:14], str(g.index), _n(g.util_gpu, "{:.0f}%"), _n(g.sm_active, "{:.0%}"), mem,
+                _shown(host[:14]), str(g.index), _n(g.util_gpu, "{:.0f}%"), _n(g.sm_active, "{:.0%}"), mem,
                 _n(g.temp_c), _n(g.power_w), *cpu,
             )  # fmt: skip
     return table
@@ -50,15 +56,15 @@ def summary_table(run: Run) -> Table:
         core = f"{mean(s.max_core for s in series):.0f}%"
         indices = sorted({g.index for s in series for g in s.gpus})
         if not indices:
-            table.add_row(host, "-", str(len(series)), "", "", "", cpu, core, state.source)
+            table.add_row(_shown(host), "-", str(len(series)), "", "", "", cpu, core, _shown(state.source))
         for i in indices:
             gs = [g for s in series for g in s.gpus if g.index == i]
             util = [g.util_gpu for g in gs if g.util_gpu is not None]
             sm = [g.sm_active for g in gs if g.sm_active is not None]
             mem = [g.mem_fraction for g in gs if g.mem_fraction is not None]
             table.add_row(
-                host, str(i), str(len(gs)), f"{mean(util):.0f}%" if util else "-", f"{mean(sm):.0%}" if sm else "-",
-                f"{max(mem):.0%}" if mem else "-", cpu, core, state.source,
+                _shown(host), str(i), str(len(gs)), f"{mean(util):.0f}%" if util else "-", f"{mean(sm):.0%}" if sm else "-",
+                f"{max(mem):.0%}" if mem else "-", cpu, core, _shown(state.source),
             )  # fmt: skip
     return table
 
@@ -70,7 +76,7 @@ def findings_view(findings: list[Finding]) -> Group:
     parts = [Text("diagnosis:", style="bold")]
     for f in findings:
         where = f"{f.host} GPU {f.gpu}" if f.gpu is not None else f.host
-        parts.append(Text.assemble((f"[{f.rule}] ", "bold yellow"), f"{where}: {f.title}"))
-        parts.append(Text(f"  evidence: {f.evidence}"))
-        parts.append(Text(f"  fix: {f.fix}", style="cyan"))
+        parts.append(Text.assemble((f"[{f.rule}] ", "bold yellow"), printable(f"{where}: {f.title}")))
+        parts.append(Text(printable(f"  evidence: {f.evidence}")))
+        parts.append(Text(printable(f"  fix: {f.fix}"), style="cyan"))
     return Group(*parts)

@@ -16,6 +16,7 @@ from typing import Any
 from gpurig.files import write_report
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
+from gpurig.strict.yamlio import open_regular
 
 SAMPLES = "samples.jsonl"
 META = "run.json"
@@ -48,24 +49,45 @@ class Recorder:
         write_report(self.dir / META, dict(meta or {}))
 
 
+# A day of 1 s samples from a few 8-GPU hosts is a few hundred MiB; an agent record is a few KiB.
+MAX_RUN_BYTES = 1024 * 2**20
+MAX_LINE = 2**20
+
+
 def load_run(directory: str | Path) -> Run:
-    """The Run recorded in ``directory``; one clear error when there is none."""
+    """The Run recorded in ``directory``: a regular file, bounded in size and line length; one clear error when there is none."""
     path = Path(directory) / SAMPLES
-    if not path.is_file():
-        raise MonitorError(f"no recorded run in {directory} ({SAMPLES} is missing)", "record one with 'invoke monitor --record DIR'")
+    fix = "record one with 'gpurig monitor --record DIR'"
+    if not path.exists() and not path.is_symlink():
+        raise MonitorError(f"no recorded run in {directory} ({SAMPLES} is missing)", fix)
     run = Run()
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-                host = record.pop("host")
-            except (ValueError, KeyError, AttributeError):
-                continue  # a torn last line (the run was killed mid-write) or a foreign line
-            if isinstance(host, str):
-                run.add(host, record)
+    with open_regular(path, error=MonitorError, what="recorded run", fix_missing=f"{fix} (--replay takes that DIR)",
+                      limit=MAX_RUN_BYTES, kind=f"a directory holding {SAMPLES}") as fh:
+        for number, raw in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), b""), 1):
+            if len(raw) > MAX_LINE:
+                raise MonitorError(f"{path}: line {number} is over {MAX_LINE // 1024} KiB", f"{fix}; gpurig's own lines are a few KiB")
+            record = _record(raw)
+            if record is not None:
+                run.add(record.pop("host"), record)
     if not run.hosts():
-        raise MonitorError(f"{path} holds no samples", "record a run with 'invoke monitor --record DIR'")
+        raise MonitorError(f"{path} holds no samples", fix)
     return run
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """One recorded line as a record with a host name; None for a torn last line (the run was killed mid-write) or a foreign line."""
+    try:
+        record = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    host = record.get("host") if isinstance(record, dict) else None
+    if not isinstance(host, str) or not 0 < len(host) <= 255:  # any text: it is shown escaped, never obeyed
+        return None
+    return record
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number gpurig records")
 
 
 def load_meta(directory: str | Path) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpurig.strict.validate import finite_number
+
 # NVML's clock throttle (since 535 "clocks event") reason bits, with nvidia-smi's names.
 THROTTLE_REASONS = {
     0x1: "gpu_idle",
@@ -94,31 +96,83 @@ class Sample:
 
 
 _GPU_FIELDS = {f for f in GpuSample.__dataclass_fields__ if f != "processes"}
+_GPU_TEXT = ("name", "uuid", "pci_bus_id")
+# The end of year 9999: a later time cannot be shown as a date (time.localtime overflows), so it is no time a host recorded.
+MAX_TIME = 253_402_300_799.0
+MAX_COUNT = 2**63 - 1
+
+
+def _number(value: Any, what: str) -> float:
+    """A finite number as the agent wrote it (an int or float, never a string, bool, NaN or inf); ValueError else."""
+    number = finite_number(value) if isinstance(value, (int, float)) else None
+    if number is None:
+        raise ValueError(f"{what} is not a finite number")
+    return number
+
+
+def _count(value: Any, what: str) -> int:
+    """A whole number 0..2**63-1 as the agent wrote it; ValueError else (int(1e308) is a 300-digit int, int(inf) raises)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value) if abs(value) <= MAX_COUNT else -1
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{what} is not a count")
+    return value
+
+
+def _gpu_value(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in _GPU_TEXT:
+        if not isinstance(value, str):
+            raise ValueError(f"gpu {name} is not text")
+        return value
+    if name in ("index", "throttle"):
+        return _count(value, f"gpu {name}")
+    return _number(value, f"gpu {name}")
 
 
 def gpu_from_record(rec: Mapping[str, Any]) -> GpuSample:
-    values: dict[str, Any] = {k: rec.get(k) for k in _GPU_FIELDS}  # JSON values as the agent wrote them
+    """A GpuSample from the agent's JSON; ValueError/TypeError/KeyError when a value is not what the agent writes."""
+    values: dict[str, Any] = {k: _gpu_value(k, rec.get(k)) for k in _GPU_FIELDS}
+    if values["index"] is None:
+        raise KeyError("index")
     procs = tuple(
-        GpuProcess(int(p["pid"]), p.get("user"), p.get("name"), p.get("used_mib")) for p in rec.get("processes") or ()
-    )
+        GpuProcess(_count(p["pid"], "pid"), _text(p.get("user")), _text(p.get("name")),
+                   None if p.get("used_mib") is None else _count(p.get("used_mib"), "used_mib"))
+        for p in rec.get("processes") or ()
+    )  # fmt: skip
     return GpuSample(**values, processes=procs)
 
 
+def _text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("not text")
+    return value
+
+
 def sample_from_record(host: str, rec: Mapping[str, Any]) -> Sample:
-    """A Sample from the agent's ``{"type": "sample", ...}`` record; KeyError/TypeError/ValueError when malformed."""
+    """A Sample from the agent's ``{"type": "sample", ...}`` record; KeyError/TypeError/ValueError when malformed.
+
+    Every number is checked as it enters: a recorded time of 1e308 or a
+    memory size of Infinity would otherwise surface later as an overflow in
+    the CSV's dates, the plot or the live view.
+    """
     cpu, mem = rec["cpu"], rec.get("mem") or {}
     disk, net = rec.get("disk") or {}, rec.get("net") or {}
+    t = _number(rec["t"], "t")
+    if not 0 <= t <= MAX_TIME:
+        raise ValueError("t is not a time")
     return Sample(
         host=host,
-        t=float(rec["t"]),
-        cpu_percent=float(cpu["percent"]),
-        per_core=tuple(float(x) for x in cpu.get("per_core") or ()),
-        cpu_seconds={m: tuple(v) for m, v in (cpu.get("seconds") or {}).items()},
-        mem_total=int(mem.get("total", 0)),
-        mem_available=int(mem.get("available", 0)),
-        disk_read_bytes=int(disk.get("read_bytes", 0)),
-        disk_written_bytes=int(disk.get("written_bytes", 0)),
-        net_rx_bytes=int(net.get("rx_bytes", 0)),
-        net_tx_bytes=int(net.get("tx_bytes", 0)),
+        t=t,
+        cpu_percent=_number(cpu["percent"], "cpu percent"),
+        per_core=tuple(_number(x, "cpu per_core") for x in cpu.get("per_core") or ()),
+        cpu_seconds={str(m): tuple(_number(x, "cpu seconds") for x in v) for m, v in (cpu.get("seconds") or {}).items()},
+        mem_total=_count(mem.get("total", 0), "mem total"),
+        mem_available=_count(mem.get("available", 0), "mem available"),
+        disk_read_bytes=_count(disk.get("read_bytes", 0), "disk read_bytes"),
+        disk_written_bytes=_count(disk.get("written_bytes", 0), "disk written_bytes"),
+        net_rx_bytes=_count(net.get("rx_bytes", 0), "net rx_bytes"),
+        net_tx_bytes=_count(net.get("tx_bytes", 0), "net tx_bytes"),
         gpus=tuple(gpu_from_record(g) for g in rec.get("gpus") or ()),
     )

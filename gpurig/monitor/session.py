@@ -57,7 +57,7 @@ class Run:
             elif kind == "sample":
                 try:
                     sample = sample_from_record(host, record)
-                except (KeyError, TypeError, ValueError):
+                except (KeyError, TypeError, ValueError, AttributeError):
                     state.malformed += 1
                     return None
                 state.samples.append(sample)

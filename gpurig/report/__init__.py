@@ -12,6 +12,9 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
+
+from gpurig.strict.validate import printable
 
 
 def _width(stream) -> int | None:
@@ -24,6 +27,17 @@ def _width(stream) -> int | None:
 
 console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
 err_console = Console(highlight=False, soft_wrap=True, stderr=True, width=_width(sys.stderr))
+
+
+def outside(text: object) -> str:
+    """Text that came from outside (a host name, a note, a host's output, a recorded run) ready for a rich markup string.
+
+    Its control characters are shown as escapes (a terminal never obeys an
+    escape sequence in it) and its square brackets are escaped (it is never
+    read as markup). Table cells and plain lines use ``printable`` alone.
+    """
+    return escape(printable(text))
+
 
 # Loggers whose lines only help someone debugging gpurig itself: paramiko logs every failed
 # handshake as ~65 traceback lines, which would bury the one reason line per host.
@@ -39,9 +53,11 @@ class _StderrHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = f"gpurig: {record.levelname.lower()}: {record.getMessage()}"
+            # a message may quote a host's output: its escape sequences are shown, not obeyed
+            message = printable(record.getMessage())
+            text = f"gpurig: {record.levelname.lower()}: {message}"
             if record.name.split(".")[0] != "gpurig":
-                text = f"{record.name}: {record.levelname.lower()}: {record.getMessage()}"
+                text = f"{record.name}: {record.levelname.lower()}: {message}"
             if self.tracebacks and record.exc_info:
                 text += "\n" + logging.Formatter().formatException(record.exc_info)
             sys.stderr.write(text + "\n")

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+from gpurig.report import outside
 from gpurig.status import Status, worst
 from gpurig.steps.plan import StepResult
 
@@ -70,7 +70,7 @@ def print_diffs(report: FleetReport, out: Console) -> None:
         for s in host_results(r):
             for change in s.changes:
                 if change.diff:
-                    out.print(f"[bold]{escape(r.host)} {escape(s.step)}: {escape(change.summary)}[/]")
+                    out.print(f"[bold]{outside(r.host)} {outside(s.step)}: {outside(change.summary)}[/]")
                     for line in change.diff.splitlines():
                         style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
-                        out.print(f"[{style}]{escape(line)}[/]" if style else escape(line), soft_wrap=True)
+                        out.print(f"[{style}]{outside(line)}[/]" if style else outside(line), soft_wrap=True)

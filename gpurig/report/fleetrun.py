@@ -11,7 +11,9 @@ from rich.text import Text
 
 from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
 from gpurig.errors import explain
+from gpurig.report import outside
 from gpurig.status import Status
+from gpurig.strict.validate import printable
 
 # Keyed by the status's string value (Status is a str): tables and recaps look cells up by their text.
 STATUS_STYLE: dict[str, str] = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}
@@ -54,7 +56,7 @@ class FleetProgress(FleetEvents):
     def _show_busy(self) -> None:
         connecting = sum(1 for s in self.busy.values() if s == "connecting")
         running = [h for h, s in self.busy.items() if s == "running"]
-        shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
+        shown = ", ".join(outside(h) for h in running[:3])  # the column reads markup + (f" +{len(running) - 3}" if len(running) > 3 else "")
         text = (f"{connecting} connecting  " if connecting else "") + (f"running: {shown}" if running else "")
         self._update(busy=text)
 
@@ -63,9 +65,9 @@ class FleetProgress(FleetEvents):
             self.busy.pop(r.host, None)
             self._show_busy()
             self.counts[r.status] += 1
-        line = status_text(r.status).append(f" {r.host} ({r.duration_s:.1f}s)")
+        line = status_text(r.status).append(f" {printable(r.host)} ({r.duration_s:.1f}s)")
         if r.reason:
-            line.append(f"  {r.reason}")
+            line.append(f"  {printable(r.reason)}")
         self.progress.console.print(line)
         counts = " ".join(f"[{STATUS_STYLE[s]}]{s}={n}[/]" for s, n in self.counts.items() if n)
         self._update(advance=1, counts=counts)
@@ -98,10 +100,10 @@ def print_recap(report: FleetReport, console: Console) -> None:
     """Why each host that did not succeed failed (one line each), an Ansible-style line per host, then the totals."""
     for r in report.results:
         if not r.succeeded:
-            console.print(status_text(r.status).append(" " + explain(r.reason, r.fix, r.host)))
-    width = max((len(r.host) for r in report.results), default=0)
+            console.print(status_text(r.status).append(" " + printable(explain(r.reason, r.fix, r.host))))
+    width = max((len(printable(r.host)) for r in report.results), default=0)
     for r in report.results:
-        line = Text(f"{r.host:<{width}} :")
+        line = Text(f"{printable(r.host):<{width}} :")
         for status, n in host_counts(r).items():
             line.append(f" {status}={n}", style=STATUS_STYLE[status] if n else "dim")
         console.print(line)

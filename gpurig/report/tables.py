@@ -18,6 +18,7 @@ from rich.text import Text
 
 from gpurig import __version__
 from gpurig.files import to_json
+from gpurig.strict.validate import printable
 
 FORMATS = ("table", "tsv", "json")
 # A word longer than this may fold inside a cell instead of claiming the whole width.
@@ -75,13 +76,14 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Row], width: int, title
         minimum = _min_width(columns[i], [r[i] for r in rows]) if fits else None
         table.add_column(columns[i].name, overflow="fold", min_width=minimum)
     for row in rows:
-        table.add_row(*(Text(str(row[i]), style=columns[i].styles.get(str(row[i]), "")) for i in shown))
+        # Text, not a markup string, and printable: a cell is data (a host name, a reason), never markup or an escape sequence
+        table.add_row(*(Text(printable(row[i], newlines=True), style=columns[i].styles.get(str(row[i]), "")) for i in shown))
     return table
 
 
 def tsv(columns: Sequence[Column], rows: Sequence[Row]) -> str:
     """A header line and one line per row, tab-separated; tabs and newlines inside cells become spaces."""
-    clean = lambda cell: " ".join(str(cell).split())  # noqa: E731
+    clean = lambda cell: " ".join(printable(cell, newlines=True).split())  # noqa: E731
     lines = ["\t".join(c.name for c in columns)]
     lines += ["\t".join(clean(cell) for cell in row) for row in rows]
     return "\n".join(lines) + "\n"
@@ -128,7 +130,7 @@ PLAIN_ROWS = 1000
 def plain_columns(columns: Sequence[Column], rows: Sequence[Row]) -> str:
     """Left-aligned columns, two spaces apart, a header line first: what `ls -l`-style tools print."""
     header = [c.name for c in columns]
-    cells = [[" ".join(str(cell).split()) for cell in row] for row in rows]
+    cells = [[" ".join(printable(cell, newlines=True).split()) for cell in row] for row in rows]
     widths = [max(len(header[i]), *(len(r[i]) for r in cells)) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     return "\n".join(fmt.format(*r).rstrip() for r in (header, *cells)) + "\n"

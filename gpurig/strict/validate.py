@@ -9,6 +9,7 @@ its one-line error beside the file and key. Every pattern is matched whole
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,14 +24,87 @@ _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
 _IMAGE_REF = re.compile(
     rf"(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
 )
 _REGISTRY = re.compile(rf"{_IMAGE_DOMAIN}(?:/{_IMAGE_COMPONENT})*")
-_TAG = re.compile(r"[\w][\w.-]{0,127}")
+# ASCII only: \w would take 'é' or '١', which Docker refuses (after the hosts were contacted)
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# Numbers as people type them, in ASCII digits only: str.isdigit() takes '²' and '١٢', which int() then refuses or reads.
+_WHOLE = re.compile(r"[0-9]{1,18}")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][+-]?[0-9]{1,3})?")
+# What a terminal acts on: C0 and C1 controls (ESC starts every escape sequence), DEL, and the
+# bidirectional overrides that make text read differently from what it is.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _control(value: str) -> bool:
-    return any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+    return any(ord(ch) < 32 or 127 <= ord(ch) <= 159 for ch in value)
+
+
+def whole_number(value: object, high: int = 10**18) -> int | None:
+    """A whole number typed as text (or given as an int) from 0 to ``high``; None for anything else.
+
+    The one reading of a count, port or index from a flag, a variable or a
+    host's output: ASCII digits only, at most 18 of them.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value <= high else None
+    if not isinstance(value, str) or not _WHOLE.fullmatch(value):
+        return None
+    number = int(value)
+    return number if number <= high else None
+
+
+def finite_number(value: object) -> float | None:
+    """A finite number typed as text ("0.5", "1e3") or given as an int or float; None for anything else.
+
+    ASCII digits only, never nan or inf, and nothing whose float would overflow.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) < 10**300 else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if not isinstance(value, str) or not _DECIMAL.fullmatch(value):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def printable(text: object, newlines: bool = False) -> str:
+    """``text`` safe to put on a terminal or in a log: every control character (ESC included) shown as an escape.
+
+    For text that came from outside (host names, notes, a host's output,
+    recorded runs): a terminal escape sequence in it is shown, not obeyed.
+    ``newlines``: keep line breaks and tabs (a multi-line table cell); a carriage return is always shown.
+    """
+    text = str(text)
+
+    def shown(match: re.Match) -> str:
+        ch = match.group()
+        if newlines and ch in "\n\t":
+            return ch
+        return f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}"
+
+    return _UNPRINTABLE.sub(shown, text)
+
+
+def free_text_problem(value: object) -> str | None:
+    """Free text (a model name, a note): one line, no control characters."""
+    if not isinstance(value, str):
+        return "must be text"
+    if _UNPRINTABLE.search(value):
+        return "contains a control character"
+    return None
+
+
+def container_name_problem(value: object) -> str | None:
+    """A Docker container name: letters, digits, '_', '.', '-', not starting with one of '_.-'."""
+    if not isinstance(value, str) or not _CONTAINER_NAME.fullmatch(value):
+        return "is not a container name (letters, digits, '_', '.', '-', at most 128)"
+    return None
 
 
 def excerpt(value: object, limit: int = 40) -> str:

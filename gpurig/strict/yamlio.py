@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import yaml
 
@@ -40,24 +40,41 @@ else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_text(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str) -> str:
-    """The text of a user's file: regular, at most MAX_BYTES, UTF-8; else ``error`` with one line."""
+def open_regular(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str, limit: int = MAX_BYTES,
+                 kind: str = "a YAML file") -> BinaryIO:
+    """A user's file opened for reading: a regular file of at most ``limit`` bytes; else ``error`` with one line.
+
+    Opened without blocking and checked on the open descriptor: a FIFO would
+    hang the read, /dev/zero never ends, and a check by name could be raced.
+    """
     path = Path(path)
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise error(f"{what} {path} not found", fix_missing) from None
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror}", "check the path and its permissions") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {path} is not a regular file", "point at a YAML file, not a device, FIFO or directory")
-    if st.st_size > MAX_BYTES:
-        raise error(
-            f"{what} {path} is {st.st_size / 2**20:.1f} MiB, over the {MAX_BYTES // 2**20} MiB limit",
-            "split it (group_vars/, host_vars/) or remove generated bulk",
-        )
     try:
-        with open(path, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {path} is not a regular file", f"point at {kind}, not a device, FIFO or directory")
+        if st.st_size > limit:
+            raise error(
+                f"{what} {path} is {st.st_size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit",
+                "split it (group_vars/, host_vars/) or remove generated bulk" if limit == MAX_BYTES else "use a smaller file",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str) -> str:
+    """The text of a user's file: regular, at most MAX_BYTES, UTF-8; else ``error`` with one line."""
+    path = Path(path)
+    try:
+        with open_regular(path, error=error, what=what, fix_missing=fix_missing) as f:
             data = f.read(MAX_BYTES + 1)
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror}", "check the file's permissions") from None

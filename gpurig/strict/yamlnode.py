@@ -67,7 +67,9 @@ class Node:
             raise self.fail(f"expected a string, got {_kind(value)}", f"write e.g. {example!r}")
         if len(value) > MAX_TEXT:
             raise self.fail(f"a value of {len(value)} characters (at most {MAX_TEXT})", f"write e.g. {example!r}")
-        problem = check(value)
+        # Every text value is one line of printable text, whatever its own rule: a control character
+        # in a model name or a tag would reach a terminal, a log or a label.
+        problem = check(value) or validate.free_text_problem(value)
         if problem:
             raise self.fail(f"{validate.excerpt(value)} {problem}", f"write e.g. {example!r}")
         return value

@@ -25,6 +25,7 @@ from gpurig.connect.launcher import embedded
 from gpurig.errors import last_line
 from gpurig.facts.parsers import parse_nvidia_version
 from gpurig.facts.probes import Section
+from gpurig.strict.validate import whole_number
 from gpurig.verify.records import HostVerdict, Record
 
 CHECKS = Path(__file__).resolve().parents[2] / "checks"
@@ -299,10 +300,11 @@ def assigned_gpus(host_uuids: list[str], container: ContainerInfo | None) -> lis
         wanted = [v.strip() for v in visible.split(",") if v.strip()]
     out = []
     for ident in wanted:
-        if ident.isdigit():
-            if int(ident) >= len(host_uuids):
+        index = whole_number(ident)
+        if index is not None:
+            if index >= len(host_uuids):
                 return None  # an index the host does not have: the toolkit would have refused; nothing to compare
-            out.append(host_uuids[int(ident)])
+            out.append(host_uuids[index])
         else:
             out.append(ident)
     return out

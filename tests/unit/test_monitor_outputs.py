@@ -183,7 +183,7 @@ def test_cli_replays_a_recorded_run_into_plot_csv_json(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--interval", "fast"), "--interval 'fast' is not a number of seconds >= 0.05; fix:"),
+        (("--interval", "fast"), "--interval 'fast' is not a number of seconds from 0.05 to 31622400; fix:"),
         (("--replay", "nowhere"), "no recorded run in nowhere"),
         (("--prometheus", "x:y", "-i", "inv.yaml"), "--prometheus 'x:y' is not [ADDR:]PORT"),
     ],

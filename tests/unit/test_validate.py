@@ -139,3 +139,34 @@ def test_excerpt_of_a_huge_number_is_short_and_never_raises():
 
     assert excerpt(10**5000 - 1) == "a number of about 5000 digits"
     assert excerpt(12345) == "12345"
+
+
+# --- numbers and outside text: one grammar each -------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["²", "١٢", "１２", "12 ", "+1", "-1", "1e3", "", "9" * 19, "0x10"])
+def test_a_whole_number_is_ascii_digits_only(text):
+    # '²', '١٢' and '１２' pass str.isdigit(); int() raises on '²' and reads the others as 12
+    assert v.whole_number(text) is None
+
+
+def test_whole_numbers_are_read_and_bounded():
+    assert v.whole_number("0042") == 42 and v.whole_number(7) == 7
+    assert v.whole_number("65536", 65535) is None and v.whole_number(True) is None and v.whole_number(-1) is None
+
+
+@pytest.mark.parametrize("text", ["1e999", "inf", "nan", "Infinity", "١.٥", "1.5.", "1e", float("inf"), float("nan"), 10**400, True])
+def test_a_finite_number_refuses_what_would_overflow_or_is_not_ascii(text):
+    assert v.finite_number(text) is None
+
+
+def test_finite_numbers_are_read():
+    assert v.finite_number("0.5") == 0.5 and v.finite_number("1e3") == 1000.0 and v.finite_number("-.5") == -0.5 and v.finite_number(3) == 3.0
+
+
+def test_printable_shows_every_control_character_and_keeps_the_rest():
+    text = "a\x1b[2Jb\x07c\x9bd\u202ee\rf\ng\th é ü 漢"
+    shown = v.printable(text)
+    assert not any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch == "\u202e" for ch in shown)
+    assert shown == "a\\x1b[2Jb\\x07c\\x9bd\\u202ee\\x0df\\x0ag\\x09h é ü 漢"
+    assert v.printable("x\ny\tz\r", newlines=True) == "x\ny\tz\\x0d"
