@@ -8,12 +8,14 @@ from collections import defaultdict
 
 from invoke.exceptions import Exit
 from rich.live import Live
+from rich.markup import escape
 
 from gpurig.cli.options import HostOptions, fleet_document, host_task, make_connector, select_hosts
 from gpurig.connect.fleet import FleetReport
+from gpurig.errors import GpurigError
 from gpurig.files import write_report
 from gpurig.monitor import MonitorError
-from gpurig.monitor.agent import monitor_fleet
+from gpurig.monitor.agent import agent_source, monitor_fleet
 from gpurig.monitor.csvfile import CsvWriter, write_csv
 from gpurig.monitor.diagnose import diagnose
 from gpurig.monitor.live import findings_view, live_table, summary_table
@@ -21,6 +23,7 @@ from gpurig.monitor.record import Recorder, load_run
 from gpurig.monitor.session import Run
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import print_recap
+from gpurig.skeleton import shipped
 
 __all__ = ["monitor"]
 
@@ -80,7 +83,8 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
 def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
     hosts = select_hosts(opts)
     run = Run()
-    # Everything that can refuse to start does so before any file is created.
+    # Everything that can refuse to start does so before any file is created: a gpurig without its sampler first.
+    source = agent_source()
     exporter = None
     if prometheus:
         from gpurig.monitor.exporter import parse_listen, serve  # prometheus_client only when asked for
@@ -101,11 +105,11 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     started = time.time()
     try:
         if exporter:
-            err_console.print(f"prometheus: scrape {exporter.url}")
+            err_console.print(escape(f"prometheus: scrape {exporter.url}{_dashboard()}"), highlight=False)
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
-        report = monitor_fleet(hosts, connector, run, interval, duration)  # Ctrl-C ends it like --duration
+        report = monitor_fleet(hosts, connector, run, interval, duration, source)  # Ctrl-C ends it like --duration
     finally:
         if live:
             live.stop()
@@ -119,6 +123,14 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     if csv:
         err_console.print(f"csv: {csv}")
     return run, report
+
+
+def _dashboard() -> str:
+    """' (Grafana dashboard: PATH)' for the one gpurig ships, wherever this copy is installed; '' if it lacks it (monitoring goes on)."""
+    try:
+        return f" (Grafana dashboard: {shipped('gpurig/monitor/grafana-dashboard.json')})"
+    except GpurigError:
+        return ""
 
 
 def _live(run: Run, interval: float):
