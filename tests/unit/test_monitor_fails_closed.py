@@ -7,8 +7,12 @@ running a real shell line in the sampler's place.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,7 @@ from gpurig.monitor import MonitorError, agent
 from gpurig.monitor.agent import agent_source, watch
 from gpurig.monitor.session import Run
 
+ROOT = Path(__file__).resolve().parents[2]
 HELLO = json.dumps({"type": "hello", "hostname": "h", "source": "none"})
 END = json.dumps({"type": "end", "samples": 0})
 
@@ -90,3 +95,19 @@ def test_a_sampler_missing_from_the_install_names_it(monkeypatch):
     monkeypatch.setattr(agent, "shipped", missing)
     with pytest.raises(GpurigError, match="has no checks/gpu_sampler.py"):
         agent_source()
+
+
+def test_the_monitor_task_fails_a_host_that_sent_no_sample(tmp_path):
+    """The real CLI on this machine, whose python3 (found on PATH, as on a host) says hello and ends without sampling."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(HELLO)} {shlex.quote(END)}\n")
+    fake.chmod(0o755)
+    (tmp_path / "hosts.yaml").write_text("all:\n  hosts:\n    here:\n      ansible_connection: local\n")
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+    proc = subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", "monitor", "-i", "hosts.yaml", "--duration", "0.3",
+                           "--interval", "0.1", "--json", "out.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    failed = [line for line in proc.stderr.splitlines() if line.startswith("failed")]
+    assert len(failed) == 1 and "here: no samples from this host" in failed[0] and "the sampler ended without sending one" in failed[0]
+    assert json.loads((tmp_path / "out.json").read_text())["fleet"]["summary"]["failed"] == 1
