@@ -1,8 +1,13 @@
-"""The files a new gpurig project starts from (images/, templates/, checks/, inventory/), and copying them out.
+"""Every file gpurig ships, found the same way wherever gpurig is installed, and the project skeleton copied out of them.
 
-An installed wheel carries them as ``gpurig/skeleton/`` (setup.py copies the
-checkout's top-level folders there at build time, so git holds them once); an
-editable install or a checkout uses the top-level folders themselves.
+``shipped(path)`` is the one resolver: ``path`` is written as it is in the
+source checkout (``checks/verify_host.py``, ``templates``,
+``gpurig/monitor/grafana-dashboard.json``). The project skeleton (images/,
+templates/, checks/, inventory/, .hadolint.yaml) is carried by an installed
+wheel as ``gpurig/skeleton/`` (setup.py copies the checkout's top-level
+folders there at build time, so git holds them once); an editable install or a
+checkout uses the top-level folders themselves. Files under ``gpurig/`` are
+package data, next to the code in both cases.
 
 Only the standard library is imported at module level: setup.py reads
 ``SKELETON`` and ``copy_tree`` from this file before gpurig is installed.
@@ -40,6 +45,31 @@ def skeleton_source() -> Path:
     from gpurig.errors import GpurigError
 
     raise GpurigError(f"this gpurig ({here}) was installed without its project files", "reinstall it from a wheel or sdist built by setup.py")
+
+
+def shipped(path: str) -> Path:
+    """The file or folder gpurig ships at ``path`` (as written in the source checkout), in this installed copy.
+
+    Raises GpurigError, naming the path and where it was looked for, when this
+    copy of gpurig lacks it: a probe that is not there must stop the run with
+    that line, never let it pass as a check that was skipped.
+    """
+    from gpurig.errors import GpurigError
+
+    parts = Path(path).parts
+    if not parts or Path(path).is_absolute() or ".." in parts:
+        raise ValueError(f"shipped() takes a path inside the checkout, not {path!r}")
+    package = Path(__file__).resolve().parent
+    if parts[0] == package.name:  # package data: beside the code, in a wheel as in a checkout
+        found = package.parent / path
+    elif parts[0] in SKELETON:
+        found = skeleton_source() / path
+    else:
+        raise ValueError(f"{path!r} is not something gpurig ships (one of {', '.join(SKELETON)}, or under {package.name}/)")
+    if not found.exists():
+        raise GpurigError(f"this gpurig ({package}) has no {path} (looked for {found})",
+                          "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)")
+    return found
 
 
 def scaffold(target: str | Path, config_text: str = "") -> list[str]:

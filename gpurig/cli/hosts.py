@@ -12,7 +12,7 @@ from gpurig.config import positive_number
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import GpurigError
-from gpurig.facts import Facts, gather
+from gpurig.facts import Facts, gather_complete
 from gpurig.facts.readiness import lacks
 from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
@@ -57,7 +57,7 @@ def facts(c, opts: HostOptions):
             "lacks": {r.host: list(lacks(r.data, entry.cuda)) for r in report.results if isinstance(r.data, Facts)},
         }
 
-    report = run_hosts(opts, chosen, gather, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
+    report = run_hosts(opts, chosen, gather_complete, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
     columns, rows = facts_rows(report, entry)
     opts.show(columns, rows, doc=fleet_document(opts, report, FACTS_SCHEMA, **annotate(report)))
     exit_for(report)

@@ -10,9 +10,10 @@ from rich.live import Live
 
 from gpurig.cli.options import HostOptions, fleet_document, host_task, make_connector, select_hosts
 from gpurig.connect.fleet import FleetReport
+from gpurig.errors import GpurigError
 from gpurig.files import write_report
 from gpurig.monitor import MonitorError
-from gpurig.monitor.agent import monitor_fleet
+from gpurig.monitor.agent import agent_source, monitor_fleet
 from gpurig.monitor.csvfile import CsvWriter, write_csv
 from gpurig.monitor.diagnose import diagnose
 from gpurig.monitor.live import findings_view, live_table, summary_table
@@ -20,6 +21,7 @@ from gpurig.monitor.record import Recorder, load_run
 from gpurig.monitor.session import Run
 from gpurig.report import console, err_console, outside
 from gpurig.report.fleetrun import print_recap
+from gpurig.skeleton import shipped
 from gpurig.strict.validate import excerpt, finite_number
 
 __all__ = ["monitor"]
@@ -83,7 +85,8 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
 def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
     hosts = select_hosts(opts)
     run = Run()
-    # Everything that can refuse to start does so before any file is created.
+    # Everything that can refuse to start does so before any file is created: a gpurig without its sampler first.
+    source = agent_source()
     exporter = None
     if prometheus:
         from gpurig.monitor.exporter import parse_listen, serve  # prometheus_client only when asked for
@@ -104,11 +107,11 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     started = time.time()
     try:
         if exporter:
-            err_console.print(f"prometheus: scrape {outside(exporter.url)}")
+            err_console.print(f"prometheus: scrape {outside(exporter.url)}{outside(_dashboard())}")
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
-        report = monitor_fleet(hosts, connector, run, interval, duration)  # Ctrl-C ends it like --duration
+        report = monitor_fleet(hosts, connector, run, interval, duration, source)  # Ctrl-C ends it like --duration
     finally:
         if live:
             live.stop()
@@ -122,6 +125,14 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     if csv:
         err_console.print(f"csv: {outside(csv)}")
     return run, report
+
+
+def _dashboard() -> str:
+    """' (Grafana dashboard: PATH)' for the one gpurig ships, wherever this copy is installed; '' if it lacks it (monitoring goes on)."""
+    try:
+        return f" (Grafana dashboard: {shipped('gpurig/monitor/grafana-dashboard.json')})"
+    except GpurigError:
+        return ""
 
 
 def _live(run: Run, interval: float):

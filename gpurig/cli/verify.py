@@ -61,14 +61,10 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
 
     def work(conn: Connection) -> Outcome:
         gpus = expect[conn.name]
-        verdict = verify_host(conn, plan, gpus.count, gpus.model)
-        failed = verdict.failures
-        if failed:
-            return Outcome(status=Status.FAILED, data=verdict, detail=f"{failed[0].id}: {failed[0].detail}")
-        return Outcome(data=verdict)
+        return verdict_outcome(verify_host(conn, plan, gpus.count, gpus.model))
 
     def annotate(report: FleetReport) -> dict:
-        return {"level": plan.level, "target": plan.target or None, "passed": report.exit_code == 0}
+        return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}
 
     report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate)
     if junit:
@@ -77,6 +73,22 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     if junit != "-":  # stdout already holds the XML
         opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     exit_for(report)
+
+
+def verdict_outcome(verdict: HostVerdict) -> Outcome:
+    """``ok`` only for a proven host: a failure, or a verification that checked nothing, is ``failed`` with one line."""
+    failed = verdict.failures
+    if failed:
+        return Outcome(status=Status.FAILED, data=verdict, detail=f"{failed[0].id}: {failed[0].detail}", fix=failed[0].fix)
+    if not verdict.passed:  # every host record skipped: records.unchecked adds a failure for it, this is the backstop
+        return Outcome(status=Status.FAILED, data=verdict, detail="nothing was checked on the host: every host record was skipped")
+    return Outcome(data=verdict)
+
+
+def fleet_passed(report: FleetReport) -> bool:
+    """The JSON's ``passed``: at least one host, every one verified and proven (not unreachable, not skipped, not unchecked)."""
+    verdicts = [_verdict(r.data) for r in report.results]
+    return report.exit_code == 0 and bool(verdicts) and all(v is not None and v.passed for v in verdicts)
 
 
 def make_plan(container: str | None, image: str | None, level: str | None) -> VerifyPlan:

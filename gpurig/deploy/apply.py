@@ -30,7 +30,7 @@ from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime
 from gpurig.errors import GpurigError, HostError
-from gpurig.facts import gather
+from gpurig.facts import gather_complete as gather
 from gpurig.status import Status
 from gpurig.steps.commands import Call, Command, run_change
 from gpurig.steps.plan import Plan, StepResult

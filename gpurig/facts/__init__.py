@@ -74,6 +74,13 @@ class Facts:
     system: SystemFacts = field(default_factory=SystemFacts)  # packages, apt candidates, services, identity
     missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
 
+    @property
+    def incomplete(self) -> str:
+        """'' when every probe's output arrived, else the one line naming those that did not: such facts are not ``ok``."""
+        if not self.missing:
+            return ""
+        return f"facts incomplete: no output for {', '.join(self.missing)} (the host stopped answering mid-probe?)"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["daemon_json"].pop("text")  # the parsed content says it all; the raw text is for diffs
@@ -135,15 +142,28 @@ def parse_facts(output: str) -> Facts:
 
 
 def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
-    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error."""
+    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error.
+
+    Facts with some sections missing are returned (``missing`` names them, ``incomplete`` says it in
+    one line) for the caller to refuse: nothing may be planned or reported ``ok`` from them.
+    """
     result = conn.run(["sh", "-c", FACTS_SCRIPT], warn=True, timeout=timeout)
     facts = parse_facts(result.stdout)
-    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place
+    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place, or nothing did
         said = excerpt(last_line(result.stdout, result.stderr), 60) if last_line(result.stdout, result.stderr) else "nothing"
         raise HostError(
-            f"{conn.name}: the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
+            f"the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
             "run 'ssh HOST true' by hand and check the user's login shell and any ForceCommand in the host's sshd_config",
+            host=conn.name,
         )
+    return facts
+
+
+def gather_complete(conn: Connection, timeout: float | None = 60.0) -> Facts:
+    """``gather``, where facts with any probe's output missing are a HostError (the ``facts`` task's rule: never ``ok`` from half an answer)."""
+    facts = gather(conn, timeout)
+    if facts.incomplete:
+        raise HostError(facts.incomplete, "check the host (disk full? killed session? a login shell that exits early?) and run again", host=conn.name)
     return facts
 
 
@@ -165,6 +185,7 @@ __all__ = [
     "SystemFacts",
     "facts_script",
     "gather",
+    "gather_complete",
     "parse_cgroup",
     "parse_daemon_json",
     "parse_df",

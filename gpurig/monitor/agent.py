@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
+import time
+from pathlib import PurePosixPath
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, run_fleet
@@ -17,16 +18,31 @@ from gpurig.connect.launcher import embedded_line
 from gpurig.connect.ssh import Connector
 from gpurig.errors import HostError
 from gpurig.inventory import Host
+from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
+from gpurig.skeleton import shipped
 
-AGENT = Path(__file__).resolve().parents[2] / "checks" / "gpu_sampler.py"
+AGENT = "checks/gpu_sampler.py"  # as shipped (gpurig.skeleton.shipped finds it in a wheel as in a checkout)
 CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends
+
+
+def agent_source() -> str:
+    """The sampler's source as this gpurig ships it; missing, unreadable or empty is one clear error before any host."""
+    path = shipped(AGENT)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise MonitorError(f"{AGENT} cannot be read ({path}): {getattr(err, 'strerror', None) or err}",
+                           "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)") from None
+    if not text.strip():
+        raise MonitorError(f"{AGENT} is empty ({path})", "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)")
+    return text
 
 
 def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:
     """The shell line that runs the agent from its source embedded in the line itself."""
-    text = source if source is not None else AGENT.read_text()
-    return embedded_line(text, AGENT.name, ["--interval", f"{interval:g}", "--duration", f"{duration:g}"], python)
+    text = source if source is not None else agent_source()
+    return embedded_line(text, PurePosixPath(AGENT).name, ["--interval", f"{interval:g}", "--duration", f"{duration:g}"], python)
 
 
 class LineBuffer:
@@ -53,12 +69,15 @@ def watch(
     command: str | None = None,
     stop: threading.Event | None = None,
     chunk: float = CHUNK_S,
+    source: str | None = None,
 ) -> dict:
     """Stream the agent's records from ``conn`` into ``run`` until ``duration`` ends (0: until ``stop`` is set).
 
     Returns a summary of the host's run. Raises HostError when the agent
     cannot start or stops early; ConnectionLost (a HostError) when the host
-    goes away: the fleet reports that host and the others go on. Once
+    goes away: the fleet reports that host and the others go on. A run
+    that ends with no sample read from the host is a HostError too: a host
+    that was not watched must not count as watched. Once
     ``stop`` is set the agent is ended at its next record (the connection
     kills a local one, and a remote one dies with its SSH channel).
 
@@ -88,8 +107,12 @@ def watch(
                     seen[kind] += 1
                 run.add(name, record)
 
+    started = time.monotonic()
+
     def summary(**extra) -> dict:
         state = run.state(name)
+        if not state.samples:
+            raise no_samples(name, state.malformed, time.monotonic() - started, stopped=bool(extra.get("stopped")), why=stderr_tail[-1:])
         return {"samples": seen["sample"], "source": state.source, "notes": list(state.notes), **extra}
 
     left = duration
@@ -98,7 +121,7 @@ def watch(
         ends_before = seen["end"]
         timeout = part + max(30.0, 5 * interval)
         try:
-            result = conn.run(command or agent_command(interval, part), warn=True, timeout=timeout, on_output=on_output)
+            result = conn.run(command or agent_command(interval, part, source), warn=True, timeout=timeout, on_output=on_output)
         except _Stopped:
             return summary(stopped=True)
         if result.exited == 127:
@@ -111,13 +134,26 @@ def watch(
             return summary()
 
 
-def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float) -> FleetReport:
+def no_samples(host: str, malformed: int, seconds: float, *, stopped: bool = False, why: list[str] | tuple[str, ...] = ()) -> HostError:
+    """The one line for a host the run got no sample from, saying why where it can."""
+    if malformed:
+        reason = f"its {malformed} sample record(s) could not be read (a sampler from another gpurig version?)"
+    elif stopped:
+        reason = "the run was stopped before its first sample"
+    else:
+        reason = "the sampler ended without sending one" + (f": {why[-1]}" if why else "")
+    return HostError(f"no samples from this host in {seconds:.1f}s: {reason}; it was not watched",
+                     "run checks/gpu_sampler.py --interval 1 --duration 3 on the host to see what it prints", host=host)
+
+
+def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float, source: str | None = None) -> FleetReport:
     """Watch every host at once (one connection each) until ``duration`` ends or Ctrl-C; a host that dies is reported, the rest go on.
 
     Ctrl-C ends the run like the end of ``duration``: every agent stops at its
     next sample and the report says what each host did. The fleet runs in a
     worker thread so that the interrupt reaches this one, which stops it.
     """
+    source = source if source is not None else agent_source()  # before any host: a gpurig without its sampler says so once
     stop = threading.Event()
     reports: list[FleetReport] = []
     errors: list[BaseException] = []
@@ -126,7 +162,7 @@ def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: f
         try:
             reports.append(run_fleet(
                 hosts,
-                lambda conn: watch(conn, run, interval, duration, stop=stop),
+                lambda conn: watch(conn, run, interval, duration, stop=stop, source=source),
                 connector=connector,
                 forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
                 label="monitor",

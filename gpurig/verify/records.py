@@ -51,6 +51,39 @@ def worst_status(records: Iterable[Record]) -> str:
     return max((r.status for r in records), key=STATUS_ORDER.__getitem__, default="skip")
 
 
+def ran(records: Iterable[Record], *probes: str) -> bool:
+    """Whether any record of these probes checked something (pass, warn or fail, not skip)."""
+    return any(r.probe in probes and r.status != "skip" for r in records)
+
+
+def unchecked(records: list[Record], target: str = "") -> list[Record]:
+    """A ``fail`` record for each level that checked nothing: the host always, the container when ``target`` names one.
+
+    A probe that printed nothing, or skipped every record, proved nothing; it
+    must not add up to a pass. The detail says what could not be checked and why
+    (the first skip's reason). A level that already failed needs no second line.
+    """
+    out = []
+    host = [r for r in records if r.probe == "host"]
+    if not ran(host, "host"):
+        why = _first_reason(host) or "the host probe gave no records"
+        out.append(Record("host", "host.checked", "fail", detail=f"nothing was checked on the host: {why}",
+                          fix="run checks/verify_host.py --text on the host to see why its checks did not run"))
+    inner = [r for r in records if r.probe in ("toolkit", "container")]
+    if target and not ran(inner, "container") and not any(r.status == "fail" for r in inner):
+        why = _first_reason([r for r in inner if r.probe == "container"]) or "the container probe gave no records"
+        out.append(Record("container", "container.checked", "fail", detail=f"nothing was checked in {target}: {why}",
+                          fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py"))
+    return out
+
+
+def _first_reason(records: list[Record]) -> str:
+    if not records:
+        return ""
+    detail = next((r.detail for r in records if r.detail), "")
+    return f"every record was skipped ({detail})" if detail else "every record was skipped"
+
+
 @dataclass(frozen=True)
 class HostVerdict:
     """Every record of one host, in run order (host, toolkit, container), and what they add up to."""
@@ -69,6 +102,11 @@ class HostVerdict:
     def failures(self) -> tuple[Record, ...]:
         return tuple(r for r in self.records if r.status == "fail")
 
+    @property
+    def passed(self) -> bool:
+        """Proven: the host-level records ran (not every one skipped) and none failed. Nothing checked is never a pass."""
+        return ran(self.records, "host") and not self.failures
+
     def figures(self) -> str:
         """'bf16 780 TFLOP/s (79%), mem 4300 GB/s (90%), train 812 samples/s': what the full level measured."""
         by_id = {r.id: r for r in self.records}
@@ -82,5 +120,5 @@ class HostVerdict:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"worst": self.worst, "level": self.level, "target": self.target or None,
+        return {"worst": self.worst, "passed": self.passed, "level": self.level, "target": self.target or None,
                 "seconds": self.seconds or {}, "records": [r.to_dict() for r in self.records]}

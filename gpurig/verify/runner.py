@@ -16,21 +16,21 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpurig.connect.connection import CommandTimeout, Connection, Result
 from gpurig.connect.engine import EngineError, open_engine
 from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, has_nvidia_runtime
 from gpurig.connect.launcher import embedded
-from gpurig.errors import last_line
+from gpurig.errors import GpurigError, last_line
 from gpurig.facts.parsers import parse_nvidia_version
 from gpurig.facts.probes import Section
+from gpurig.skeleton import shipped
 from gpurig.strict.validate import whole_number
-from gpurig.verify.records import HostVerdict, Record
+from gpurig.verify.records import HostVerdict, Record, unchecked
 
-CHECKS = Path(__file__).resolve().parents[2] / "checks"
-HOST_PROBE = CHECKS / "verify_host.py"
-TORCH_PROBE = CHECKS / "verify_torch.py"
+HOST_PROBE = "checks/verify_host.py"  # as shipped (gpurig.skeleton.shipped finds them in a wheel as in a checkout)
+TORCH_PROBE = "checks/verify_torch.py"
+REINSTALL = "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)"
 LEVELS = ("quick", "full")
 # /dev/shm of a throwaway --image run: the size gpurig_containers recommends, so the image is judged, not Docker's default
 IMAGE_SHM = "16g"
@@ -49,11 +49,15 @@ class VerifyPlan:
     host_probe: str | None = None  # the probes' source text; None: that probe is not available
     torch_probe: str | None = None
     container_timeout_s: float | None = None  # None: 120 s quick, 600 s full
+    host_probe_error: str = ""  # why host_probe is None, where known
+    torch_probe_error: str = ""
 
     @classmethod
     def from_checks(cls, level: str = "quick", container: str | None = None, image: str | None = None) -> VerifyPlan:
-        read = lambda p: p.read_text() if p.is_file() else None  # noqa: E731
-        return cls(level, container, image, read(HOST_PROBE), read(TORCH_PROBE))
+        """The plan with the probes this gpurig ships; a probe it lacks or cannot read is None, with the reason kept."""
+        host, host_error = read_probe(HOST_PROBE)
+        torch, torch_error = read_probe(TORCH_PROBE)
+        return cls(level, container, image, host, torch, host_probe_error=host_error, torch_probe_error=torch_error)
 
     @property
     def target(self) -> str:
@@ -66,8 +70,25 @@ class VerifyPlan:
         return 600.0 if self.level == "full" else 120.0
 
 
+def read_probe(path: str) -> tuple[str | None, str]:
+    """(source text, "") of a probe gpurig ships, or (None, why it cannot be had): missing, unreadable or empty."""
+    try:
+        text = shipped(path).read_text()
+    except GpurigError as err:
+        return None, err.problem
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"{path} cannot be read: {getattr(err, 'strerror', None) or err}"
+    if not text.strip():
+        return None, f"{path} is empty"
+    return text, ""
+
+
 def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None) -> HostVerdict:
-    """Every record for one host; a probe that cannot run is a record saying why, never an exception."""
+    """Every record for one host; a probe that cannot run is a record saying why, never an exception.
+
+    Fails closed: a level that checked nothing (a probe missing, silent, or
+    skipping every record) gets a ``fail`` record saying so (records.unchecked).
+    """
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     records = host_records(conn, plan, expect_gpus, expect_model)
@@ -83,6 +104,7 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
         host_uuids = list(facts.host_uuids)
         assigned = assigned_gpus(host_uuids, facts.container) if plan.container else None
         records += toolkit + [uuid_record(host_uuids, container, assigned)] + container
+    records += unchecked(records, plan.target)
     return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
 
 
@@ -107,7 +129,8 @@ def parse_document(result: Result, probe: str) -> list[Record] | None:
 
 def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, expect_model: str | None) -> list[Record]:
     if plan.host_probe is None:
-        return [Record("host", "host.probe", "skip", detail="checks/verify_host.py is not in this gpurig")]
+        why = plan.host_probe_error or f"{HOST_PROBE} is not in this gpurig"
+        return [Record("host", "host.probe", "fail", detail=f"the host could not be checked: {why}", fix=REINSTALL)]
     args = ["--json"]
     if expect_gpus is not None:
         args += ["--expect-gpus", str(expect_gpus)]
@@ -119,13 +142,24 @@ def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, ex
         return [Record("host", "host.probe", "fail", detail="the host probe did not finish within 120 s (a hung nvidia-smi or NVML?)",
                        fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")]
     records = parse_document(result, "host")
-    if records is not None:
+    if records:
         return records
     if result.exited == 127:
         return [Record("host", "host.probe", "fail", detail="no python3 on the host to run the host probe",
                        fix="install python3 on the host (apt-get install python3)")]
-    return [Record("host", "host.probe", "fail", detail=f"the host probe gave no records (exit {result.exited}): "
-                   f"{last_line(result.stderr, result.stdout)}", fix="run checks/verify_host.py --text on the host to see why")]
+    return [silent_probe(result, "host", "run checks/verify_host.py --text on the host to see why", records)]
+
+
+def silent_probe(result: Result, probe: str, fix: str, records: list[Record] | None) -> Record:
+    """The fail record of a probe that printed nothing, something that is not its document, or a document without records."""
+    said = last_line(result.stderr, result.stdout)
+    if records is not None:
+        what = "a document with no records"
+    elif said:
+        what = f"no records: {said}"
+    else:
+        what = "nothing"
+    return Record(probe, f"{probe}.probe", "fail", detail=f"the {probe} probe printed {what} (exit {result.exited}): nothing was checked", fix=fix)
 
 
 @dataclass(frozen=True)
@@ -232,7 +266,8 @@ def container_command(plan: VerifyPlan, facts: DockerFacts, name: str = "gpurig-
 
 def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, toolkit: list[Record]) -> list[Record]:
     if plan.torch_probe is None:
-        return [Record("container", "container.probe", "skip", detail="checks/verify_torch.py is not in this gpurig")]
+        why = plan.torch_probe_error or f"{TORCH_PROBE} is not in this gpurig"
+        return [Record("container", "container.probe", "fail", detail=f"{plan.target} could not be checked: {why}", fix=REINSTALL)]
     if any(r.id == "toolkit.docker" for r in toolkit):
         return [Record("container", "container.probe", "skip", detail="skipped: needs toolkit.docker")]
     if not facts.found:
@@ -251,8 +286,10 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, to
         return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
                        fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
     records = parse_document(result, "container")
-    if records is not None:
+    if records:
         return records
+    if records is not None:  # a document, but no records in it
+        return [silent_probe(result, "container", "run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py", records)]
     return [probe_failed(result, plan, facts)]
 
 
@@ -284,8 +321,7 @@ def probe_failed(result: Result, plan: VerifyPlan, facts: DockerFacts | None = N
     if "nvidia-container-cli" in low:
         return Record("container", "container.probe", "fail", detail=f"the container toolkit could not start the container: {text}",
                       fix="run nvidia-smi on the host; gpurig verify without --image/--container shows the driver's state")
-    return Record("container", "container.probe", "fail", detail=f"the container probe gave no records (exit {result.exited}): {text}",
-                  fix="run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py")
+    return silent_probe(result, "container", "run it by hand: docker exec -i NAME python3 - --text < checks/verify_torch.py", None)
 
 
 def assigned_gpus(host_uuids: list[str], container: ContainerInfo | None) -> list[str] | None:

@@ -9,10 +9,11 @@ import pytest
 
 from gpurig.monitor.exporter import DCGM_GAUGES, serve
 from gpurig.monitor.record import load_run
+from gpurig.skeleton import shipped
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNS = ROOT / "tests" / "fixtures" / "monitor" / "runs"
-DASHBOARD = ROOT / "gpurig" / "monitor" / "grafana-dashboard.json"
+DASHBOARD = shipped("gpurig/monitor/grafana-dashboard.json")  # where this gpurig keeps it, as users find it
 NODE = (
     "node_cpu_seconds_total",
     "node_memory_MemTotal_bytes",
