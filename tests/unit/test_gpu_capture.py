@@ -23,6 +23,8 @@ from gpurig.connect.connection import Result
 from gpurig.monitor.samples import sample_from_record
 from gpurig.verify.runner import parse_document
 
+pytestmark = pytest.mark.timeout(1500)  # on a GPU machine the capture itself runs for real (a few minutes, bounded at 1200 s)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_capture.py"
 RECORDED = ROOT / "tests" / "fixtures" / "gpu"
