@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(docker.io openssh-server sudo debootstrap docker-registry git prometheus)
+packages=(docker.io openssh-server sudo debootstrap docker-registry git prometheus python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -32,8 +32,24 @@ log "installing gpurig and its test tools"
 # machine is set up for gpurig and its tests, as root, so it is told.
 export PIP_BREAK_SYSTEM_PACKAGES=1
 python3 -m pip install -q -e '.[test]'
-# The CPU build of torch, for the probe tests on this (GPU-less) machine.
-python3 -m pip install -q 'torch==2.13.0' || log "torch not installed: the probe's torch tests will be skipped"
+# The CPU build of torch, for the probe tests on this (GPU-less) machine. Without it those tests would
+# skip and the suite would pass having checked nothing of the torch probe: stop here instead.
+if ! python3 -m pip install -q 'torch==2.13.0' || ! python3 -c 'import torch' >/dev/null 2>&1; then
+    log "torch 2.13.0 could not be installed or imported (see pip's message above): the torch probe's tests need it; fix the index or the network and run this again"
+    exit 1
+fi
+# ansible-core, the version tests/fixtures/inventory/ansible/ was recorded with, in its own venv (system packages
+# visible, so only ansible-core and resolvelib are fetched): `gpurig inventory` is compared with it live, which
+# proves the recorded outputs are ansible-inventory's own. .bench-venv is git-ignored; bench/ uses it too.
+ansible_version=$(.bench-venv/bin/ansible-inventory --version 2>/dev/null || true)
+if [[ "$ansible_version" != *"core 2.19.14"* ]]; then
+    log "installing ansible-core 2.19.14 into .bench-venv"
+    python3 -m venv --system-site-packages .bench-venv
+    if ! .bench-venv/bin/python -m pip install -q 'ansible-core==2.19.14'; then
+        log "ansible-core 2.19.14 could not be installed into .bench-venv: the live ansible-inventory comparisons need it; fix the index or the network and run this again"
+        exit 1
+    fi
+fi
 
 if ! docker info >/dev/null 2>&1 && ! /usr/bin/docker info >/dev/null 2>&1; then
     log "starting dockerd"

@@ -8,6 +8,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# No test may hang: pytest-timeout stops any test after pyproject's default (900 s). These folders' first tests
+# also pay for session fixtures that build images or provision hosts from scratch (up to an hour on 2 cores).
+LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers")
+LONG_TIMEOUT_S = 3600
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            "pytest-timeout is not installed, so a hung test is never stopped: pip install -e '.[test]'"), stacklevel=2)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(ROOT / "tests").as_posix() if item.path.is_relative_to(ROOT / "tests") else ""
+        if where.startswith(LONG_FOLDERS) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
 
 
 @pytest.fixture

@@ -105,6 +105,8 @@ def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> An
         raise error(f"{source}:{err.where}: {err.rule}", err.fix) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
+        if "nesting depth" in str(err.problem):  # PyYAML >= 6.0.4 stops at its own depth limit before our event check sees level 65
+            raise error(f"{source}:{_Refused(mark, '', '').where}: nested deeper than {MAX_DEPTH} levels", "flatten the structure") from None
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
         what = err.problem or err.context or "malformed YAML"
         # libyaml's text can quote the file (a tag, a character): keep it short and on one line

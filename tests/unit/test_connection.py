@@ -41,7 +41,7 @@ def test_local_command_timeout_kills_the_process_group(local):
     start = time.monotonic()
     with pytest.raises(CommandTimeout, match="within 0.5s"):
         local.run("sleep 30 & sleep 30", timeout=0.5)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 15  # half the sleeps: a run that waited for them fails, however loaded the machine
 
 
 def test_local_stdin_is_closed(local):

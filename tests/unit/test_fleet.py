@@ -52,7 +52,12 @@ def test_all_ok_exits_zero(tmp_path):
     assert run_fleet(hosts(3), lambda c: None, connector=connector(tmp_path)).exit_code == 0
 
 
-def test_forks_bounds_concurrency(tmp_path):
+def test_forks_hosts_run_at_once_and_no_more(tmp_path):
+    """Lower bound: each host waits at a barrier that opens only when ``forks`` hosts are in their work together,
+    so a fleet that ran fewer at a time (one host after another) breaks the barrier and fails every host.
+    Upper bound: never more than ``forks`` inside their work at once."""
+    forks = 3
+    together = threading.Barrier(forks, timeout=20)  # bounded: a serial fleet fails in 20 s, never hangs
     running = 0
     peak = 0
     lock = threading.Lock()
@@ -62,12 +67,22 @@ def test_forks_bounds_concurrency(tmp_path):
         with lock:
             running += 1
             peak = max(peak, running)
-        conn.run("sleep 0.05")
-        with lock:
-            running -= 1
+        try:
+            together.wait()
+            return conn.run("true").exited
+        finally:
+            with lock:
+                running -= 1
 
-    run_fleet(hosts(12), work, connector=connector(tmp_path), forks=3)
-    assert peak <= 3
+    report = run_fleet(hosts(4 * forks), work, connector=connector(tmp_path), forks=forks)
+    assert report.summary["ok"] == 4 * forks, [(r.host, r.reason) for r in report.results if not r.succeeded]
+    assert peak == forks
+
+
+def test_without_forks_every_host_of_a_small_fleet_runs_at_once(tmp_path):
+    together = threading.Barrier(5, timeout=20)
+    report = run_fleet(hosts(5), lambda conn: together.wait(), connector=connector(tmp_path))
+    assert report.exit_code == 0, [(r.host, r.reason) for r in report.results]
 
 
 def test_recap_gives_each_failed_host_one_reason_line_and_one_count_line(tmp_path):

@@ -218,14 +218,16 @@ def test_ctrl_c_ends_a_run_like_its_duration_and_leaves_no_agent(tmp_path):
     try:
         deadline = time.monotonic() + 30
         while not (samples.exists() and {"one", "two"} <= {json.loads(line)["host"] for line in samples.read_text().splitlines() if '"sample"' in line}):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            # an ended monitor has all its output; a running one past the deadline is killed in finally, never waited on here
+            assert proc.poll() is None, proc.communicate(timeout=20)
+            assert time.monotonic() < deadline, "no samples from both hosts within 30 s"
             time.sleep(0.05)  # polling for the first samples, not a synchronisation sleep
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "ok=2" in err
     assert "one" in out and "two" in out  # the summary table

@@ -128,7 +128,7 @@ class SshdFarm:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        host.proc.wait()
+        host.proc.wait(timeout=60)
 
     def stop_all(self) -> None:
         for host in self.hosts:
@@ -284,7 +284,7 @@ def fake_listener(reply: bytes | None, *, hang_up: bool = False):
         yield srv.getsockname()[1]
     finally:
         stop.set()
-        t.join()
+        t.join(timeout=30)
         for c in held:
             c.close()
         srv.close()

@@ -104,7 +104,7 @@ def test_ctrl_c_stops_cleanly_writes_the_report_and_closes_connections(many, wri
     start = time.monotonic()
     with pytest.raises(FleetInterrupted) as err:
         run_fleet(inv.hosts.values(), work, connector=connector, forks=4, report_path=tmp_path / "r.json")
-    assert time.monotonic() - start < 10  # did not wait for the 60 s commands
+    assert time.monotonic() - start < 30  # half the 60 s commands: one that waited for them fails, however loaded the machine
     report = err.value.report
     assert report.interrupted and report.exit_code == 130
     assert all(r.status == "failed" and "interrupted" in r.reason for r in report.results)

@@ -223,7 +223,7 @@ def ssh_agent(tmp_path, client_key):
         yield sock
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
 
 
 def test_key_from_ssh_agent(settings, sshd, ssh_agent, login_user, monkeypatch):

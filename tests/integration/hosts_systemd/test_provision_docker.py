@@ -100,7 +100,7 @@ def test_host_killed_mid_install_fails_cleanly_and_the_rerun_completes(systemd_h
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in err, out + err
     steps = steps_of(tmp_path / "killed.json")
     assert steps["docker"][0] == "failed"

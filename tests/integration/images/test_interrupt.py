@@ -57,10 +57,10 @@ def test_sigterm_stops_the_docker_build_and_removes_temp_folders(cli, base, whee
         builds = wait_for("docker build started by gpurig", lambda: {
             pid: cmd for pid, cmd in children(proc.pid).items() if re.search(r"docker build ", cmd)
         } or (proc.poll() is not None and {"exited": proc.returncode}), 300, 0.05)
-        assert "exited" not in builds, proc.communicate()
+        assert "exited" not in builds, proc.communicate(timeout=60)
         wait_for("a RUN step under way", lambda: log.is_file() and re.search(r"^#\d+ \[.*\] RUN ", log.read_text(), re.M),
                  120, 0.1)
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, proc.communicate(timeout=60)
         assert "naming to" not in log.read_text(), "the build ended before the test could stop it"
         assert list(scratch.glob("gpurig-build-*")), "the build's scratch folder is where TMPDIR says"
         os.kill(proc.pid, signal.SIGTERM)
@@ -68,7 +68,7 @@ def test_sigterm_stops_the_docker_build_and_removes_temp_folders(cli, base, whee
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(timeout=60)
         left = sorted(p.name for p in scratch.iterdir())
         shutil.rmtree(scratch)
     assert proc.returncode == 128 + signal.SIGTERM

@@ -63,7 +63,7 @@ def scan(ref: str, ssh: bool) -> list[str]:
                     for ca in extra_cas:
                         if ca and ca in compact:
                             findings.append(f"{member.name}: the host's CA bundle in {name}")
-    proc.wait()
+    proc.wait(timeout=60)
     return findings
 
 

@@ -100,7 +100,7 @@ class Prometheus:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")

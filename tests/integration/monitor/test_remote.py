@@ -55,7 +55,7 @@ def test_monitor_remote_hosts_while_one_dies(farm, client_key, login_user, tmp_p
     try:
         end = time.monotonic() + 30
         while min(samples_per_host(rec / "samples.jsonl").get(n, 0) for n in names) < 2:
-            assert proc.poll() is None, proc.communicate()
+            assert proc.poll() is None, proc.communicate(timeout=60)
             assert time.monotonic() < end, "no samples from every host within 30 s"
             time.sleep(0.05)  # polling the recorded run for progress, not a synchronisation sleep
         farm.kill(hosts[1])  # mon-b dies mid-run
@@ -64,7 +64,7 @@ def test_monitor_remote_hosts_while_one_dies(farm, client_key, login_user, tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=60)
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stderr
     failure = [line for line in stderr.splitlines() if "mon-b" in line and "failed" in line]

@@ -26,12 +26,18 @@ def records(doc: dict, host: str) -> dict[str, dict]:
 
 def test_quick_verify_of_an_image_over_ssh(docker_host, torch_image, tmp_path, docker_engine):
     report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
+    # the floor under a quick verify, measured now, under whatever load the machine has now: a container start and torch's import
+    start = time.monotonic()
+    docker_engine("run", "--rm", torch_image, "python3", "-c", "import torch")
+    floor = time.monotonic() - start
     start = time.monotonic()
     proc = gpurig("verify", "-i", str(docker_host.inventory), "-l", docker_host.name, "--image", torch_image,
                   "--json", str(report), "--junit", str(junit), cwd=docker_host.project)
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr  # no GPU: not ready, and said so
-    assert elapsed < 10, f"quick verify took {elapsed:.1f}s"
+    # bench/README.md: the whole verify is that floor plus about a second (host probe, Docker facts, records); a ratio, not
+    # a fixed wall-clock limit, so that load on the machine moves both sides
+    assert elapsed < 2 * floor + 5, f"quick verify took {elapsed:.1f}s, the container start and torch import alone {floor:.1f}s"
     doc = json.loads(report.read_text())
     assert doc["schema"] == "gpurig.verify/1" and doc["level"] == "quick" and doc["passed"] is False
     got = records(doc, docker_host.name)
