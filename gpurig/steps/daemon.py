@@ -38,16 +38,25 @@ VALIDATE_SINCE = 23  # dockerd --validate came with Docker Engine 23.0
 _RESTART = r"""set -u
 path=$1 had=$2 when=$3
 systemd=no; [ -d /run/systemd/system ] && systemd=yes
+unusable=""
 running() { if [ $systemd = yes ]; then systemctl is-active --quiet docker; else service docker status >/dev/null 2>&1; fi; }
 restart() {
   if [ $systemd = yes ]; then systemctl reset-failed docker >/dev/null 2>&1; systemctl restart docker >/dev/null 2>&1 || return 1
   else service docker restart >/dev/null 2>&1 || return 1; fi
   # sysvinit's script returns before dockerd has read its file: wait (bounded) for the engine to answer.
   command -v docker >/dev/null 2>&1 || { running; return; }
-  i=0; while [ $i -lt 30 ]; do docker version >/dev/null 2>&1 && return 0; i=$((i+1)); sleep 1; done; return 1
+  i=0; while ! docker version >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 30 ] || return 1; sleep 1; done
+  # dockerd 20.10 starts with a default log driver it does not have, then fails every container: not back.
+  set -- $(docker info --format '{{.LoggingDriver}} {{range .Plugins.Log}}{{.}} {{end}}' 2>/dev/null)
+  [ $# -gt 1 ] || return 0
+  driver=$1; shift
+  for known in "$@"; do [ "$known" = "$driver" ] && return 0; done
+  unusable="dockerd started, but has no log driver named '$driver' (it has: $*), so no container would start"
+  return 1
 }
 why() {  # dockerd's own last words since $1 (epoch seconds)
   line=""
+  [ -z "$unusable" ] || { echo "$unusable"; unusable=""; return; }
   if [ $systemd = yes ] && command -v journalctl >/dev/null 2>&1; then
     line=$(journalctl _SYSTEMD_UNIT=docker.service --since "@$1" -o cat --no-pager 2>/dev/null | grep . | tail -n 1)
     [ -n "$line" ] || line=$(systemctl status docker --no-pager -l -n 5 2>&1 | grep . | tail -n 1)

@@ -46,6 +46,8 @@ case "$(basename "$0") $*" in
   "systemctl status docker"*) tail -n 1 "$LOG" ;;
   "journalctl "*) tail -n 1 "$LOG" ;;
   "docker version"*) [ -e "$RUNNING" ] ;;
+  "docker info"*) grep -o '"log-driver": "[^"]*"' "$CONF" 2>/dev/null | cut -d'"' -f4 | tr '\n' ' ' | grep . || printf 'json-file '
+                  echo "json-file local syslog" ;;
   *) echo "unexpected: $0 $*" >&2; exit 99 ;;
 esac
 """
@@ -107,6 +109,15 @@ def test_a_good_file_is_kept_and_docker_restarted_once(host):
     assert proc.returncode == 0, proc.stderr
     assert host.conf.read_text() == GOOD and host.starts.read_text().split() == ["start"]
     assert not list(host.conf.parent.glob("*.gpurig-rejected.*"))
+
+
+def test_an_engine_that_starts_without_its_log_driver_did_not_come_back(host):
+    """dockerd 20.10 starts with "log-driver": "no-such-driver" and then fails every container: that is put back too."""
+    installed(host.conf, OLD, '{"log-driver": "no-such-plugin"}\n')
+    proc = host(had=True)
+    assert proc.returncode == 1 and host.conf.read_text() == OLD
+    assert proc.stderr.strip().endswith("dockerd said: dockerd started, but has no log driver named 'no-such-plugin' "
+                                        "(it has: json-file local syslog), so no container would start")
 
 
 def test_when_the_old_file_fails_too_both_reasons_are_said(host):
