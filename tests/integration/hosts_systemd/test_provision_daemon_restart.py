@@ -48,3 +48,25 @@ def test_a_daemon_json_dockerd_refuses_leaves_docker_running_on_its_old_file(sys
     names = host.sh("ls /etc/docker").stdout.split()
     refused = [name for name in names if name.startswith("daemon.json.gpurig-rejected.")]
     assert len(refused) == 1 and json.loads(host.read(f"/etc/docker/{refused[0]}")) == {**GOOD, **bad}
+
+
+def test_docker_23_or_later_checks_the_file_before_it_replaces_the_old_one(systemd_hosts, provision_cli, tmp_path):
+    """Debian 13's docker.io (26): dockerd --validate refuses the file; the old one is never replaced, Docker never restarted."""
+    host = systemd_hosts.make("debian13")
+    inventory = tmp_path / "inventory" / "hosts.yaml"
+    first = provision_cli(inventory_for(inventory, host, {"gpurig_daemon": GOOD}), "--only", "docker,daemon")
+    assert first.returncode == 0, first.stdout + first.stderr
+    good_file = host.read("/etc/docker/daemon.json")
+    started = host.sh("systemctl show docker -p ExecMainStartTimestamp").stdout
+
+    proc = provision_cli(inventory_for(inventory, host, {"gpurig_daemon": {"log-level": "loud"}}), "--only", "daemon",
+                         "--diff", "--json", "out.json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    step = json.loads((tmp_path / "out.json").read_text())["hosts"][0]["steps"][0]
+    assert step["status"] == "failed" and "checked by dockerd --validate first" in step["changes"][0]["summary"]
+    assert "dockerd refused the new /etc/docker/daemon.json, the old one stays: " in step["reason"]
+    assert "loud" in step["reason"].split("the old one stays: ", 1)[1]  # dockerd's own line
+    assert host.read("/etc/docker/daemon.json") == good_file
+    assert host.sh("ls /etc/docker").stdout.split() == ["daemon.json"]  # no backup, no temp file: nothing was replaced
+    assert host.sh("systemctl show docker -p ExecMainStartTimestamp").stdout == started  # never restarted
+    assert host.sh("systemctl is-active docker").stdout.strip() == "active"
