@@ -1,10 +1,16 @@
-"""Writing files so that readers see the old content or the whole new one, never half.
+"""Writing files so that readers see the old content or the whole new one, never half; and where an output may go.
 
 ``atomic_write`` is the only place gpurig writes a file it owns: temp file in
-the same directory, fsync, chmod, rename. ``write_report`` adds what a report
-path given on the command line needs: ``-`` means stdout, and a path that
-exists but is not a regular file (``/dev/stdout``, a FIFO, a directory) is
-written to, never replaced.
+the same directory, fsync, chmod, rename. Every output a user names on the
+command line (``--json``, ``--csv``, ``--plot``, ``--record``, ``init DIR``)
+goes through ``output_path``/``output_dir`` first, which check the whole path,
+not only its last part: every symlink on the way (a folder as much as the
+file) is followed only when it belongs to this user or to root, as the
+kernel's protected_symlinks does in sticky folders; a link planted by someone
+else must not make root write into /etc. ``write_output`` then writes: a
+regular file (or a new one) is replaced atomically; a character device, FIFO
+or terminal that exists (``/dev/null``, ``/dev/stdout``) is opened and
+written, never replaced; a block device or a directory is refused.
 """
 
 from __future__ import annotations
@@ -44,15 +50,7 @@ def to_json(data: Any, default: Callable[[Any], Any] | None = None) -> str:
 
 
 def write_report(target: str | Path, data: Any, default: Callable[[Any], Any] | None = None) -> None:
-    """A JSON report to ``target``: ``-`` is stdout; a regular file is replaced atomically (0644).
-
-    A special file that exists (a terminal, /dev/stdout, a FIFO) is opened and
-    written, so ``--json /dev/stdout`` as root never replaces the symlink; a
-    symlink to a regular file keeps pointing there, and its target is replaced.
-    A link is followed only when it belongs to this user or to root (as the
-    kernel's protected_symlinks does): a link planted by someone else in /tmp
-    must not make root overwrite /etc/sudoers. Block devices are never written.
-    """
+    """A JSON report to ``target``: ``-`` is stdout, anything else as ``write_output`` writes it (0644)."""
     write_text_report(target, to_json(data, default))
 
 
@@ -62,32 +60,87 @@ def write_text_report(target: str | Path, text: str, flag: str = "--json") -> No
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    path = Path(target)
-    if path.is_symlink():
-        owner = path.lstat().st_uid
-        if owner not in (os.geteuid(), 0):
-            raise GpurigError(
-                f"report path {path} is a symlink owned by another user (uid {owner})",
-                f"remove it or choose another {flag} path",
-            )
+    write_output(target, text, flag)
+
+
+def write_output(target: str | Path, data: bytes | str, flag: str, mode: int = 0o644) -> None:
+    """Write ``data`` where ``target`` leads (checked by ``output_path``): a special file in place, else atomically."""
+    path, st = output_path(target, flag)
     try:
-        st = path.stat()  # what the path leads to, through links
-    except FileNotFoundError:
-        st = None
-    except OSError as err:
-        raise GpurigError(f"cannot write report {path}: {err.strerror}", f"choose another {flag} path") from None
-    try:
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            raise GpurigError(f"report path {path} is a directory", "give a file name, or - for stdout")
-        if st is not None and stat.S_ISBLK(st.st_mode):
-            raise GpurigError(f"report path {path} is a block device", "give a file name, or - for stdout")
         if st is not None and not stat.S_ISREG(st.st_mode):
-            with open(path, "w") as f:  # /dev/stdout -> /proc/self/fd/1 -> a pipe: opened through the links
-                f.write(text)
+            with open(path, "wb") as f:  # /dev/stdout -> /proc/self/fd/1 -> a pipe: opened through the links
+                f.write(data.encode() if isinstance(data, str) else data)
             return
-        if path.is_symlink():
-            path = Path(os.path.realpath(path))  # replace what the link points to, not the link
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, text, 0o644)
+        atomic_write(path, data, mode)
     except OSError as err:
-        raise GpurigError(f"cannot write report {path}: {err.strerror}", f"choose a writable {flag} path") from None
+        raise GpurigError(f"cannot write {path}: {err.strerror}", f"choose a writable {flag} path") from None
+
+
+def output_path(target: str | Path, flag: str) -> tuple[Path, os.stat_result | None]:
+    """(the file ``target`` leads to, what is there now or None): every link on the way checked; directories and block devices refused."""
+    path = resolve_checked(target, flag)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return path, None
+    except OSError as err:
+        raise GpurigError(f"cannot write {target}: {err.strerror}", f"choose another {flag} path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise GpurigError(f"{flag} {target} is a directory", "give a file name" + (", or - for stdout" if flag in _STDOUT_FLAGS else ""))
+    if stat.S_ISBLK(st.st_mode):
+        # A disk: writing a report over it would destroy it, and replacing the node would break the system.
+        raise GpurigError(f"{flag} {target} is a block device", "give a file name" + (", or - for stdout" if flag in _STDOUT_FLAGS else ""))
+    return path, st
+
+
+def output_dir(target: str | Path, flag: str) -> Path:
+    """The directory ``target`` leads to (it may not exist yet), every link on the way checked; anything but a directory refused."""
+    path = resolve_checked(target, flag)
+    if path.exists() and not path.is_dir():
+        raise GpurigError(f"{flag} {target} exists and is not a directory", f"give {flag} a new or an existing directory")
+    return path
+
+
+_STDOUT_FLAGS = ("--json", "--junit")
+_MAX_LINKS = 40  # as the kernel's MAXSYMLINKS
+
+
+def resolve_checked(target: str | Path, flag: str) -> Path:
+    """The path ``target`` leads to, resolved as the kernel would, refusing any symlink on the way owned by another user than this one or root.
+
+    Links under /proc (``/dev/stdout`` -> ``/proc/self/fd/1`` -> ``pipe:[N]``) name
+    no path: the walk stops at them and the kernel follows them on open.
+    """
+    text = os.fspath(target)
+    pending = [p for p in text.split("/") if p not in ("", ".")]
+    current = "/" if text.startswith("/") else os.getcwd()
+    me = os.geteuid()
+    followed = 0
+    while pending:
+        name = pending.pop(0)
+        if name == "..":
+            current = os.path.dirname(current)  # ``current`` holds no link, so its parent is the kernel's
+            continue
+        step = os.path.join(current, name)
+        try:
+            st = os.lstat(step)
+        except FileNotFoundError:
+            return Path(os.path.join(step, *pending))  # nothing further exists to be a link
+        except OSError as err:
+            raise GpurigError(f"cannot write {text}: {step}: {err.strerror}", f"choose another {flag} path") from None
+        if not stat.S_ISLNK(st.st_mode) or current.startswith("/proc/") or current == "/proc":
+            current = step
+            continue
+        if st.st_uid not in (me, 0):
+            named = text if step in (text, os.path.abspath(text)) else f"{text}: {step}"  # a folder on the way, or a link's link
+            raise GpurigError(f"{flag} {named} is a symlink owned by another user (uid {st.st_uid})",
+                              f"remove the link or choose another {flag} path")
+        followed += 1
+        if followed > _MAX_LINKS:
+            raise GpurigError(f"{flag} path {text} has too many levels of symlinks", f"choose another {flag} path")
+        link = os.readlink(step)
+        pending[:0] = [p for p in link.split("/") if p not in ("", ".")]
+        if link.startswith("/"):
+            current = "/"
+    return Path(current)

@@ -73,18 +73,31 @@ def shipped(path: str) -> Path:
 
 
 def scaffold(target: str | Path, config_text: str = "") -> list[str]:
-    """Copy the skeleton into ``target`` (created if needed) and write ``gpurig.yaml``; nothing is written when any of it exists."""
+    """Copy the skeleton into ``target`` (created if needed) and write ``gpurig.yaml``; nothing is written when any of it exists.
+
+    A name that is a symlink counts as there, dangling or not: copying or
+    writing through it would put gpurig's files wherever the link points.
+    """
+    import os
+
     from gpurig.errors import GpurigError
 
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise GpurigError(f"{target} exists and is not a directory", "give a new or an existing directory")
     names = [*SKELETON, "gpurig.yaml"]
-    present = [n for n in names if (target / n).exists()]
+    links = [n for n in names if (target / n).is_symlink()]
+    if links:
+        raise GpurigError(f"{target} holds symlinks named like gpurig's files ({', '.join(links)}), which init never follows",
+                          "remove them, or init into a new directory")
+    present = [n for n in names if os.path.lexists(target / n)]
     if present:
         raise GpurigError(f"{target} already has {', '.join(present)}", "init into a new directory, or move those away first")
     source = skeleton_source()
     target.mkdir(parents=True, exist_ok=True)
     copy_tree(source, target)
-    (target / "gpurig.yaml").write_text(config_text)
+    # O_EXCL|O_NOFOLLOW: a link made there since the check above is refused, not followed.
+    fd = os.open(target / "gpurig.yaml", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(config_text)
     return names

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gpurig.cli.base import refuse_dry, task
 from gpurig.config import DEFAULTS
+from gpurig.files import output_dir
 from gpurig.report import console
 from gpurig.skeleton import scaffold
 
@@ -27,7 +28,8 @@ def config_template() -> str:
 def init(c, directory):
     """Start a project: images/, templates/, checks/, inventory/, .hadolint.yaml and gpurig.yaml, from gpurig's own copies."""
     refuse_dry(c, "init", "run it without --dry: it only writes into a new or empty DIRECTORY")
-    written = scaffold(directory, config_template())
+    # The whole path checked first: no folder on the way may be another user's symlink.
+    written = scaffold(output_dir(directory, "init"), config_template())
     target = Path(directory)
     console.print(f"created {', '.join(written)} in {target}")
     console.print(f"next: cd {target} && gpurig matrix && gpurig render")

@@ -10,6 +10,7 @@ would be valid: never a silently ignored setting.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory import Host
+from gpurig.inventory.daemonkeys import DAEMON_KEYS, DAEMON_KEYS_DOC
 from gpurig.strict.validate import excerpt, free_text_problem, image_ref_problem, user_problem
 from gpurig.strict.yamlnode import MAX_TEXT
 
@@ -171,7 +173,7 @@ def _toolkit(r: _Reader, value: Any) -> ToolkitSettings:
 
 
 def _json_value(r: _Reader, path: str, value: Any) -> Any:
-    """A value daemon.json can hold: YAML dates, sets and the like are refused, not stringified."""
+    """A value daemon.json can hold: YAML dates, sets and the like are refused, not stringified; NaN and infinities too."""
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -180,16 +182,40 @@ def _json_value(r: _Reader, path: str, value: Any) -> Any:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _json_value(r, f"{path}[{i}]", item)
+    elif isinstance(value, float) and not math.isfinite(value):
+        # YAML's .nan/.inf: Python's json would write NaN/Infinity, which is not JSON and stops dockerd from starting
+        raise r.fail(path, f"is {value}, which JSON cannot hold", "write a finite number")
     elif not isinstance(value, (str, int, float, bool, type(None))):
         raise r.fail(path, f"is a {type(value).__name__}, which JSON cannot hold", "quote the value")
     return value
 
 
+_JSON_KINDS: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "list": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
 def _daemon(r: _Reader, value: Any) -> dict[str, Any]:
+    """``gpurig_daemon``: keys dockerd reads (gpurig.inventory.daemonkeys), each with a JSON value of its kind."""
     if not isinstance(value, dict) or not value:
         raise r.fail("gpurig_daemon", f"must be a non-empty mapping of daemon.json keys, not {_kind(value)}",
                      'write e.g. gpurig_daemon: {"log-driver": "local"}')
-    return _json_value(r, "gpurig_daemon", value)
+    for key, item in value.items():
+        path = f"gpurig_daemon.{key}"
+        if key not in DAEMON_KEYS:
+            # dockerd refuses to start on a key it does not know: caught here, before any host is contacted
+            raise r.fail(path, f"is not a daemon.json key dockerd reads{did_you_mean(key, DAEMON_KEYS)}",
+                         f"use a key from {DAEMON_KEYS_DOC}")
+        _json_value(r, path, item)
+        kind = DAEMON_KEYS[key]
+        if not _JSON_KINDS[kind](item):
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise r.fail(path, f"must be {article} {kind} in daemon.json, not {excerpt(item)}", f"see {key} in {DAEMON_KEYS_DOC}")
+    return value
 
 
 def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:

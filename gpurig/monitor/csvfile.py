@@ -12,6 +12,7 @@ The file is written under a temporary name and renamed when the run ends.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpurig.files import output_path
 from gpurig.monitor import MonitorError
 from gpurig.monitor.samples import GpuSample, Sample
 
@@ -94,15 +96,18 @@ class CsvWriter:
     """A Run listener writing each sample's rows as they arrive; ``close`` puts the file in place."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if self.path.exists() and not self.path.is_file():
-            raise MonitorError(f"{self.path} is not a regular file", "give --csv a file name")
+        # The whole path checked (no other user's link on the way); a device or FIFO is written in place, never replaced.
+        self.path, found = output_path(path, "--csv")
+        self._tmp: Path | None = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent or ".")
+            if found is not None and not stat.S_ISREG(found.st_mode):
+                self._fh = open(self.path, "w", encoding="utf-8", newline="")
+            else:
+                fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+                self._tmp = Path(tmp)
+                self._fh = os.fdopen(fd, "w", encoding="utf-8", newline="")
         except OSError as err:
-            raise MonitorError(f"cannot write {self.path}: {err.strerror}", "choose a directory you can write") from None
-        self._tmp = Path(tmp)
-        self._fh = os.fdopen(fd, "w", encoding="utf-8", newline="")
+            raise MonitorError(f"cannot write {path}: {err.strerror}", "choose a --csv path you can write") from None
         self._fh.write(format_row(list(HEADER)))
         self._lock = threading.Lock()
 
@@ -120,13 +125,15 @@ class CsvWriter:
             if self._fh.closed:
                 return
             self._fh.close()
-        os.chmod(self._tmp, 0o644)
-        os.replace(self._tmp, self.path)
+        if self._tmp is not None:
+            os.chmod(self._tmp, 0o644)
+            os.replace(self._tmp, self.path)
 
     def discard(self) -> None:
         with self._lock:
             self._fh.close()
-        self._tmp.unlink(missing_ok=True)
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
 
 
 def write_csv(path: str | Path, samples: list[Sample]) -> None:

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gpurig.files import atomic_write  # noqa: E402
+from gpurig.files import write_output  # noqa: E402
 from gpurig.monitor import MonitorError  # noqa: E402
 from gpurig.monitor.session import Run  # noqa: E402
 
@@ -18,7 +18,7 @@ PANELS = ("GPU utilisation [%]", "SM activity [%]", "GPU memory [%]", "CPU [%]")
 
 
 def plot(run: Run, path: str | Path) -> list[str]:
-    """Draw the run into ``path`` (PNG, written atomically); returns the panel titles, host by host."""
+    """Draw the run into ``path`` (PNG, as ``gpurig.files.write_output`` writes); returns the panel titles, host by host."""
     hosts = [h for h in run.hosts() if run.series(h)]
     if not hosts:
         raise MonitorError("nothing to plot: the run has no samples", "monitor for longer, or check why no host answered")
@@ -53,10 +53,7 @@ def plot(run: Run, path: str | Path) -> list[str]:
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=80)
-        try:
-            atomic_write(Path(path), buf.getvalue())
-        except OSError as err:
-            raise MonitorError(f"cannot write {path}: {err.strerror}", "choose a writable --plot path") from None
+        write_output(path, buf.getvalue(), "--plot")  # /dev/null is written to, never replaced
     finally:
         plt.close(fig)
     return titles

@@ -8,12 +8,13 @@ reading). DIR/run.json says how the run went, written atomically at the end.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpurig.files import write_report
+from gpurig.files import output_dir, write_report
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
 from gpurig.strict.yamlio import open_regular
@@ -26,8 +27,8 @@ class Recorder:
     """A Run listener that appends each record to DIR/samples.jsonl."""
 
     def __init__(self, directory: str | Path) -> None:
-        self.dir = Path(directory)
-        if (self.dir / SAMPLES).exists():
+        self.dir = output_dir(directory, "--record")  # no other user's link on the way
+        if os.path.lexists(self.dir / SAMPLES):  # a link there, dangling or not, is not ours to follow
             raise MonitorError(f"{self.dir} already holds a recorded run ({SAMPLES})", "record into a new directory, or remove the old run")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)

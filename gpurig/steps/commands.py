@@ -23,7 +23,7 @@ from gpurig.errors import GpurigError, HostError, permission_denied
 
 # Installs the staged file $2 as $1, atomically: readers see the old file or the whole new one, never half.
 _INSTALL = r"""set -eu
-path=$1 src=$2 mode=$3 backup=$4 stage=${5:-}
+path=$1 src=$2 mode=$3 backup=$4 stage=${5:-} check=${6:-}
 [ -z "$stage" ] || trap 'rm -rf -- "$stage"' EXIT HUP INT TERM
 dir=$(dirname -- "$path")
 [ -d "$dir" ] || mkdir -p -m 0755 -- "$dir"
@@ -34,6 +34,13 @@ fi
 tmp=$(mktemp -- "$dir/.${path##*/}.XXXXXX.gpurig-tmp")
 trap 'rm -f -- "$tmp"; [ -z "$stage" ] || rm -rf -- "$stage"' EXIT HUP INT TERM
 cat -- "$src" > "$tmp"
+if [ -n "$check" ] && ! said=$(sh -c "$check" gpurig-check "$tmp" 2>&1); then
+  # The old file was never touched; the checker's own last line says why it refused the new one.
+  line=$(echo "$said" | grep . | tail -n 1)
+  case "$line" in *"$tmp"*) line="${line%%"$tmp"*}$path (new)${line#*"$tmp"}" ;; esac
+  echo "${check%% *} refused the new $path, the old one stays: $line" >&2
+  exit 1
+fi
 if [ -e "$path" ]; then
   chmod --reference="$path" -- "$tmp"
   chown --reference="$path" -- "$tmp"
@@ -50,7 +57,7 @@ trap - EXIT HUP INT TERM
 """
 
 
-def install_file_command(path: str, staged: str, *, mode: int = 0o644, backup: bool = True, remove: str = "") -> str:
+def install_file_command(path: str, staged: str, *, mode: int = 0o644, backup: bool = True, remove: str = "", check: str = "") -> str:
     """A shell line that atomically replaces ``path`` with the file at ``staged`` on the host it runs on.
 
     The new file gets the old one's mode and owner (``mode`` for a new file);
@@ -58,8 +65,11 @@ def install_file_command(path: str, staged: str, *, mode: int = 0o644, backup: b
     belongs to another user than root or the one writing is refused: in a
     shared /tmp another user could have made it first and swap the file.
     ``remove``: the staging folder, removed at the end whatever happened (one round trip less).
+    ``check``: a shell line that must accept the new file (its path is ``$1``) before it replaces
+    the old one, as Ansible's ``validate``: ``dockerd --validate --config-file "$1"``.
     """
-    return shlex.join(["sh", "-c", _INSTALL, "gpurig-install", path, staged, f"{mode:04o}", "yes" if backup else "no", remove])
+    args = [path, staged, f"{mode:04o}", "yes" if backup else "no", remove, *([check] if check else [])]
+    return shlex.join(["sh", "-c", _INSTALL, "gpurig-install", *args])
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class Upload:
     content: str | None = field(default=None, repr=False)
     mode: int = 0o644  # for a new file; an existing one keeps its own mode and owner
     backup: bool = True  # keep a timestamped copy of the file it replaces
+    check: str = ""  # a shell line that must accept the new file ($1) before it replaces the old one
 
     def __str__(self) -> str:
         return f"upload {self.local or 'new content'} to {self.remote}"
@@ -157,4 +168,5 @@ def _upload(conn: Connection, upload: Upload, timeout: float | None) -> None:
             pass
         raise
     # The install command removes the staging folder itself, on failure too: one round trip less.
-    conn.admin(install_file_command(upload.remote, staged, mode=upload.mode, backup=upload.backup, remove=staging), timeout=timeout)
+    conn.admin(install_file_command(upload.remote, staged, mode=upload.mode, backup=upload.backup, remove=staging, check=upload.check),
+               timeout=timeout)

@@ -21,7 +21,7 @@ from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import download_command, install_command
 from gpurig.steps.commands import Shell, Upload
-from gpurig.steps.daemon import DAEMON_JSON, RESTART_DOCKER, merge, render
+from gpurig.steps.daemon import DAEMON_JSON, merge, render, restart_command
 from gpurig.steps.gpus import NO_GPU
 from gpurig.steps.hostfiles import unified_diff
 from gpurig.steps.plan import Change, Plan, Step
@@ -65,7 +65,8 @@ class ToolkitStep(Step):
             changes.append(Change(f"add the nvidia runtime to {DAEMON_JSON}", (Upload(DAEMON_JSON, content=content),),
                                   unified_diff(DAEMON_JSON, old, content)))
             if facts.docker.running:
-                changes.append(Change("restart Docker so that it knows the nvidia runtime", (Shell(RESTART_DOCKER),)))
+                changes.append(Change("restart Docker so that it knows the nvidia runtime",
+                                      (Shell(restart_command(facts.daemon_json.state == "present")),)))
         if not changes:
             return Plan.ok(f"{PACKAGE} {have} installed; Docker knows the nvidia runtime")
         state = "not installed" if have is None else f"{have} installed" + (f", {pin} wanted" if pin and not _pinned(have, pin) else "")

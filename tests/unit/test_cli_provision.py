@@ -35,6 +35,8 @@ def inventory(tmp_path: Path, port: int, **vars) -> Path:
     [
         ({"gpurig_deamon": {"log-driver": "local"}}, ("host bad-host: gpurig_deamon", "did you mean 'gpurig_daemon'?")),
         ({"gpurig_daemon": {"log-driver": "local"}, "gpurig_gpu_count": True}, ("gpurig_gpu_count must be a whole number",)),
+        ({"gpurig_daemon": {"log-drvier": "local"}}, ("gpurig_daemon.log-drvier", "did you mean 'log-driver'?")),
+        ({"gpurig_daemon": {"mtu": float("nan")}}, ("gpurig_daemon.mtu is nan, which JSON cannot hold",)),
     ],
 )
 def test_bad_profile_is_one_line_and_no_host_is_contacted(tmp_path, listener, vars, fragments):

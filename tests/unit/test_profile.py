@@ -100,7 +100,39 @@ def test_wrong_values_are_one_clear_error(vars, fragment):
 def test_yaml_dates_cannot_reach_daemon_json():
     import datetime
 
-    assert "JSON cannot hold" in error(gpurig_daemon={"since": datetime.date(2024, 1, 1)})
+    assert "JSON cannot hold" in error(gpurig_daemon={"data-root": datetime.date(2024, 1, 1)})
+
+
+@pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+def test_nan_and_infinities_cannot_reach_daemon_json(value, shown):
+    """YAML's .nan/.inf: json.dumps would write NaN/Infinity, which dockerd cannot parse."""
+    message = error(gpurig_daemon={"default-ulimits": {"nofile": {"Soft": value}}})
+    assert f"gpurig_daemon.default-ulimits.nofile.Soft is {shown}, which JSON cannot hold" in message
+
+
+def test_a_misspelt_daemon_key_gets_the_key_dockerd_reads():
+    message = error(gpurig_daemon={"log-drvier": "local"})
+    assert "gpurig_daemon.log-drvier is not a daemon.json key dockerd reads (did you mean 'log-driver'?)" in message
+    assert "docs.docker.com" in message
+
+
+@pytest.mark.parametrize("daemon, fragment", [
+    ({"log-opts": "max-size=10m"}, "gpurig_daemon.log-opts must be an object in daemon.json, not 'max-size=10m'"),
+    ({"insecure-registries": "127.0.0.1:5000"}, "gpurig_daemon.insecure-registries must be a list"),
+    ({"live-restore": "yes"}, "gpurig_daemon.live-restore must be a boolean"),
+    ({"mtu": True}, "gpurig_daemon.mtu must be an integer"),
+    ({"default-shm-size": 1024}, "gpurig_daemon.default-shm-size must be a string"),
+])
+def test_a_daemon_value_of_the_wrong_kind_is_refused(daemon, fragment):
+    assert fragment in error(gpurig_daemon=daemon)
+
+
+def test_every_documented_daemon_key_is_accepted():
+    from gpurig.inventory.daemonkeys import DAEMON_KEYS
+
+    examples = {"string": "x", "boolean": True, "integer": 3, "list": ["x"], "object": {"x": "y"}}
+    daemon = {key: examples[kind] for key, kind in DAEMON_KEYS.items()}
+    assert profile(gpurig_daemon=daemon).daemon == daemon
 
 
 def test_other_vars_are_not_gpurig_settings():
