@@ -38,9 +38,10 @@ def entries(*containers: dict) -> dict:
 
 
 def reasons(proc) -> str:
-    """Every container's reason from `--json -` on stdout, one per line."""
+    """Every container's reason and fix (its own JSON field) from `--json -` on stdout, one per line."""
     doc = json.loads(proc.stdout)
-    return "\n".join([c["reason"] for h in doc["hosts"] for c in h["containers"]] + [h["reason"] for h in doc["hosts"] if not h["containers"]])
+    said = [c for h in doc["hosts"] for c in h["containers"]] + [h for h in doc["hosts"] if not h["containers"]]
+    return "\n".join(f"{x['reason']} | fix: {x.get('fix') or ''}" for x in said)
 
 
 def report(tmp_path, name="deploy.json") -> dict:
