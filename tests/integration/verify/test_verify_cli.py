@@ -130,10 +130,11 @@ def test_a_probe_past_its_timeout_leaves_no_container(docker_engine, torch_image
     assert not docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
 
 
-def test_hostile_names_reach_docker_literally(docker_host):
+def test_hostile_names_are_refused_before_any_host_is_contacted(docker_host):
     hostile = "x$(touch /tmp/pwned);touch /tmp/pwned2 'q\"\n"
     proc = gpurig("verify", "-i", str(docker_host.inventory), "--container", hostile, "--json", "-", cwd=docker_host.project)
-    assert proc.returncode == 1, proc.stderr
-    assert records(json.loads(proc.stdout), docker_host.name)["container.probe"]["status"] == "fail"
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    [line] = proc.stderr.strip().splitlines()  # one line, the newline in the name shown as an escape
+    assert "is not a container name" in line and "fix:" in line
     seen = docker_host.docker("exec", docker_host.cid, "sh", "-c", "ls /tmp/pwned /tmp/pwned2 2>&1 || true").stdout
     assert "No such file" in seen and seen.count("No such file") == 2
