@@ -22,14 +22,22 @@ def one_line_error(proc) -> str:
 
 
 def path_without_docker(tmp_path: Path) -> str:
-    """A PATH with python and hadolint but no docker."""
+    """A PATH with python, hadolint, git and the interpreter's neighbours, but no docker.
+
+    The interpreter's own folder cannot simply be on it: for Debian's python3
+    that is /usr/bin, where Debian's docker client lives too.
+    """
     keep = tmp_path / "bin"
     keep.mkdir(exist_ok=True)
+    for found in Path(sys.executable).parent.iterdir():
+        if not found.name.startswith("docker") and not (keep / found.name).exists():
+            (keep / found.name).symlink_to(found)
     for tool in ("hadolint", "git"):
-        found = shutil.which(tool)
-        if found:
-            (keep / tool).symlink_to(found)
-    return f"{keep}:{Path(sys.executable).parent}"
+        found_tool = shutil.which(tool)
+        if found_tool and not (keep / tool).exists():
+            (keep / tool).symlink_to(found_tool)
+    assert shutil.which("docker", path=str(keep)) is None
+    return str(keep)
 
 
 def test_docker_missing(cli, tmp_path):
