@@ -72,6 +72,25 @@ def shipped(path: str) -> Path:
     return found
 
 
+def shipped_text(path: str) -> str:
+    """The text of a script gpurig ships (a probe, the sampler): GpurigError when it is missing, unreadable or empty.
+
+    A probe that cannot be read must fail its run with that line; sending an
+    empty script would let a host "pass" a check that never ran.
+    """
+    from gpurig.errors import GpurigError
+
+    found = shipped(path)
+    fix = "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)"
+    try:
+        text = found.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise GpurigError(f"{path} cannot be read ({found}): {getattr(err, 'strerror', None) or err}", fix) from None
+    if not text.strip():
+        raise GpurigError(f"{path} is empty ({found})", fix)
+    return text
+
+
 def scaffold(target: str | Path, config_text: str = "") -> list[str]:
     """Copy the skeleton into ``target`` (created if needed) and write ``gpurig.yaml``; nothing is written when any of it exists.
 

@@ -16,11 +16,11 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, run_fleet
 from gpurig.connect.launcher import embedded_line
 from gpurig.connect.ssh import Connector
-from gpurig.errors import HostError
+from gpurig.errors import GpurigError, HostError
 from gpurig.inventory import Host
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
-from gpurig.skeleton import shipped
+from gpurig.skeleton import shipped_text
 
 AGENT = "checks/gpu_sampler.py"  # as shipped (gpurig.skeleton.shipped finds it in a wheel as in a checkout)
 CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends
@@ -28,15 +28,10 @@ CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until i
 
 def agent_source() -> str:
     """The sampler's source as this gpurig ships it; missing, unreadable or empty is one clear error before any host."""
-    path = shipped(AGENT)
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise MonitorError(f"{AGENT} cannot be read ({path}): {getattr(err, 'strerror', None) or err}",
-                           "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)") from None
-    if not text.strip():
-        raise MonitorError(f"{AGENT} is empty ({path})", "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)")
-    return text
+        return shipped_text(AGENT)
+    except GpurigError as err:
+        raise MonitorError(err.problem, err.fix) from None
 
 
 def agent_command(interval: float, duration: float, source: str | None = None, python: str = "python3") -> str:

@@ -24,7 +24,7 @@ from gpurig.connect.launcher import embedded
 from gpurig.errors import GpurigError, last_line
 from gpurig.facts.parsers import parse_nvidia_version
 from gpurig.facts.probes import Section
-from gpurig.skeleton import shipped
+from gpurig.skeleton import shipped_text
 from gpurig.strict.validate import whole_number
 from gpurig.verify.records import HostVerdict, Record, unchecked
 
@@ -73,14 +73,9 @@ class VerifyPlan:
 def read_probe(path: str) -> tuple[str | None, str]:
     """(source text, "") of a probe gpurig ships, or (None, why it cannot be had): missing, unreadable or empty."""
     try:
-        text = shipped(path).read_text()
+        return shipped_text(path), ""
     except GpurigError as err:
         return None, err.problem
-    except (OSError, UnicodeDecodeError) as err:
-        return None, f"{path} cannot be read: {getattr(err, 'strerror', None) or err}"
-    if not text.strip():
-        return None, f"{path} is empty"
-    return text, ""
 
 
 def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None) -> HostVerdict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpurig import skeleton
 from gpurig.connect.local import LocalConnection
 from gpurig.errors import GpurigError, HostError
 from gpurig.monitor import MonitorError, agent
@@ -82,7 +83,7 @@ def test_an_unreadable_or_empty_sampler_is_one_error_before_any_host(tmp_path, m
         path.mkdir()
     else:
         path.write_bytes(content)
-    monkeypatch.setattr(agent, "shipped", lambda name: path)
+    monkeypatch.setattr(skeleton, "shipped", lambda name: path)
     with pytest.raises(MonitorError, match=said) as caught:
         agent.monitor_fleet([], None, Run(), 1.0, 1.0)  # type: ignore[arg-type]  # no host and no connector is ever reached
     assert "reinstall gpurig" in caught.value.fix
@@ -92,7 +93,7 @@ def test_a_sampler_missing_from_the_install_names_it(monkeypatch):
     def missing(name):
         raise GpurigError(f"this gpurig (/x) has no {name} (looked for /x/{name})", "reinstall")
 
-    monkeypatch.setattr(agent, "shipped", missing)
+    monkeypatch.setattr(skeleton, "shipped", missing)
     with pytest.raises(GpurigError, match="has no checks/gpu_sampler.py"):
         agent_source()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedConnection
 
+from gpurig import skeleton
 from gpurig.cli.verify import fleet_passed, verdict_outcome
 from gpurig.connect.connection import Result
 from gpurig.connect.engineinfo import image_info
@@ -85,7 +86,7 @@ def test_an_unreadable_or_empty_probe_fails_the_host(tmp_path, monkeypatch, cont
         probe.mkdir()
     else:
         probe.write_bytes(content)
-    monkeypatch.setattr(runner, "shipped", lambda path: probe)  # where this install keeps it
+    monkeypatch.setattr(skeleton, "shipped", lambda path: probe)  # where this install keeps it
     text, why = read_probe("checks/verify_host.py")
     assert text is None and reason in why
     plan = VerifyPlan.from_checks()
