@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from hosts_fixtures import hosts_conftest as load_hosts_conftest
 
-_path = Path(__file__).resolve().parents[1] / "hosts" / "conftest.py"
-_spec = importlib.util.spec_from_file_location("gpurig_tests_hosts_conftest", _path)
-if _spec.name in sys.modules:  # the monitor tests' conftest loaded it first: one module, one farm
-    hosts_conftest = sys.modules[_spec.name]
-else:
-    hosts_conftest = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = hosts_conftest
-    _spec.loader.exec_module(hosts_conftest)
+hosts_conftest = load_hosts_conftest()
 
 # The sshd fixtures, shared by name.
 client_key = hosts_conftest.client_key
