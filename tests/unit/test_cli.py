@@ -37,7 +37,7 @@ def test_list_shows_the_tasks_with_their_help(project):
 
 
 def test_invoke_reads_the_same_tasks_from_tasks_py():
-    proc = subprocess.run(["invoke", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "render" in proc.stdout and "matrix" in proc.stdout
 
 
