@@ -9,6 +9,10 @@ sends it to hosts over SSH, so it depends on nothing of gpurig. Records:
     {"type": "end", "samples"}                                               when --duration ends
 GPU sources, best first: NVML through pynvml; `nvidia-smi --query-gpu ...
 --format=csv,noheader,nounits -lms N`; none (CPU and memory only, said once).
+A GPU in MIG mode is followed by one record per MIG device ("mig": its index under
+the GPU, as in NVIDIA_VISIBLE_DEVICES=0:1), and a note says what stands in for the
+utilisation NVML does not report under MIG. A GPU that gives no metric at all ends
+the agent with exit status 3 and one line on stderr, never an empty record.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ SMI_KEYS = (
 SMI_MISSING = ("[N/A]", "[Not Supported]", "N/A", "[Unknown Error]", "[GPU requires reset]", "")
 CPU_MODES = ("user", "system", "idle", "iowait")
 PCIE_EVERY_S = 1.0  # NVML measures PCIe throughput over 20 ms per call: not more often than this
+NVML_SUCCESS = 0
+# A GPU record's keys that say which GPU it is; every other key is a metric.
+IDENTITY = frozenset({"index", "name", "uuid", "pci_bus_id", "mig", "parent_uuid", "gpu_instance", "compute_instance", "mig_mode", "gpm", "processes"})
+# GPM metrics (NVML names, values 0..100) as (record key, metric): a whole GPU reads SM activity and occupancy beside
+# its utilisation; a MIG device, which has no utilisation, also reads its engine activity (GRAPHICS_UTIL, what DCGM
+# calls DCGM_FI_PROF_GR_ENGINE_ACTIVE) and DRAM bandwidth (DRAM_BW_UTIL, DCGM_FI_PROF_DRAM_ACTIVE) in their place.
+GPM_WHOLE = (("sm_active", "NVML_GPM_METRIC_SM_UTIL"), ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"))
+GPM_MIG = (("gr_active", "NVML_GPM_METRIC_GRAPHICS_UTIL"), *GPM_WHOLE, ("dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
 
 
 # --- host: CPU, memory, disk, network ---------------------------------------------------------
@@ -176,7 +188,15 @@ def _process_name(pid):
 
 
 class NvmlSource:
-    """Every GPU through NVML; a value NVML does not support on this GPU becomes None, never an error."""
+    """Every GPU through NVML, and every MIG device of a GPU in MIG mode; a value NVML does not support becomes None, never an error.
+
+    Under MIG, NVML reports no utilisation for the whole GPU (nvmlDeviceGetUtilizationRates
+    answers NOT_SUPPORTED), so each MIG device gets a row of its own after its GPU's:
+    its memory and processes, and where GPM works (Hopper and newer) the activity GPM
+    measures for its GPU instance between two samples (GPM_MIG). The MIG layout is read
+    when the agent starts (gpurig restarts it at least hourly); GPM is only sampled on
+    GPUs that support it, so a host without MIG or GPM pays nothing more.
+    """
 
     name = "nvml"
 
@@ -188,14 +208,22 @@ class NvmlSource:
         self.static = [self._static(h) for h in self.handles]
         self._gpm_prev = {}
         self._gpm_ok = {i: self._gpm_supported(h) for i, h in enumerate(self.handles)}
+        self._gpm_dead = set()
         self._pcie = {}
         self.driver = self._safe(nvml.nvmlSystemGetDriverVersion)
+        self.mig = {i: self._mig_devices(i, h) for i, h in enumerate(self.handles) if self._mig_on(h)}
+        self.notes = [self._mig_note(i) for i in sorted(self.mig)]
 
     def _safe(self, fn, *args):
         try:
             return fn(*args)
         except self.nvml.NVMLError:
             return None
+
+    def _call(self, name, *args):
+        """``_safe`` for a call an older nvidia-ml-py may lack (None then, as for NOT_SUPPORTED)."""
+        fn = getattr(self.nvml, name, None)
+        return None if fn is None else self._safe(fn, *args)
 
     def _static(self, h):
         pci = self._safe(self.nvml.nvmlDeviceGetPciInfo, h)
@@ -206,34 +234,79 @@ class NvmlSource:
         }
 
     def _gpm_supported(self, h):
-        support = self._safe(getattr(self.nvml, "nvmlGpmQueryDeviceSupport", lambda h: None), h)
+        support = self._call("nvmlGpmQueryDeviceSupport", h)
         return bool(support is not None and support.isSupportedDevice)
 
-    def _gpm(self, i, h):
-        """SM activity and occupancy (0..1) between this sample and the previous one (Hopper and newer)."""
+    def _mig_on(self, h):
+        mode = self._call("nvmlDeviceGetMigMode", h)  # [current, pending]; NOT_SUPPORTED on GPUs without MIG
+        return mode is not None and mode[0] == getattr(self.nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    def _mig_devices(self, i, h):
+        """(handle, identity) of each MIG device of GPU ``i``; an index without one answers NOT_FOUND and is skipped."""
+        found = []
+        for j in range(self._call("nvmlDeviceGetMaxMigDeviceCount", h) or 0):
+            mh = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, j)
+            if mh is None:
+                continue
+            found.append((mh, {
+                "index": i, "mig": j, "name": _text(self._call("nvmlDeviceGetName", mh)), "uuid": _text(self._call("nvmlDeviceGetUUID", mh)),
+                "pci_bus_id": self.static[i]["pci_bus_id"], "parent_uuid": self.static[i]["uuid"],
+                "gpu_instance": self._call("nvmlDeviceGetGpuInstanceId", mh), "compute_instance": self._call("nvmlDeviceGetComputeInstanceId", mh),
+            }))  # fmt: skip
+        return found
+
+    def _mig_gpm(self, i):
+        return self._gpm_ok.get(i) and hasattr(self.nvml, "nvmlGpmMigSampleGet")
+
+    def _mig_note(self, i):
+        n = len(self.mig[i])
+        said = f"GPU {i}: MIG mode is on, so NVML reports no whole-GPU utilisation"
+        if not n:
+            return f"{said}, and it has no MIG device to measure"
+        if self._mig_gpm(i):
+            return f"{said}; GPM engine and SM activity are shown for each of its {n} MIG devices instead"
+        return f"{said}, and GPM is not available on this GPU/driver (it needs Hopper or newer): its {n} MIG devices show memory only"
+
+    def _gpm(self, key, take, metrics):
+        """{record key: 0..1} that GPM measured between this sample and the previous one of ``key``.
+
+        None when no GPM sample could be taken (the caller stops asking), {} when the metrics could not be read this time.
+        """
         nvml = self.nvml
         try:
             sample = nvml.nvmlGpmSampleAlloc()
-            nvml.nvmlGpmSampleGet(h, sample)
         except nvml.NVMLError:
-            self._gpm_ok[i] = False
-            return None, None
-        prev, self._gpm_prev[i] = self._gpm_prev.get(i), sample
+            return {}
+        try:
+            take(sample)
+        except nvml.NVMLError:
+            self._safe(nvml.nvmlGpmSampleFree, sample)
+            return None
+        prev, self._gpm_prev[key] = self._gpm_prev.get(key), sample
         if prev is None:
-            return None, None
+            return dict.fromkeys((k for k, _ in metrics), None)  # GPM measures between two samples
         try:
             req = nvml.c_nvmlGpmMetricsGet_t()
             req.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            req.numMetrics = 2
+            req.numMetrics = len(metrics)
             req.sample1, req.sample2 = prev, sample
-            req.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
-            req.metrics[1].metricId = nvml.NVML_GPM_METRIC_SM_OCCUPANCY
+            for n, (_, metric) in enumerate(metrics):
+                req.metrics[n].metricId = getattr(nvml, metric)
             got = nvml.nvmlGpmMetricsGet(req)
-            return round(got.metrics[0].value / 100.0, 4), round(got.metrics[1].value / 100.0, 4)
+            # Each metric carries its own return code: one the GPU cannot measure is None, not its garbage value.
+            return {k: round(m.value / 100.0, 4) if getattr(m, "nvmlReturn", NVML_SUCCESS) == NVML_SUCCESS else None
+                    for (k, _), m in zip(metrics, got.metrics)}  # fmt: skip
         except nvml.NVMLError:
-            return None, None
+            return {}
         finally:
             self._safe(nvml.nvmlGpmSampleFree, prev)
+
+    def _whole_gpm(self, i, h):
+        got = self._gpm(i, lambda s: self.nvml.nvmlGpmSampleGet(h, s), GPM_WHOLE)
+        if got is None:
+            self._gpm_ok[i] = False
+            got = {}
+        return got.get("sm_active"), got.get("sm_occupancy")
 
     def _pcie_kbs(self, i, h):
         now = self.clock()
@@ -261,7 +334,8 @@ class NvmlSource:
             power = safe(nvml.nvmlDeviceGetPowerUsage, h)
             limit = safe(nvml.nvmlDeviceGetEnforcedPowerLimit, h)
             tx, rx = self._pcie_kbs(i, h)
-            sm_active, sm_occ = self._gpm(i, h) if self._gpm_ok.get(i) else (None, None)
+            mig = i in self.mig
+            sm_active, sm_occ = self._whole_gpm(i, h) if self._gpm_ok.get(i) and not mig else (None, None)
             gpus.append(
                 {
                     "index": i,
@@ -280,10 +354,38 @@ class NvmlSource:
                     "pcie_rx_kbs": rx,
                     "sm_active": sm_active,
                     "sm_occupancy": sm_occ,
-                    "processes": self._processes(h),
+                    # Under MIG the processes are listed on their MIG devices (the GPU's own list is an aggregate for root only).
+                    "processes": [] if mig else self._processes(h),
+                    **({"mig_mode": True} if mig else {}),
                 }
             )
+            if mig:
+                gpus += self._mig_rows(i, h)
         return gpus
+
+    def _mig_rows(self, i, h):
+        """One record per MIG device of GPU ``i``; GPM is read once per GPU instance (its compute instances share it)."""
+        by_instance = {}
+        rows = []
+        for mh, ident in self.mig[i]:
+            gi, key = ident["gpu_instance"], ("mig", i, ident["gpu_instance"])
+            gpm_on = bool(self._mig_gpm(i)) and gi is not None and key not in self._gpm_dead
+            if gpm_on and gi not in by_instance:
+                by_instance[gi] = self._gpm(key, lambda s, gi=gi: self.nvml.nvmlGpmMigSampleGet(h, gi, s), GPM_MIG)
+                if by_instance[gi] is None:  # this GPU instance cannot be sampled: not asked again
+                    self._gpm_dead.add(key)
+                    gpm_on = False
+            got = by_instance.get(gi) or {}
+            mem = self._safe(self.nvml.nvmlDeviceGetMemoryInfo, mh)
+            rows.append({
+                **ident,
+                "mem_used_mib": mem.used // 2**20 if mem is not None else None,
+                "mem_total_mib": mem.total // 2**20 if mem is not None else None,
+                **{k: got.get(k) for k, _ in GPM_MIG},
+                "gpm": gpm_on,
+                "processes": self._processes(mh),
+            })  # fmt: skip
+        return rows
 
     def close(self):
         for sample in self._gpm_prev.values():
@@ -419,8 +521,8 @@ def main(argv=None):
             "driver": getattr(source, "driver", None),
         }
     )  # fmt: skip
-    if note:
-        emit({"type": "note", "message": note})
+    for message in ([note] if note else []) + list(getattr(source, "notes", ())):
+        emit({"type": "note", "message": message})
     started = time.monotonic()
     due = started + interval
     count = 0
@@ -430,7 +532,16 @@ def main(argv=None):
             due += interval
             if due < time.monotonic():  # fell behind (a slow NVML call): skip, never burst
                 due = time.monotonic() + interval
-            record = {"type": "sample", "t": round(time.time(), 3), **host.sample(), "gpus": source.sample() if source else []}
+            gpus = source.sample() if source else []
+            # GPM measures between two samples: on the first one a MIG device that GPM measures may have nothing yet.
+            blank = [g for g in gpus if not any(g.get(k) is not None for k in g if k not in IDENTITY) and not (g.get("gpm") and not count)]
+            if blank:  # fail closed: a GPU found and then read as nothing is not an idle GPU
+                g = blank[0]
+                where = f"{g['index']}:{g['mig']}" if g.get("mig") is not None else str(g["index"])
+                sys.stderr.write(f"gpu_sampler: GPU {where} ({g.get('uuid') or 'no UUID'}) gave no metric at all through {source.name}: "
+                                 "the GPU may be lost or the driver broken; 'nvidia-smi -q' on the host says more\n")
+                return 3
+            record = {"type": "sample", "t": round(time.time(), 3), **host.sample(), "gpus": gpus}
             emit(record)
             count += 1
             if (args.count and count >= args.count) or (args.duration and time.monotonic() - started >= args.duration - interval / 2):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -11,11 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
-import pynvml
 import pytest
+from nvml_replay import FakeNvml, sampler
 
 from gpurig.connect.local import LocalConnection
 from gpurig.errors import HostError
@@ -25,10 +23,6 @@ from gpurig.monitor.session import Run
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "checks" / "gpu_sampler.py"
 FIXTURES = ROOT / "tests" / "fixtures" / "monitor"
-
-spec = importlib.util.spec_from_file_location("gpu_sampler", AGENT)
-sampler = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sampler)
 
 
 def run_agent(*args, env=None):
@@ -99,53 +93,6 @@ def test_nvidia_smi_without_a_driver_is_the_one_note(tmp_path):
 def test_smi_line_rejects_what_is_not_a_gpu_line():
     assert sampler.parse_smi_line("No devices were found") is None
     assert sampler.parse_smi_line(", ".join(["x"] * len(sampler.SMI_KEYS))) is None
-
-
-class FakeNvml:
-    """pynvml's surface as the agent uses it, answering from a recorded fixture; real pynvml errors and constants."""
-
-    NVMLError = pynvml.NVMLError
-
-    def __init__(self, data):
-        self.data = data
-        self.__dict__.update({k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith("NVML_")})
-
-    def _get(self, h, *keys):
-        value = self.data["devices"][h]
-        for k in keys:
-            value = value[k] if value != "NOT_SUPPORTED" else value
-        if value == "NOT_SUPPORTED":
-            raise pynvml.NVMLError_NotSupported()
-        return value
-
-    def nvmlInit(self): ...
-    def nvmlShutdown(self): ...
-    def nvmlSystemGetDriverVersion(self): return self.data["driver"]
-    def nvmlDeviceGetCount(self): return len(self.data["devices"])
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetName(self, h): return self._get(h, "name")
-    def nvmlDeviceGetUUID(self, h): return self._get(h, "uuid")
-    def nvmlDeviceGetPciInfo(self, h): return SimpleNamespace(busId=self._get(h, "busId").encode())
-    def nvmlDeviceGetUtilizationRates(self, h): return SimpleNamespace(**self._get(h, "utilization"))
-    def nvmlDeviceGetMemoryInfo(self, h): return SimpleNamespace(**self._get(h, "memory"))
-    def nvmlDeviceGetTemperature(self, h, sensor): return self._get(h, "temperature")
-    def nvmlDeviceGetPowerUsage(self, h): return self._get(h, "power_mw")
-    def nvmlDeviceGetEnforcedPowerLimit(self, h): return self._get(h, "power_limit_mw")
-    def nvmlDeviceGetClockInfo(self, h, clock): return self._get(h, "clocks", "sm" if clock == pynvml.NVML_CLOCK_SM else "mem")
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h): return self._get(h, "throttle")
-    def nvmlDeviceGetPcieThroughput(self, h, which): return self._get(h, "pcie_kbs", "tx" if which == pynvml.NVML_PCIE_UTIL_TX_BYTES else "rx")
-    def nvmlDeviceGetComputeRunningProcesses(self, h): return [SimpleNamespace(**p) for p in self._get(h, "processes")]
-    def nvmlGpmQueryDeviceSupport(self, h): return SimpleNamespace(isSupportedDevice=int(self.data["devices"][h]["gpm"] != "NOT_SUPPORTED"))
-    def nvmlGpmSampleAlloc(self): return SimpleNamespace(device=None)
-    def nvmlGpmSampleFree(self, s): ...
-    def nvmlGpmSampleGet(self, h, s): s.device = h
-    def c_nvmlGpmMetricsGet_t(self): return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, value=0.0) for _ in range(2)])
-
-    def nvmlGpmMetricsGet(self, req):
-        gpm = self._get(req.sample2.device, "gpm")
-        for m in req.metrics:
-            m.value = gpm["sm_util"] if m.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL else gpm["sm_occupancy"]
-        return req
 
 
 def test_nvml_values_become_the_agent_units():
