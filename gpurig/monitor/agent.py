@@ -1,6 +1,6 @@
 """Runs the sampler agent (checks/gpu_sampler.py) on a host through its Connection and streams its records into a Run.
 
-The agent travels inside the command line (gpurig.connect.launcher, about 6 KB), so a
+The agent travels inside the command line (gpurig.connect.launcher, about 11 KB), so a
 host needs nothing but python3: no copy step, no file left behind. The same
 path serves the local host (a LocalConnection runs it as a subprocess).
 """

@@ -6,6 +6,11 @@ value the GPU does not report, and a "hostname" column after the timestamp.
 The columns after clocks_throttle_reasons.active have no nvidia-smi name and
 are gpurig's (PCIe, SM activity from NVML GPM, the host's CPU and memory).
 A host without GPUs gets one row per sample with the GPU fields "[N/A]".
+A GPU in MIG mode is followed by a row per MIG device, as NVIDIA's tools name
+it: index "0:1" (GPU 0's MIG device 1, NVIDIA_VISIBLE_DEVICES' form), its
+MIG- uuid and its NVML name ("... MIG 3g.40gb"). NVML reports no utilisation
+under MIG, so utilization.gpu is "[N/A]" there, never 0; sm.active and
+sm.occupancy are the MIG device's own, from GPM. The header never changes.
 The file is written under a temporary name and renamed when the run ends.
 """
 
@@ -44,7 +49,7 @@ def timestamp(t: float) -> str:
 
 GpuColumn = tuple[str, Callable[[GpuSample], str]]
 GPU_COLUMNS: tuple[GpuColumn, ...] = (
-    ("index", lambda g: str(g.index)),
+    ("index", lambda g: g.label),
     ("name", lambda g: g.name or NA),
     ("uuid", lambda g: g.uuid or NA),
     ("pci.bus_id", lambda g: g.pci_bus_id or NA),

@@ -6,6 +6,13 @@ host's latest sample and prometheus_client renders them; the page is shared
 asyncio server answers them. Dashboards written for dcgm-exporter
 (``DCGM_FI_DEV_GPU_UTIL{gpu, UUID, modelName, Hostname}``) and node-exporter
 (``node_cpu_seconds_total{cpu, mode}``) work unchanged.
+
+Under MIG, as dcgm-exporter does, the GPU has no DCGM_FI_DEV_GPU_UTIL (NVML
+reports none) and each MIG device has its own series: the GPU's labels plus
+``GPU_I_PROFILE`` and ``GPU_I_ID`` (dcgm-exporter's) and ``mig_uuid`` (two
+compute instances of one GPU instance differ only there), with its memory and
+GPM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``SM_ACTIVE``, ``SM_OCCUPANCY`` and
+``DRAM_ACTIVE``. A page without MIG devices is what it always was.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from gpurig.strict.validate import excerpt, whole_number
 MAX_AGE_S = 1.0  # samples arrive about once a second
 MAX_STALE_S = 5.0  # older than this, a scrape waits for a fresh page (Prometheus scrapes every 15 s or so)
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID", "mig_uuid")
 
 
 def _fb_free(g: GpuSample) -> float | None:
@@ -52,6 +60,21 @@ DCGM_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = 
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned (in %).", lambda g: g.sm_active),
     ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM (in %).", lambda g: g.sm_occupancy),
 )
+# Read for MIG devices only (GPM's stand-ins for the utilisation MIG lacks); on the page only when one has a value.
+MIG_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | None]], ...] = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active (in %).", lambda g: g.gr_active),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data (in %).", lambda g: g.dram_active),
+)
+MIG_NAMES = frozenset(name for name, _, _ in MIG_GAUGES)
+
+
+def gpu_labels(host: str, g: GpuSample) -> dict[str, str]:
+    """dcgm-exporter's labels for a GPU; for a MIG device its GPU's, plus which MIG device it is."""
+    labels = dict(zip(GPU_LABELS, (str(g.index), (g.parent_uuid if g.mig is not None else g.uuid) or "", g.pci_bus_id or "",
+                                   f"nvidia{g.index}", g.model or "", host)))  # fmt: skip
+    if g.mig is not None:
+        labels.update(zip(MIG_LABELS, (g.profile or "", "" if g.gpu_instance is None else str(g.gpu_instance), g.uuid or "")))
+    return labels
 
 
 class RunCollector(Collector):
@@ -71,7 +94,7 @@ class RunCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         samples = self._current()
-        gauges = {name: GaugeMetricFamily(name, text, labels=GPU_LABELS) for name, text, _ in DCGM_GAUGES}
+        gauges = {name: GaugeMetricFamily(name, text, labels=GPU_LABELS) for name, text, _ in DCGM_GAUGES + MIG_GAUGES}
         cpu = CounterMetricFamily("node_cpu_seconds", "Seconds the CPUs spent in each mode.", labels=("Hostname", "cpu", "mode"))
         host_gauges = {
             "node_memory_MemTotal_bytes": GaugeMetricFamily("node_memory_MemTotal_bytes", "Memory information field MemTotal_bytes.", labels=("Hostname",)),
@@ -87,11 +110,11 @@ class RunCollector(Collector):
         }
         for s in samples:
             for g in s.gpus:
-                labels = [str(g.index), g.uuid or "", g.pci_bus_id or "", f"nvidia{g.index}", g.name or "", s.host]
-                for name, _, read in DCGM_GAUGES:
+                labels = gpu_labels(s.host, g)
+                for name, _, read in DCGM_GAUGES + (MIG_GAUGES if g.mig is not None else ()):
                     v = read(g)
                     if v is not None:
-                        gauges[name].add_metric(labels, float(v))
+                        gauges[name].add_sample(name, labels, float(v))
             for mode, per_core in s.cpu_seconds.items():
                 for core, seconds in enumerate(per_core):
                     cpu.add_metric([s.host, str(core), mode], float(seconds))
@@ -104,7 +127,7 @@ class RunCollector(Collector):
                 ("node_network_transmit_bytes", s.net_tx_bytes),
             ):
                 counters[name].add_metric([s.host], float(value))
-        yield from gauges.values()
+        yield from (f for f in gauges.values() if f.samples or f.name not in MIG_NAMES)
         yield cpu
         yield from host_gauges.values()
         yield from counters.values()

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpurig.monitor.diagnose import Finding
-from gpurig.monitor.samples import Sample
+from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
 from gpurig.strict.validate import printable
 
@@ -23,14 +23,43 @@ def _n(value, fmt="{:.0f}", none="-") -> str:
     return none if value is None else fmt.format(value)
 
 
+def _util_cell(g: GpuSample) -> str:
+    """Utilisation; under MIG, which NVML does not report it for, 'mig' on the GPU and GPM engine activity (marked *) on its devices."""
+    if g.util_gpu is not None:
+        return f"{g.util_gpu:.0f}%"
+    if g.mig_mode and g.mig is None:
+        return "mig"
+    if g.mig is not None:
+        return _n(g.gr_active, "{:.0%}*", "n/a" if g.gpm is False else "-")
+    return "-"
+
+
+def mig_lines(samples: dict[str, Sample]) -> list[str]:
+    """What stands in for the utilisation NVML does not report under MIG, once per GPU in MIG mode."""
+    lines = []
+    for host in sorted(samples):
+        gpus = samples[host].gpus
+        for parent in (g for g in gpus if g.mig_mode and g.mig is None):
+            devices = [g for g in gpus if g.mig is not None and g.index == parent.index]
+            said = f"{printable(host)} GPU {parent.index}: MIG: whole-GPU utilisation not reported; "
+            if any(g.gpm for g in devices):
+                lines.append(said + "util* is GPM engine activity and sm GPM SM activity, per MIG device")
+            else:
+                lines.append(said + ("GPM not available on this GPU/driver: no activity figure" if devices else "no MIG device to measure"))
+    return lines
+
+
 def live_table(latest: dict[str, Sample], failed: dict[str, str] | None = None) -> Table:
-    """One row per GPU (or per host without GPUs), in 80 columns: host, GPU, util, SM, memory, temp, power, CPU, RAM."""
-    caption = "\n".join(f"{printable(h)}: {why}" for h, why in sorted((failed or {}).items())) or None
+    """One row per GPU and MIG device (or per host without GPUs), in 80 columns: host, GPU, util, SM, memory, temp, power, CPU, RAM."""
+    caption = Text("\n".join(f"{printable(h)}: {why}" for h, why in sorted((failed or {}).items())), style="red")
+    shown = {h: s for h, s in latest.items() if h not in (failed or {})}
+    for line in mig_lines(shown):
+        caption.append(("\n" if caption else "") + line, style="yellow")
     table = Table(
         "host", "gpu", "util", "sm", "mem GiB", "°C", "W", "cpu", "core", "ram",
-        box=None, pad_edge=False, header_style="bold", caption=caption, caption_style="red", caption_justify="left",
+        box=None, pad_edge=False, header_style="bold", caption=caption or None, caption_justify="left",
     )  # fmt: skip
-    for host in sorted(set(latest) - set(failed or {})):
+    for host in sorted(shown):
         s = latest[host]
         cpu = (f"{s.cpu_percent:.0f}%", f"{s.max_core:.0f}%", f"{s.mem_used / 2**30:.0f}/{s.mem_total / 2**30:.0f}G")
         if not s.gpus:
@@ -38,7 +67,7 @@ def live_table(latest: dict[str, Sample], failed: dict[str, str] | None = None) 
         for g in s.gpus:
             mem = f"{g.mem_used_mib / 1024:.0f}/{g.mem_total_mib / 1024:.0f}" if g.mem_used_mib is not None and g.mem_total_mib else "-"
             table.add_row(
-                _shown(host[:14]), str(g.index), _n(g.util_gpu, "{:.0f}%"), _n(g.sm_active, "{:.0%}"), mem,
+                _shown(host[:14]), g.label, _util_cell(g), _n(g.sm_active, "{:.0%}", "n/a" if g.gpm is False else "-"), mem,
                 _n(g.temp_c), _n(g.power_w), *cpu,
             )  # fmt: skip
     return table
@@ -54,18 +83,23 @@ def summary_table(run: Run) -> Table:
             continue
         cpu = f"{mean(s.cpu_percent for s in series):.0f}%"
         core = f"{mean(s.max_core for s in series):.0f}%"
-        indices = sorted({g.index for s in series for g in s.gpus})
-        if not indices:
+        keys = sorted({g.key for s in series for g in s.gpus})
+        if not keys:
             table.add_row(_shown(host), "-", str(len(series)), "", "", "", cpu, core, _shown(state.source))
-        for i in indices:
-            gs = [g for s in series for g in s.gpus if g.index == i]
+        for key in keys:
+            gs = [g for s in series for g in s.gpus if g.key == key]
             util = [g.util_gpu for g in gs if g.util_gpu is not None]
+            engine = [g.gr_active for g in gs if g.gr_active is not None]
             sm = [g.sm_active for g in gs if g.sm_active is not None]
             mem = [g.mem_fraction for g in gs if g.mem_fraction is not None]
+            shown = f"{mean(util):.0f}%" if util else f"{mean(engine):.0%}*" if engine else _util_cell(gs[-1])
             table.add_row(
-                _shown(host), str(i), str(len(gs)), f"{mean(util):.0f}%" if util else "-", f"{mean(sm):.0%}" if sm else "-",
+                _shown(host), gs[0].label, str(len(gs)), shown, f"{mean(sm):.0%}" if sm else "n/a" if gs[-1].gpm is False else "-",
                 f"{max(mem):.0%}" if mem else "-", cpu, core, _shown(state.source),
             )  # fmt: skip
+    lines = mig_lines({h: run.series(h)[-1] for h in run.hosts() if run.series(h)})
+    if lines:
+        table.caption, table.caption_style, table.caption_justify = "\n".join(lines), "yellow", "left"
     return table
 
 
@@ -75,8 +109,7 @@ def findings_view(findings: list[Finding]) -> Group:
         return Group(Text("diagnosis: nothing stands out", style="green"))
     parts = [Text("diagnosis:", style="bold")]
     for f in findings:
-        where = f"{f.host} GPU {f.gpu}" if f.gpu is not None else f.host
-        parts.append(Text.assemble((f"[{f.rule}] ", "bold yellow"), printable(f"{where}: {f.title}")))
+        parts.append(Text.assemble((f"[{f.rule}] ", "bold yellow"), printable(f"{f.where}: {f.title}")))
         parts.append(Text(printable(f"  evidence: {f.evidence}")))
         parts.append(Text(printable(f"  fix: {f.fix}"), style="cyan"))
     return Group(*parts)

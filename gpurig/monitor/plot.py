@@ -29,7 +29,7 @@ def plot(run: Run, path: str | Path) -> list[str]:
             series = run.series(host)
             t0 = series[0].t
             xs = [s.t - t0 for s in series]
-            indices = sorted({g.index for s in series for g in s.gpus})
+            indices = sorted({g.key for s in series for g in s.gpus})  # a GPU, then its MIG devices
             for ax, panel in zip(row, PANELS):
                 ax.set_title(f"{host}: {panel}", fontsize=9)
                 ax.set_ylim(0, 105)
@@ -39,7 +39,7 @@ def plot(run: Run, path: str | Path) -> list[str]:
                 for ax, value in zip(row[:3], (_util, _sm, _mem)):
                     ys = [value(s, index) for s in series]
                     if any(y is not None for y in ys):
-                        ax.plot(xs, [float("nan") if y is None else y for y in ys], label=f"GPU {index}", linewidth=1)
+                        ax.plot(xs, [float("nan") if y is None else y for y in ys], label=_legend(index, value), linewidth=1)
             for ax in row[:3]:
                 if not ax.lines:
                     ax.text(0.5, 0.5, "no data (no GPU or not reported)", ha="center", va="center", transform=ax.transAxes, fontsize=8)
@@ -59,13 +59,23 @@ def plot(run: Run, path: str | Path) -> list[str]:
     return titles
 
 
-def _gpu(sample, index):
-    return next((g for g in sample.gpus if g.index == index), None)
+def _legend(key, value):
+    """'GPU 0', or 'GPU 0:1' for a MIG device, whose utilisation line is GPM's engine activity and says so."""
+    if key[1] < 0:
+        return f"GPU {key[0]}"
+    return f"GPU {key[0]}:{key[1]}" + (" (GPM engine)" if value is _util else "")
+
+
+def _gpu(sample, key):
+    return next((g for g in sample.gpus if g.key == key), None)
 
 
 def _util(sample, index):
+    """Utilisation; for a MIG device (NVML reports none under MIG) GPM's engine activity in its place."""
     g = _gpu(sample, index)
-    return g.util_gpu if g else None
+    if g is None:
+        return None
+    return g.util_gpu if g.util_gpu is not None or g.gr_active is None else 100 * g.gr_active
 
 
 def _sm(sample, index):

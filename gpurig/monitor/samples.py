@@ -55,6 +55,41 @@ class GpuSample:
     sm_active: float | None = None  # 0..1, NVML GPM (Hopper and newer)
     sm_occupancy: float | None = None  # 0..1
     processes: tuple[GpuProcess, ...] = ()
+    # MIG. A whole GPU in MIG mode has mig_mode True and no utilisation (NVML does not report it under MIG);
+    # each of its MIG devices is a GpuSample of its own with ``mig`` set (its index under GPU ``index``).
+    mig_mode: bool | None = None
+    mig: int | None = None
+    parent_uuid: str | None = None  # a MIG device's GPU
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    gpm: bool | None = None  # a MIG device: whether GPM can measure it (False: not on this GPU/driver)
+    gr_active: float | None = None  # 0..1, GPM GRAPHICS_UTIL: a MIG device's stand-in for util_gpu
+    dram_active: float | None = None  # 0..1, GPM DRAM_BW_UTIL: a MIG device's stand-in for util_mem
+
+    @property
+    def label(self) -> str:
+        """'0' for a whole GPU, '0:1' for MIG device 1 of GPU 0 (NVIDIA_VISIBLE_DEVICES' own form)."""
+        return str(self.index) if self.mig is None else f"{self.index}:{self.mig}"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Sorts a GPU before its MIG devices."""
+        return (self.index, -1 if self.mig is None else self.mig)
+
+    @property
+    def profile(self) -> str | None:
+        """A MIG device's profile ('3g.40gb') from the name NVML gives it ('NVIDIA H100 80GB HBM3 MIG 3g.40gb')."""
+        if self.mig is None or not self.name:
+            return None
+        _, sep, profile = self.name.rpartition(" MIG ")
+        return profile if sep else None
+
+    @property
+    def model(self) -> str | None:
+        """The GPU's model name, without a MIG device's profile."""
+        if self.mig is None or not self.name:
+            return self.name
+        return self.name.rpartition(" MIG ")[0] or self.name
 
     @property
     def throttle_reasons(self) -> tuple[str, ...]:
@@ -96,7 +131,9 @@ class Sample:
 
 
 _GPU_FIELDS = {f for f in GpuSample.__dataclass_fields__ if f != "processes"}
-_GPU_TEXT = ("name", "uuid", "pci_bus_id")
+_GPU_TEXT = ("name", "uuid", "pci_bus_id", "parent_uuid")
+_GPU_COUNTS = ("index", "throttle", "mig", "gpu_instance", "compute_instance")
+_GPU_FLAGS = ("mig_mode", "gpm")
 # The end of year 9999: a later time cannot be shown as a date (time.localtime overflows), so it is no time a host recorded.
 MAX_TIME = 253_402_300_799.0
 MAX_COUNT = 2**63 - 1
@@ -126,7 +163,11 @@ def _gpu_value(name: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"gpu {name} is not text")
         return value
-    if name in ("index", "throttle"):
+    if name in _GPU_FLAGS:
+        if not isinstance(value, bool):
+            raise ValueError(f"gpu {name} is not true or false")
+        return value
+    if name in _GPU_COUNTS:
         return _count(value, f"gpu {name}")
     return _number(value, f"gpu {name}")
 
