@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import shutil
@@ -89,9 +90,13 @@ def cuda_toolkit_requirement(entry: MatrixEntry) -> str:
 
 
 def pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
-    """pip's index and find-links options as words (the template quotes them): every pip install gets them."""
+    """pip's index and find-links options as words (the template quotes them): every pip install gets them.
+
+    An offline build names no index at all (--no-index): pip reads only the
+    wheelhouse and find_links URLs, so it never waits on an index it cannot reach.
+    """
     build = spec.build
-    options: list[str] = []
+    options: list[str] = ["--no-index"] if build.offline else []
     if build.pip_index:
         options += ["--index-url", build.pip_index]
     for url in build.pip_extra_index:
@@ -231,7 +236,7 @@ def render(
         "variant_apt": list(variant.apt),
         "extra_pip": list(variant.pip),
         "torch_requirement": torch_requirement(entry),
-        "torch_index": _torch_index(spec, entry),
+        "torch_index": _torch_index(spec, entry, wheelhouses),
         "cuda_toolkit_requirement": None if entry.is_cpu else cuda_toolkit_requirement(entry),
         "require_cuda": compat.require_cuda(entry.cuda),
         "labels": labels,
@@ -281,8 +286,13 @@ def render(
     return context
 
 
-def _torch_index(spec: ImageSpec, entry: MatrixEntry) -> str:
-    if _on_pypi(entry) or not spec.build.torch_index:
+def _torch_index(spec: ImageSpec, entry: MatrixEntry, wheelhouses: list[Path]) -> str:
+    """The extra index torch comes from; none when a local wheelhouse holds this torch wheel (pip would ask the
+    index anyway, and wait on it where it cannot be reached), for an offline build, or for PyPI's own build."""
+    if _on_pypi(entry) or not spec.build.torch_index or spec.build.offline:
+        return ""
+    wheel = torch_requirement(entry).replace("==", "-")
+    if any(next(folder.glob(f"{glob.escape(wheel)}-*.whl"), None) for folder in wheelhouses):
         return ""
     return spec.build.torch_index.format(cuda_tag=entry.cuda_tag, cuda=entry.cuda)
 
