@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpurig.image import aliases
 from gpurig.image.baseimage import BaseImage, ensure_base
 from gpurig.image.build import (
     BuildResult,
@@ -39,6 +40,9 @@ class BuildObserver:
 
     def step(self, context: BuildContext, kind: str, step: StepLog, parser: ProgressParser) -> None:
         """A build step started ('start'), ended ('done': cached, done or error) or printed a line ('output')."""
+
+    def note(self, context: BuildContext, line: str) -> None:
+        """A line about the build's tags: an alias this build leaves on another entry, or one it moved."""
 
     def still_running(self, context: BuildContext, step: StepLog, seconds: float) -> None:
         """A step has been running for ``seconds`` (said every HEARTBEAT_S while it runs, output or not)."""
@@ -130,6 +134,9 @@ def build_context(
     all_labels = {**user_labels, **base_labels(base)}
     path = report_path(reports_dir, context)
     observer.started(context)
+    for line in context.aliases_left:
+        observer.note(context, line)
+    before = aliases.named_builds(client, context.aliases)
 
     def on_line(kind: str, step: StepLog | None, parser: ProgressParser) -> None:
         if step is not None:
@@ -141,6 +148,10 @@ def build_context(
     image = inspect(client, image_id)
     freeze, dpkg = resolved_versions(client, image_id, user_labels)
     report = make_report(context, client, image, base.as_dict(), parser, seconds, freeze, dpkg, ca_bundle)
+    moved = aliases.moves(before, aliases.build_name(context.labels))
+    for line in moved:
+        observer.note(context, line)
+    report["alias_notes"] = [*context.aliases_left, *moved]
     write_json_atomic(path, report)
     return BuildResult(context, report, path)
 

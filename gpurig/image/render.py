@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from gpurig.errors import CompatError, RenderError
-from gpurig.image import compat, quoting
+from gpurig.image import aliases, compat, quoting
 from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
 from gpurig.strict.validate import excerpt, strip_userinfo
 
@@ -45,6 +45,7 @@ class BuildContext:
     aliases: tuple[str, ...]
     labels: dict
     wheelhouse: bool
+    aliases_left: tuple[str, ...] = ()  # why an alias this build makes the tag of stays on another entry
 
     @property
     def dockerfile(self) -> Path:
@@ -179,7 +180,7 @@ def _epoch_to_iso(epoch: int) -> str:
 
 def check_renderable(entry: MatrixEntry, variant: Variant) -> None:
     """Raise CompatError for a (entry, variant) pair that cannot exist."""
-    if variant.kind.cuda_toolkit and entry.is_cpu:
+    if not variant.builds_on(entry):
         raise CompatError(
             f"variant {variant.name} needs a CUDA build but {entry} has none",
             f"choose a CUDA entry for {variant.name}, e.g. --cuda 13.0",
@@ -265,13 +266,15 @@ def render(
             entry=entry,
             variant=variant,
             image_ref=image_ref,
-            aliases=spec.alias_refs(entry, variant.name),
+            aliases=aliases.alias_refs(spec, entry, variant.name),
+            aliases_left=aliases.aliases_left(spec, entry, variant.name),
             labels=labels,
             wheelhouse=bool(wheelhouses),
         )
         meta = {
             "image": context.image_ref,
             "aliases": list(context.aliases),
+            "aliases_left": list(context.aliases_left),
             "variant": variant.name,
             "torch": entry.torch,
             "cuda": entry.cuda,

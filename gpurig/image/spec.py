@@ -80,6 +80,10 @@ class Variant:
     pip: tuple[str, ...]
     ports: tuple[int, ...]
 
+    def builds_on(self, entry: MatrixEntry) -> bool:
+        """Whether this variant can be built on ``entry`` (the CUDA toolkit needs a CUDA entry)."""
+        return not (self.kind.cuda_toolkit and entry.is_cpu)
+
 
 @dataclass(frozen=True)
 class Bootstrap:
@@ -152,11 +156,6 @@ class ImageSpec:
         """{registry}/{name}:{torch}-{cuda tag}-{variant}."""
         repo = f"{self.registry.rstrip('/')}/{self.name}" if self.registry else self.name
         return f"{repo}:{entry.tag}-{variant}"
-
-    def alias_refs(self, entry: MatrixEntry, variant: str) -> tuple[str, ...]:
-        repo = self.image_ref(entry, variant).rsplit(":", 1)[0]
-        fields = {"variant": variant, "torch": entry.torch, "cuda": entry.cuda, "cuda_tag": entry.cuda_tag}
-        return tuple(f"{repo}:{alias.format(**fields)}" for alias in self.build.aliases)
 
 
 # --- loading -------------------------------------------------------------------
