@@ -54,19 +54,24 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
             err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")
         targets[host.name] = [resolve(image_spec, s, local) for s in specs]
 
+    printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
+
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
+
+        def count(done: int, total: int) -> None:
+            if printer is not None:
+                printer.count(conn.name, done, total, f"{t.image_ref}: {human(done)} of {human(total)}")
 
         if local is None:  # the image is not on the host and this machine has no engine to send it from
             raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
                               "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
-        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say,
-                       progress=lambda done, total: say(f"{t.image_ref}: {human(done)} of {human(total)}"))
+        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say, progress=count)
 
     job = DeployJob(
         targets=targets, assign_gpus=container_specs.assign_gpus, deliver=move,
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
-        progress=progress_printer() if err_console.is_terminal or opts.verbose else (lambda host, text: None),
+        progress=printer.phase if printer is not None else (lambda host, text: None),
         show_token=bool(show_token) or (err_console if opts.json == "-" else console).is_terminal,
     )
 
@@ -92,23 +97,21 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     exit_for(report)
 
 
-def progress_printer(every_s: float = 1.0):
-    """host, text -> a line on stderr, at most one a second per host (a transfer reports many times a second)."""
-    import threading
-    import time
+class ProgressPrinter:
+    """Deploy's lines on stderr: every phase line (what a delivery does, and why that path), byte counts paced."""
 
-    last: dict[str, float] = {}
-    lock = threading.Lock()
+    def __init__(self, every_s: float = 1.0) -> None:
+        from gpurig.deploy.progress import CountPace
 
-    def say(host: str, text: str) -> None:
-        now = time.monotonic()
-        with lock:
-            if now - last.get(host, -every_s) < every_s:
-                return
-            last[host] = now
-        err_console.print(f"{outside(host)}: {outside(text)}", highlight=False)
+        self.pace = CountPace(every_s)
 
-    return say
+    def phase(self, host: str, text: str) -> None:
+        self.pace.phase(host)
+        err_console.print(f"{outside(host)}: {outside(text)}", highlight=False, soft_wrap=True)
+
+    def count(self, host: str, done: int, total: int, text: str) -> None:
+        if self.pace.allow(host, done, total):
+            err_console.print(f"{outside(host)}: {outside(text)}", highlight=False, soft_wrap=True)
 
 
 def resolve(image_spec, cs, local: Engine | None) -> Target:
@@ -145,6 +148,9 @@ def deploy_cells(s: StepResult, check: bool) -> list[str]:
     d = s.details
     moved = f"{human(d.get('bytes_moved'))} ({d['delivery']})" if d.get("delivery") else ""
     reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
+    if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
+        reason = f"{reason}\n" if reason else ""
+        reason += f"{d['delivery']}: {d['delivery_note']}"
     return [action, d.get("image", ""), moved, reason]
 
 

@@ -223,6 +223,13 @@ class BuildProgress(BuildObserver):
             outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
             console.print(f"  \\[{step.number}/{step.total}] {outside(shorten(step.text, 80))} [dim]{outside(outcome)}[/]")
 
+    def note(self, context: BuildContext, line: str) -> None:
+        console.print(f"  {outside(line)}", highlight=False)
+
+    def still_running(self, context: BuildContext, step, seconds: float) -> None:
+        # the live bar is gone when the output is not a terminal: without this a long step is silence
+        console.print(f"  still running: \\[{step.number}/{step.total}] {outside(shorten(step.text, 60))} [dim]({seconds:.0f}s)[/]")
+
     def pushing(self, context: BuildContext, refs: list[str]) -> None:
         console.print(f"pushing {', '.join(refs)}")
 

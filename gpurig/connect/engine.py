@@ -169,14 +169,16 @@ class Engine:
         except _FAILURES as err:
             raise self._error(f"untag {ref}", err) from None
 
-    def push(self, ref: str) -> None:
-        """Push ``ref`` (name:tag) to its registry; an error the registry streams back is an EngineError too."""
+    def push(self, ref: str, on_event: Callable[[dict], None] = lambda event: None) -> None:
+        """Push ``ref`` (name:tag) to its registry, each JSON event to ``on_event``; an error the registry streams back is an EngineError too."""
         name, _, tag = ref.rpartition(":")
         what = f"push {ref}"
         for event in self._stream(what, self._call(what, self._api.push, name, tag=tag, stream=True, decode=True)):
             if isinstance(event, dict) and "error" in event:
                 reason = last_line(str(event["error"]))
                 raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
+            if isinstance(event, dict):
+                on_event(event)
 
     def pull(self, ref: str, on_event: Callable[[dict], None]) -> None:
         """The engine pulls ``ref`` (name:tag); each JSON event it streams goes to ``on_event`` (which may raise to stop).

@@ -37,7 +37,7 @@ import paramiko
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
-from gpurig.deploy.progress import Progress, PullFailed, PullProgress
+from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
 from gpurig.errors import last_line
@@ -83,6 +83,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return Delivery(method, moved, image_id, time.monotonic() - started, "; ".join(notes))
 
     if want is not None and "present" in methods and remote.image(want.id) is not None:
+        say(f"{ref} is on the host already (the same image id): nothing moves")
         _tag(remote, want.id, ref)
         return done("present", 0, want.id)
     if registry and "pull" in methods:
@@ -92,6 +93,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
             return done("pull", moved, image_id)
         except _FallBack as why:
             notes.append(str(why))
+            say(str(why))
     if want is None:
         raise DeliveryError(f"image {ref} is neither on this machine nor pullable by {remote.name}: {notes[-1]}",
                             "build it here (`invoke build`), or push it to the registry")
@@ -100,6 +102,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
             return done("forward", _forward(local, remote, conn, ref, want.id, progress, say, cache_dir), want.id)
         except _FallBack as why:
             notes.append(str(why))
+            say(str(why))
     if "save-load" in methods:
         return done("save-load", _save_load(local, remote, ref, want.id, want.size, progress, say), want.id)
     raise DeliveryError(f"image {ref} could not be moved to {remote.name}: {'; '.join(notes) or 'no method allowed'}",
@@ -160,8 +163,8 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
     parsed = staging_reference(parse_reference(ref))
     try:
         with shared_registry(cache_dir) as registry:
-            say(f"pushing {ref} into the local registry")
-            _push(local, image_id, parsed.on(registry.address))
+            say(f"pushing {ref} into the local registry (this machine's side of the SSH forward)")
+            say(f"pushed into the local registry: {_push(local, image_id, parsed.on(registry.address), progress)}")
             try:
                 staged = stage_image(registry.address, parsed.path, parsed.tag)
             except StageError:  # one pull of the whole image: still only missing layers, but no resume point
@@ -220,17 +223,22 @@ def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
 _PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so one's cleanup never untags another's push
 
 
-def _push(local: Engine, image_id: str, staged: str) -> None:
-    """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there)."""
+def _push(local: Engine, image_id: str, staged: str, progress: Progress) -> str:
+    """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there).
+
+    Its bytes go to ``progress`` as the engine uploads them; returns what it did ('3 of 9 layers uploaded (1.2 GB)').
+    """
+    tracker = PushProgress(progress)
     with _PUSHING:
         try:
             local.tag(image_id, staged)
             try:
-                local.push(staged)
+                local.push(staged, tracker.feed)
             finally:
                 _untag(local, staged)
         except EngineError as err:
             raise _FallBack(f"pushing into the local registry failed: {err.reason}") from None
+    return tracker.summary()
 
 
 # --- the host's pull, with progress ----------------------------------------------------------------

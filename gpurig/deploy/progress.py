@@ -1,4 +1,4 @@
-"""Byte progress of a host's image pull, from the JSON events dockerd streams while it pulls.
+"""Byte progress of an image's pull and push, from the JSON events dockerd streams, and the pace of its lines.
 
 dockerd names each layer by the first 12 hex digits of its digest and says
 ``Pulling fs layer`` for each layer it will fetch, ``Already exists`` for
@@ -7,10 +7,15 @@ in compressed bytes. ``PullProgress`` turns that into (done, total) over the
 layers actually fetched; several pulls may share one, so that progress runs
 over all of them. Where the bytes are counted on the wire instead (a port
 forward's meter), ``moved`` gives them and wins over the events' own counts.
+``PushProgress`` does the same for a push into the local registry, layer by
+layer. ``CountPace`` keeps byte counts to one line a second per host; what a
+delivery says it is doing is never held back.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 from gpurig.errors import last_line
@@ -71,3 +76,67 @@ class PullProgress:
         if (done, total) != self._last:
             self._last = (done, total)
             self.progress(done, total)
+
+
+class PushProgress:
+    """(bytes done, bytes in all) of a push, over the layers it uploads; the layers the registry has already count as done."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.layers: dict[str, list[int]] = {}  # short id -> [done, total] for the layers uploaded
+        self.present: set[str] = set()  # layers the registry already held
+        self._last: tuple[int, int] | None = None
+
+    def feed(self, event: dict) -> None:
+        layer, status = event.get("id"), str(event.get("status", ""))
+        if not layer:
+            return
+        if status == "Pushing":
+            detail = event.get("progressDetail") or {}
+            known = self.layers.get(layer, [0, 0])[1]
+            total = int(detail.get("total") or known)
+            self.layers[layer] = [min(int(detail.get("current") or 0), total), total]  # tar headers go past the total
+        elif status == "Pushed" and layer in self.layers:
+            self.layers[layer][0] = self.layers[layer][1]
+        elif status == "Layer already exists" or status.startswith("Mounted from"):
+            self.present.add(layer)
+        else:
+            return
+        done, total = sum(d for d, _ in self.layers.values()), sum(t for _, t in self.layers.values())
+        if (done, total) != self._last:
+            self._last = (done, total)
+            self.progress(done, total)
+
+    def summary(self) -> str:
+        """'3 of 9 layers uploaded (1.2 GB)' once the push is done."""
+        from gpurig.image.build import human_size
+
+        uploaded = len(self.layers)
+        return f"{uploaded} of {uploaded + len(self.present)} layers uploaded ({human_size(sum(t for _, t in self.layers.values()))})"
+
+
+class CountPace:
+    """Whether a byte-count line may be printed now: at most one each ``every_s`` per host, and always the last one.
+
+    Only counts are paced: a transfer reports many times a second, but the lines
+    saying what a delivery does (and why) are each printed, however close together.
+    """
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, host: str, done: int, total: int) -> bool:
+        now = self.clock()
+        with self._lock:
+            final = bool(total) and done >= total
+            if not final and now - self._last.get(host, now - self.every_s) < self.every_s:
+                return False
+            self._last[host] = now
+            return True
+
+    def phase(self, host: str) -> None:
+        """A new phase began on ``host``: its first count is shown at once."""
+        with self._lock:
+            self._last.pop(host, None)

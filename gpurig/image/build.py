@@ -317,6 +317,7 @@ def make_report(
             "pip_index": redact(settings.pip_index),
             "pip_extra_index": [redact(u) for u in settings.pip_extra_index],
             "find_links": [redact(u) for u in settings.find_links],
+            "offline": settings.offline,
             "torch_index": redact(settings.torch_index),
             "apt_mirror": redact(settings.apt_mirror),
             "ca_bundle": "passed as build secret" if ca_bundle else "none",

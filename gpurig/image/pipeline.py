@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from gpurig.image import aliases
 from gpurig.image.baseimage import BaseImage, ensure_base
 from gpurig.image.build import (
     BuildResult,
@@ -36,11 +41,71 @@ class BuildObserver:
     def step(self, context: BuildContext, kind: str, step: StepLog, parser: ProgressParser) -> None:
         """A build step started ('start'), ended ('done': cached, done or error) or printed a line ('output')."""
 
+    def note(self, context: BuildContext, line: str) -> None:
+        """A line about the build's tags: an alias this build leaves on another entry, or one it moved."""
+
+    def still_running(self, context: BuildContext, step: StepLog, seconds: float) -> None:
+        """A step has been running for ``seconds`` (said every HEARTBEAT_S while it runs, output or not)."""
+
     def pushing(self, context: BuildContext, refs: list[str]) -> None:
         """The image's tags are being pushed."""
 
     def built(self, result: BuildResult) -> None:
         """The image is built (and pushed when asked), its report written."""
+
+
+HEARTBEAT_S = 30.0
+
+
+class Heartbeat:
+    """Which running steps are owed a "still running" line: one every ``every_s`` seconds of each step's run.
+
+    Fed the parser's start/done events by the thread that reads the build; asked
+    ``due()`` by a timer thread, so a step that prints nothing for minutes (pip
+    waiting on an index) is still heard of.
+    """
+
+    def __init__(self, every_s: float = HEARTBEAT_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self._running: dict[int, tuple[StepLog, float, float]] = {}  # id(step) -> (step, started, last said)
+        self._lock = threading.Lock()
+
+    def feed(self, kind: str, step: StepLog) -> None:
+        with self._lock:
+            if kind == "start" and not step.text.startswith("FROM ") and id(step) not in self._running:
+                now = self.clock()
+                self._running[id(step)] = (step, now, now)
+            elif kind == "done":
+                self._running.pop(id(step), None)
+
+    def due(self) -> list[tuple[StepLog, float]]:
+        """(step, seconds it has run) for each step last mentioned ``every_s`` ago or more."""
+        now, owed = self.clock(), []
+        with self._lock:
+            for key, (step, started, said) in list(self._running.items()):
+                if now - said >= self.every_s:
+                    self._running[key] = (step, started, now)
+                    owed.append((step, now - started))
+        return owed
+
+
+@contextmanager
+def _ticking(heartbeat: Heartbeat, say: Callable[[StepLog, float], None]) -> Iterator[None]:
+    """A timer thread asking ``heartbeat`` what is due while the block runs; it ends with the block."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(min(heartbeat.every_s, 5.0)):
+            for step, seconds in heartbeat.due():
+                say(step, seconds)
+
+    thread = threading.Thread(target=tick, name="build-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def base_labels(base: BaseImage) -> dict[str, str]:
@@ -60,22 +125,33 @@ def build_context(
     ca_bundle: Path | None,
     labels: dict[str, str] | None = None,
     observer: BuildObserver | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> BuildResult:
     """Build one rendered context, read the versions inside the image, write its JSON report."""
     observer = observer or BuildObserver()
+    heartbeat = Heartbeat(heartbeat_s)
     user_labels = dict(labels or {})
     all_labels = {**user_labels, **base_labels(base)}
     path = report_path(reports_dir, context)
     observer.started(context)
+    for line in context.aliases_left:
+        observer.note(context, line)
+    before = aliases.named_builds(client, context.aliases)
 
     def on_line(kind: str, step: StepLog | None, parser: ProgressParser) -> None:
         if step is not None:
+            heartbeat.feed(kind, step)
             observer.step(context, kind, step, parser)
 
-    image_id, parser, seconds = run_build(client, context, path.with_suffix(".log"), ca_bundle, all_labels, on_line)
+    with _ticking(heartbeat, lambda step, s: observer.still_running(context, step, s)):
+        image_id, parser, seconds = run_build(client, context, path.with_suffix(".log"), ca_bundle, all_labels, on_line)
     image = inspect(client, image_id)
     freeze, dpkg = resolved_versions(client, image_id, user_labels)
     report = make_report(context, client, image, base.as_dict(), parser, seconds, freeze, dpkg, ca_bundle)
+    moved = aliases.moves(before, aliases.build_name(context.labels))
+    for line in moved:
+        observer.note(context, line)
+    report["alias_notes"] = [*context.aliases_left, *moved]
     write_json_atomic(path, report)
     return BuildResult(context, report, path)
 

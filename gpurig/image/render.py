@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from gpurig.errors import CompatError, RenderError
-from gpurig.image import compat, quoting
+from gpurig.image import aliases, compat, quoting
 from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
 from gpurig.strict.validate import excerpt, strip_userinfo
 
@@ -44,6 +45,7 @@ class BuildContext:
     aliases: tuple[str, ...]
     labels: dict
     wheelhouse: bool
+    aliases_left: tuple[str, ...] = ()  # why an alias this build makes the tag of stays on another entry
 
     @property
     def dockerfile(self) -> Path:
@@ -89,9 +91,13 @@ def cuda_toolkit_requirement(entry: MatrixEntry) -> str:
 
 
 def pip_options(spec: ImageSpec, wheelhouse: bool) -> list[str]:
-    """pip's index and find-links options as words (the template quotes them): every pip install gets them."""
+    """pip's index and find-links options as words (the template quotes them): every pip install gets them.
+
+    An offline build names no index at all (--no-index): pip reads only the
+    wheelhouse and find_links URLs, so it never waits on an index it cannot reach.
+    """
     build = spec.build
-    options: list[str] = []
+    options: list[str] = ["--no-index"] if build.offline else []
     if build.pip_index:
         options += ["--index-url", build.pip_index]
     for url in build.pip_extra_index:
@@ -174,7 +180,7 @@ def _epoch_to_iso(epoch: int) -> str:
 
 def check_renderable(entry: MatrixEntry, variant: Variant) -> None:
     """Raise CompatError for a (entry, variant) pair that cannot exist."""
-    if variant.kind.cuda_toolkit and entry.is_cpu:
+    if not variant.builds_on(entry):
         raise CompatError(
             f"variant {variant.name} needs a CUDA build but {entry} has none",
             f"choose a CUDA entry for {variant.name}, e.g. --cuda 13.0",
@@ -231,7 +237,7 @@ def render(
         "variant_apt": list(variant.apt),
         "extra_pip": list(variant.pip),
         "torch_requirement": torch_requirement(entry),
-        "torch_index": _torch_index(spec, entry),
+        "torch_index": _torch_index(spec, entry, wheelhouses),
         "cuda_toolkit_requirement": None if entry.is_cpu else cuda_toolkit_requirement(entry),
         "require_cuda": compat.require_cuda(entry.cuda),
         "labels": labels,
@@ -260,13 +266,15 @@ def render(
             entry=entry,
             variant=variant,
             image_ref=image_ref,
-            aliases=spec.alias_refs(entry, variant.name),
+            aliases=aliases.alias_refs(spec, entry, variant.name),
+            aliases_left=aliases.aliases_left(spec, entry, variant.name),
             labels=labels,
             wheelhouse=bool(wheelhouses),
         )
         meta = {
             "image": context.image_ref,
             "aliases": list(context.aliases),
+            "aliases_left": list(context.aliases_left),
             "variant": variant.name,
             "torch": entry.torch,
             "cuda": entry.cuda,
@@ -281,8 +289,13 @@ def render(
     return context
 
 
-def _torch_index(spec: ImageSpec, entry: MatrixEntry) -> str:
-    if _on_pypi(entry) or not spec.build.torch_index:
+def _torch_index(spec: ImageSpec, entry: MatrixEntry, wheelhouses: list[Path]) -> str:
+    """The extra index torch comes from; none when a local wheelhouse holds this torch wheel (pip would ask the
+    index anyway, and wait on it where it cannot be reached), for an offline build, or for PyPI's own build."""
+    if _on_pypi(entry) or not spec.build.torch_index or spec.build.offline:
+        return ""
+    wheel = torch_requirement(entry).replace("==", "-")
+    if any(next(folder.glob(f"{glob.escape(wheel)}-*.whl"), None) for folder in wheelhouses):
         return ""
     return spec.build.torch_index.format(cuda_tag=entry.cuda_tag, cuda=entry.cuda)
 

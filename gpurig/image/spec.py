@@ -80,6 +80,10 @@ class Variant:
     pip: tuple[str, ...]
     ports: tuple[int, ...]
 
+    def builds_on(self, entry: MatrixEntry) -> bool:
+        """Whether this variant can be built on ``entry`` (the CUDA toolkit needs a CUDA entry)."""
+        return not (self.kind.cuda_toolkit and entry.is_cpu)
+
 
 @dataclass(frozen=True)
 class Bootstrap:
@@ -94,6 +98,8 @@ class BuildSettings:
     pip_index: str = ""
     pip_extra_index: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
+    # pip reads only find_links (--no-index): a build that must never wait on an index
+    offline: bool = False
     torch_index: str = "https://download.pytorch.org/whl/{cuda_tag}"
     apt_mirror: str = ""
     ca_bundle: str = "auto"
@@ -150,11 +156,6 @@ class ImageSpec:
         """{registry}/{name}:{torch}-{cuda tag}-{variant}."""
         repo = f"{self.registry.rstrip('/')}/{self.name}" if self.registry else self.name
         return f"{repo}:{entry.tag}-{variant}"
-
-    def alias_refs(self, entry: MatrixEntry, variant: str) -> tuple[str, ...]:
-        repo = self.image_ref(entry, variant).rsplit(":", 1)[0]
-        fields = {"variant": variant, "torch": entry.torch, "cuda": entry.cuda, "cuda_tag": entry.cuda_tag}
-        return tuple(f"{repo}:{alias.format(**fields)}" for alias in self.build.aliases)
 
 
 # --- loading -------------------------------------------------------------------
@@ -336,7 +337,8 @@ def _load_build(node: Node | None, matrix: tuple[MatrixEntry, ...], variants: di
     if node is None:
         return BuildSettings()
     keys = node.mapping(
-        ("pip_index", "pip_extra_index", "find_links", "torch_index", "apt_mirror", "ca_bundle", "aliases", "syntax")
+        ("pip_index", "pip_extra_index", "find_links", "offline", "torch_index", "apt_mirror", "ca_bundle", "aliases",
+         "syntax")
     )
     defaults = BuildSettings()
 
@@ -357,12 +359,19 @@ def _load_build(node: Node | None, matrix: tuple[MatrixEntry, ...], variants: di
                         f"makes the tag {validate.excerpt(tag)} for {entry.tag}-{variant}, which {problem}",
                         "use letters, digits, '_', '.', '-' around {variant}, {torch}, {cuda}, {cuda_tag}",
                     )
+    find_links = strings("find_links", _find_links, "/opt/wheels")
+    offline = keys["offline"].boolean("offline: true") if "offline" in keys else False
+    if offline:
+        _check_offline(keys, find_links)
     return BuildSettings(
         pip_index=text("pip_index", _source_url, "https://pypi.example.com/simple"),
         pip_extra_index=strings("pip_extra_index", _source_url, "https://pypi.example.com/simple"),
-        find_links=strings("find_links", _find_links, "/opt/wheels"),
-        # null or "" turns the torch index off (pip's own index only)
-        torch_index=keys["torch_index"].optional_text(_torch_index, defaults.torch_index)
+        find_links=find_links,
+        offline=offline,
+        # null or "" turns the torch index off (pip's own index only); offline builds name no index at all
+        torch_index=""
+        if offline
+        else keys["torch_index"].optional_text(_torch_index, defaults.torch_index)
         if "torch_index" in keys
         else defaults.torch_index,
         apt_mirror=text("apt_mirror", _source_url, "http://mirror.example.com/debian"),
@@ -370,6 +379,17 @@ def _load_build(node: Node | None, matrix: tuple[MatrixEntry, ...], variants: di
         aliases=aliases,
         syntax=text("syntax", validate.image_ref_problem, "docker/dockerfile:1"),
     )
+
+
+def _check_offline(keys: dict[str, Node], find_links: tuple[str, ...]) -> None:
+    """offline: true reads only find_links: without one there is nothing to install from; an index beside it contradicts it."""
+    if not find_links:
+        raise keys["offline"].fail("is true but build.find_links is empty, so pip has nothing to install from",
+                                   "add the wheelhouse to build.find_links, e.g. find_links: [/opt/wheels]")
+    for key in ("pip_index", "pip_extra_index", "torch_index"):
+        if key in keys and keys[key].value not in (None, "", []):
+            raise keys[key].fail("names an index, but build.offline is true (pip reads only find_links)",
+                                 f"remove build.{key}, or set offline: false")
 
 
 def find_specs(images_dir: str | Path) -> list[Path]:

@@ -145,3 +145,26 @@ def test_report_shape_and_atomic_write(context, tmp_path):
 
 def test_sizes_read_like_docker_prints_them():
     assert b.human_size(1_020_740_441) == "1.02 GB" and b.human_size(512) == "512 B"
+
+
+def test_a_silent_step_is_owed_a_still_running_line_every_interval_until_it_ends():
+    # a pip step waited 702 s on an index without a word: the heartbeat says so however quiet the step is
+    from gpurig.image.pipeline import Heartbeat
+
+    now = [100.0]
+    beat = Heartbeat(30.0, clock=lambda: now[0])
+    parser = b.ProgressParser()
+    _, base = parser.feed("#2 [1/3] FROM docker.io/library/debian:bookworm-slim")
+    _, pip = parser.feed("#5 [2/3] RUN pip install torch==2.13.0+cpu")
+    beat.feed("start", base)
+    beat.feed("start", pip)
+    now[0] += 29
+    assert beat.due() == []
+    now[0] += 1
+    assert [(s.text, secs) for s, secs in beat.due()] == [("RUN pip install torch==2.13.0+cpu", 30.0)]
+    assert beat.due() == []  # said once per interval, not at every tick
+    now[0] += 31
+    assert [secs for _, secs in beat.due()] == [61.0]
+    beat.feed("done", parser.feed("#5 DONE 61.0s")[1])
+    now[0] += 60
+    assert beat.due() == []  # a finished step, and FROM (which runs nothing), are never owed a line

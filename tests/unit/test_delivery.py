@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.deploy.progress import PullFailed, PullProgress
+from gpurig.deploy.progress import CountPace, PullFailed, PullProgress, PushProgress
 from gpurig.deploy.registry import Meter, RegistryError, parse_reference, pump, staging_reference
 from gpurig.deploy.stages import stage_cuts
 
@@ -55,8 +55,13 @@ def test_stages_cut_after_big_layers_and_never_at_the_end():
     assert len(many) == 6 and max(many) < 20
 
 
+def recorded(name: str) -> list[dict]:
+    """The JSON events of one recording in tests/fixtures/deploy (its README says how each was made)."""
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
+
+
 def test_pull_progress_over_recorded_events_counts_only_fetched_layers():
-    events = [json.loads(line) for line in (FIXTURES / "pull-jupyter-after-slim.jsonl").read_text().splitlines()]
+    events = recorded("pull-jupyter-after-slim.jsonl")
     seen: list[tuple[int, int]] = []
     tracker = PullProgress(lambda done, total: seen.append((done, total)))
     for event in events:
@@ -78,6 +83,34 @@ def test_pull_progress_takes_wire_bytes_when_a_meter_gives_them():
     wire[0] = 1200  # HTTP headers and the manifest cross too: shown capped at the total
     tracker.feed({"status": "Download complete", "id": "aaaaaaaaaaaa", "progressDetail": {}})
     assert seen == [(0, 1000), (600, 1000), (1000, 1000)]
+
+
+def test_push_progress_over_recorded_events_counts_the_uploaded_layers():
+    # a 5.9 GB push into the local registry went by without a word for 4.5 minutes
+    events = recorded("push-two-layers-one-present.jsonl")
+    seen: list[tuple[int, int]] = []
+    tracker = PushProgress(lambda done, total: seen.append((done, total)))
+    for event in events:
+        tracker.feed(event)
+    assert seen[-1] == (9_000_000, 9_000_000)  # the 6 MB and 3 MB layers; the base's layer was there already
+    assert all(d <= t for d, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(seen) > 5  # counted as the bytes went, not only at the end
+    assert tracker.summary() == "2 of 3 layers uploaded (9.00 MB)"
+
+
+def test_byte_counts_are_paced_per_host_but_the_last_count_and_a_new_phase_are_not():
+    now = [0.0]
+    pace = CountPace(1.0, clock=lambda: now[0])
+    assert pace.allow("a", 10, 100)  # the first count of a phase is shown
+    now[0] = 0.3
+    assert not pace.allow("a", 20, 100)  # many a second: held back
+    assert pace.allow("b", 5, 100)  # another host keeps its own pace
+    assert pace.allow("a", 100, 100)  # the count that says it is done always shows
+    now[0] = 0.5
+    pace.phase("a")  # "a pulls the layers it lacks": its first count shows at once
+    assert pace.allow("a", 1, 50)
+    now[0] = 1.6
+    assert pace.allow("a", 30, 50)
 
 
 def test_an_error_event_fails_the_pull_and_a_full_disk_is_recognised():

@@ -265,3 +265,53 @@ def test_labels_outside_a_git_checkout_leave_out_what_is_unknown(project):
     for key in ("revision", "created", "source"):
         assert f"org.opencontainers.image.{key}" not in labels
     assert labels["io.gpurig.project"] == "pytorch"
+
+
+def pip_steps(dockerfile: Path) -> list[str]:
+    return [line for line in instructions(dockerfile) if "pip install" in line]
+
+
+def with_build(project: Path, settings: str) -> Path:
+    """The project's spec with ``settings`` (YAML lines under build:) in place of the commented find_links line."""
+    spec_file = project / "images" / "pytorch.yaml"
+    spec_file.write_text(spec_file.read_text().replace("  # find_links: [/opt/wheels]", settings))
+    return spec_file
+
+
+def test_a_wheelhouse_holding_the_torch_wheel_keeps_the_torch_index_out_of_every_pip_step(project, tmp_path):
+    # a jupyter build spent 702 s in one silent pip step retrying download.pytorch.org, whose wheel was in the wheelhouse
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"stand-in")
+    spec = load_spec(with_build(project, f"  find_links: [{wheels}]"))
+    cpu = MatrixEntry("2.13.0", "cpu")
+    steps = pip_steps(render(spec, cpu, "jupyter", project, project / "out").dockerfile)
+    assert len(steps) == 2 and all("--find-links /wheelhouse" in s for s in steps)
+    assert not any("download.pytorch.org" in s or "--extra-index-url" in s for s in steps), steps
+    # an entry whose wheel the wheelhouse lacks still gets it from the torch index
+    cuda = render(spec, MatrixEntry("2.14.1", "12.6"), "slim", project, project / "out").dockerfile
+    assert any("--extra-index-url https://download.pytorch.org/whl/cu126" in s for s in pip_steps(cuda))
+
+
+def test_an_offline_build_names_no_index_in_any_pip_step(project, tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    spec = load_spec(with_build(project, f"  find_links: [{wheels}]\n  offline: true"))
+    for entry, variant in ((spec.default, "full"), (MatrixEntry("2.13.0", "cpu"), "jupyter")):
+        steps = pip_steps(render(spec, entry, variant, project, project / "out").dockerfile)
+        assert steps and all(" --no-index " in s for s in steps), steps
+        assert not any(re.search(r"--(extra-)?index-url|https?://", s) for s in steps), steps
+
+
+@pytest.mark.parametrize("settings,message", [
+    ("  offline: true", "build.offline: is true but build.find_links is empty"),
+    ("  find_links: [/tmp]\n  offline: true\n  torch_index: https://download.pytorch.org/whl/{cuda_tag}",
+     "build.torch_index: names an index, but build.offline is true"),
+    ("  find_links: [/tmp]\n  offline: true\n  pip_index: https://pypi.example.com/simple",
+     "build.pip_index: names an index, but build.offline is true"),
+])
+def test_offline_without_a_wheelhouse_or_with_an_index_is_refused(project, settings, message):
+    from gpurig.errors import SpecError
+
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_spec(with_build(project, settings))

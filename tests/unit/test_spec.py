@@ -1,11 +1,13 @@
 """Loading images/*.yaml: the shipped spec, and every kind of invalid input with its one-line message."""
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from gpurig.errors import CompatError, SpecError
+from gpurig.image.aliases import alias_refs, aliases_left
 from gpurig.image.spec import MatrixEntry, find_specs, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,10 +55,38 @@ def test_registry_and_aliases_make_the_tags(tmp_path):
         write(tmp_path, MINIMAL + 'registry: "reg.example.com:5000/ml/"\nbuild: {aliases: ["{variant}", "cu{cuda}"]}\n')
     )
     assert spec.image_ref(spec.default, "ssh") == "reg.example.com:5000/ml/pytorch:2.9.1-cu128-ssh"
-    assert spec.alias_refs(spec.default, "ssh") == (
+    assert alias_refs(spec, spec.default, "ssh") == (
         "reg.example.com:5000/ml/pytorch:ssh",
         "reg.example.com:5000/ml/pytorch:cu12.8",
     )
+
+
+def aliased(tmp_path: Path, aliases: list[str], default: tuple[str, str], *others: tuple[str, str]):
+    """A spec with these aliases and this matrix, its first entry the default."""
+    rows = [f'{{torch: "{default[0]}", cuda: "{default[1]}", default: true}}'] + [f'{{torch: "{t}", cuda: "{c}"}}' for t, c in others]
+    text = 'name: pytorch\npython: "3.11"\nmatrix: [' + ", ".join(rows) + "]\n" + f"build: {{aliases: {json.dumps(aliases)}}}\n"
+    return load_spec(write(tmp_path, text))
+
+
+def test_an_alias_several_entries_make_follows_the_default_entry_only(tmp_path):
+    # seen: building the CPU slim moved pytorch:slim off the CUDA image, silently
+    spec = aliased(tmp_path, ["{variant}", "{variant}-{cuda_tag}"], ("2.14.1", "13.0"), ("2.13.0", "cpu"))
+    cuda, cpu = spec.matrix
+    assert alias_refs(spec, cuda, "slim") == ("pytorch:slim", "pytorch:slim-cu130")
+    assert alias_refs(spec, cpu, "slim") == ("pytorch:slim-cpu",)  # the tag only it makes is its own
+    assert aliases_left(spec, cpu, "slim") == (
+        "pytorch:slim stays on 2.14.1-cu130-slim: the alias {variant} is made by several matrix entries"
+        " and follows the default one (torch 2.14.1 + CUDA 13.0)",
+    )
+    assert aliases_left(spec, cuda, "slim") == ()
+
+
+def test_a_shared_alias_of_a_variant_the_default_cannot_build_follows_the_first_entry_that_can(tmp_path):
+    spec = aliased(tmp_path, ["{variant}"], ("2.13.0", "cpu"), ("2.14.1", "13.0"), ("2.14.1", "12.6"))
+    cpu, cu130, cu126 = spec.matrix
+    assert alias_refs(spec, cpu, "slim") == ("pytorch:slim",) and alias_refs(spec, cu130, "slim") == ()
+    assert alias_refs(spec, cu130, "full") == ("pytorch:full",) and alias_refs(spec, cu126, "full") == ()
+    assert "follows the first buildable one (torch 2.14.1 + CUDA 13.0)" in aliases_left(spec, cu126, "full")[0]
 
 
 def test_matrix_selection_by_torch_or_cuda(tmp_path):
@@ -224,4 +254,4 @@ def test_valid_values_of_every_kind_load(tmp_path):
         )
     )
     assert spec.variants["full"].apt[-1] == "python3=3.11.2-1+b1"
-    assert spec.alias_refs(spec.default, "full") == ("reg.example.com:5000/ml/pytorch:2.9.1-cu128", "reg.example.com:5000/ml/pytorch:latest-full")
+    assert alias_refs(spec, spec.default, "full") == ("reg.example.com:5000/ml/pytorch:2.9.1-cu128", "reg.example.com:5000/ml/pytorch:latest-full")

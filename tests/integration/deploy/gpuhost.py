@@ -165,6 +165,21 @@ def make_probe_image(host, ref: str) -> None:
     host.sh(f"sh -s -- {ref}", input=PROBE_SCRIPT)
 
 
+def host_images(host) -> dict[str, str]:
+    """{name:tag: image id} in the host's engine."""
+    out = host.docker("images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}").stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def bare(host) -> None:
+    """The host's engine with only the probe image: nothing of the CPU images is there."""
+    keep = host.image_id(host.probe_image)
+    ids = {i for i in host.docker("images", "-aq", "--no-trunc").stdout.split() if i != keep}
+    if ids:
+        host.docker("rmi", "-f", *sorted(ids), check=False)
+    assert set(host_images(host)) == {host.probe_image}
+
+
 def gpurig(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """`gpurig ARGS` as a user runs it, from ``cwd`` (HOME there too, so no user SSH config or agent joins in)."""
     env = {**os.environ, "HOME": str(cwd), "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}

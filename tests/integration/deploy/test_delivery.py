@@ -19,6 +19,8 @@ from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.deploy.delivery import deliver, local_engine
 from gpurig.inventory import load_inventory
 
+from .gpuhost import bare, host_images
+
 pytestmark = pytest.mark.integration
 MB = 1024 * 1024
 
@@ -65,21 +67,6 @@ def link(deploy_inventory, tmp_path, registry_cache):
         yield made
     finally:
         made.close()
-
-
-def host_images(host) -> dict[str, str]:
-    """{name:tag: image id} in the host's engine."""
-    out = host.docker("images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}").stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def bare(host) -> None:
-    """The host's engine with only the probe image: nothing of the CPU images is there."""
-    keep = host.image_id(host.probe_image)
-    ids = {i for i in host.docker("images", "-aq", "--no-trunc").stdout.split() if i != keep}
-    if ids:
-        host.docker("rmi", "-f", *sorted(ids), check=False)
-    assert set(host_images(host)) == {host.probe_image}
 
 
 def test_forward_moves_the_compressed_image_once_then_it_is_present(link, clean_deploy_host, cpu_images):

@@ -14,6 +14,8 @@ import urllib.request
 import paramiko
 import pytest
 
+from .gpuhost import bare
+
 
 def host_ip(deploy_host) -> str:
     """The host container's address on this machine's bridge: its published ports are reachable there."""
@@ -87,6 +89,28 @@ def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_invento
     assert "--all" in nameless.stderr and len(nameless.stderr.strip().splitlines()) == 1
     run(gpurig_cli, cpu_images, inv, "rm", "--name", "gpurig-slim")
     assert clean_deploy_host.inspect("gpurig-slim") is None
+
+
+def test_a_save_load_fallback_says_why_in_the_output_and_in_the_json(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, tmp_path):
+    # seen: `deploy -v` said nothing while the image moved, and the recorded reason for save-load reached no output
+    slim = cpu_images["slim"]
+    bare(clean_deploy_host)
+    inv = deploy_inventory(entries({"variant": "slim", "cuda": "cpu"}))
+    # no docker-registry on PATH: the forward cannot be used (the engines are reached by socket and SSH)
+    proc = gpurig_cli("deploy", "-v", "-i", str(inv), "--json", str(tmp_path / "deploy.json"),
+                      env={"GPURIG_ROOT": str(cpu_images.project), "PATH": "/nonexistent"})
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    host = clean_deploy_host.name
+    said = [line.removeprefix(f"{host}: ") for line in proc.stderr.splitlines() if line.startswith(f"{host}: ")]
+    why = next(i for i, line in enumerate(said) if "no docker-registry on this machine" in line)
+    assert "docker-registry package" in said[why]
+    streaming = next(i for i, line in enumerate(said) if line.startswith(f"streaming {slim} by docker save | docker load"))
+    assert said.index(f"image {slim}") < why < streaming  # each phase is said, in order, with its reason
+    assert any(line.startswith(f"{slim}: ") and " of " in line for line in said[streaming:])  # and the bytes move
+    assert "no docker-registry on this machine" in proc.stdout  # the table says why it was slow
+    made = containers_of(report(tmp_path))["gpurig-slim"]
+    assert made["delivery"] == "save-load"
+    assert "no docker-registry on this machine" in made["delivery_note"] and "docker-registry package" in made["delivery_note"]
 
 
 HOSTILE = "a b 'c' \"d\" $(id) `id` ; rm -rf /\nsecond line"
