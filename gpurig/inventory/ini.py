@@ -200,7 +200,8 @@ def _split_port(word: str) -> tuple[str, int | None]:
 
 def read_value(text: str) -> Any:
     """A value as Ansible's INI reader makes it: the Python literal ``text`` spells (checked), else ``text`` itself."""
-    if sum(map(text.count, ",[{(")) > MAX_NODES:
+    # every separator or operator may be a node of the parse tree: bound them before Python builds it (1+1+... too)
+    if sum(map(text.count, ",[{(+-*/%@&|^~<>=:")) > MAX_NODES:
         raise InventoryError(f"a value of more than {MAX_NODES:,} items", "move big values to a YAML file in group_vars/ or host_vars/")
     try:
         with warnings.catch_warnings():
