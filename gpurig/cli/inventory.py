@@ -20,7 +20,7 @@ __all__ = ["inventory"]
         "graph": "the group tree from GROUP (default: all), hosts under their groups",
         "host": "one host's resolved vars as JSON",
         "vars": "with --graph: show vars under hosts and groups",
-        "inventory": "inventory file (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
+        "inventory": "inventory file, YAML or INI (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
     },
     optional=["graph"],
     auto_shortflags=False,

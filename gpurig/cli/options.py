@@ -40,7 +40,7 @@ from gpurig.report.fleetrun import FleetProgress, print_recap
 from gpurig.report.tables import FORMATS, Column, Row, document, show
 
 SELECT_HELP = {
-    "inventory": "inventory file (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
+    "inventory": "inventory file, YAML or INI (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
     "limit": "narrow the run to an Ansible host pattern, e.g. 'gpu:!a100-01' or 'a100-*' (repeatable: each narrows)",
     "host": "narrow to these hosts: names or patterns, comma-separated (same as --limit)",
     "group": "narrow to these inventory groups, comma-separated",

@@ -73,6 +73,8 @@ class SSHSettings:
 # The remote shell prints its pid (= its process group: sshd starts it with setsid) before the
 # command, so a command that overruns its timeout can be killed with everything it started.
 _PID_MARK = b"@@gpurig-pid "
+# How long output may still come after the exit status when no EOF follows (a background child holds stdout).
+_EOF_GRACE_S = 2.0
 _PID_LINE = re.compile(rb"@@gpurig-pid (\d+)\n")
 # `kill -s SIG -- -PGID`: the one spelling dash, bash and busybox all accept for a process group.
 _KILL_GROUP = (
@@ -173,6 +175,7 @@ class SSHConnection(Connection):
         if watcher is None:
             chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
         deadline = started + timeout if timeout else None
+        exited_at: float | None = None
         sel = selectors.DefaultSelector()
         sel.register(chan, selectors.EVENT_READ)
         try:
@@ -185,7 +188,11 @@ class SSHConnection(Connection):
                     got = True
                     self._answer(chan, collect.add("stderr", pid.strip(chan.recv_stderr(65536))))
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output, which ends with EOF: wait for
+                    # that, but only briefly when something the command left running holds its output open
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or chan.closed or time.monotonic() - exited_at >= _EOF_GRACE_S:
+                        break
                 if chan.closed or (chan.eof_received and not got and not transport.is_active()):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -194,6 +201,8 @@ class SSHConnection(Connection):
                     raise self._timed_out(timeout, shown)
                 if not got:
                     wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                    if exited_at is not None:
+                        wait = max(0.0, min(wait, exited_at + _EOF_GRACE_S - time.monotonic()))
                     sel.select(wait)
                     if self._closed:
                         raise ConnectionLost("connection closed while a command ran", "", host=self.name)

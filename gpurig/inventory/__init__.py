@@ -1,8 +1,10 @@
-"""Ansible-format YAML inventory -> ``Host`` objects, loaded in bounded, linear work with strict values.
+"""Ansible-format inventory (YAML or INI) -> ``Host`` objects, loaded in bounded, linear work with strict values.
 
 The file format is Ansible's YAML inventory (``all`` / ``children`` / ``hosts`` /
-``vars``), so an inventory a team already has works unchanged. Variables are
-merged with Ansible's precedence, lowest first:
+``vars``) or its INI inventory (``[group]``, ``[group:children]``,
+``[group:vars]``; gpurig/inventory/ini.py), chosen as Ansible chooses
+(gpurig/inventory/source.py), so an inventory a team already has works
+unchanged. Variables are merged with Ansible's precedence, lowest first:
 
 1. group vars from the inventory file: ``all``, then parents before children,
    siblings by ``ansible_group_priority`` then name (the later wins);
@@ -21,6 +23,7 @@ act on, ranges past ``hostrange.MAX_NAMES_PER_PATTERN`` names and inventories pa
 
 from gpurig.inventory.hostgroups import Group, Host, Inventory
 from gpurig.inventory.hostrange import expand_host_pattern
-from gpurig.inventory.loader import MAX_HOSTS, load_inventory
+from gpurig.inventory.loader import MAX_HOSTS
+from gpurig.inventory.source import load_inventory
 
 __all__ = ["Group", "Host", "Inventory", "MAX_HOSTS", "expand_host_pattern", "load_inventory"]

@@ -29,11 +29,12 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _PLAIN = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,40}")  # shown as written in a key path; anything else as a short excerpt
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _VARS_SUFFIXES = (".yml", ".yaml", "")
+_UNREAD = object()
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Read an Ansible YAML inventory (plus group_vars/ and host_vars/ beside it)."""
-    return _Loader(Path(path)).load()
+def load_yaml_inventory(path: str | Path, data: Any = _UNREAD) -> Inventory:
+    """Read an Ansible YAML inventory (plus group_vars/ and host_vars/ beside it); ``data``: the document, if already parsed."""
+    return _Loader(Path(path), data).load()
 
 
 @dataclass
@@ -48,8 +49,9 @@ class _Group:
 class _Loader:
     """One load: groups and hosts as written, then the group graph, then each host's vars. Linear in the input."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, data: Any = _UNREAD) -> None:
         self.path = path
+        self.data = data  # the parsed document when the caller has read it already (gpurig/inventory/source.py)
         # As in Ansible, 'ungrouped' always exists and is the first child of 'all'.
         self.groups: dict[str, _Group] = {"all": _Group("all", children={"ungrouped": None}), "ungrouped": _Group("ungrouped")}
         self.host_vars: dict[str, dict[str, Any]] = {}  # insertion order is the inventory's host order
@@ -63,8 +65,19 @@ class _Loader:
     def fail(self, where: str, rule: str, fix: str, source: Path | None = None) -> InventoryError:
         return InventoryError(f"{source or self.path}: {where}: {rule}", fix)
 
+    def locate(self, entry: tuple[str, str], key: Any = None) -> str:
+        """Where an entry (and optionally one var of it) is, as errors name it: its key path here, a line in INI."""
+        return _path(entry, key)
+
     def load(self) -> Inventory:
-        data = load_yaml(self.path, error=InventoryError, what="inventory", fix_missing="pass --inventory PATH or create inventory/hosts.yaml")
+        self.read()
+        return self.build()
+
+    def read(self) -> None:
+        """The file as written into groups and host vars: the YAML document here, INI in gpurig/inventory/ini.py."""
+        data = self.data if self.data is not _UNREAD else load_yaml(
+            self.path, error=InventoryError, what="inventory", fix_missing="pass --inventory PATH or create inventory/hosts.yaml"
+        )
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -75,6 +88,9 @@ class _Loader:
             if name != "all":
                 root.children[name] = None
             self.parse_group(name, body, _label(name))
+
+    def build(self) -> Inventory:
+        """The group graph and each host's merged vars, from what read() found."""
         self.direct = _direct_groups(self.groups)
         ungrouped = [h for h in self.host_vars if h not in self.direct]
         for h in ungrouped:
@@ -162,29 +178,32 @@ class _Loader:
             group.children[child] = None
             self.parse_group(child, cbody, f"{where}.children.{_label(child)}")
 
-    def parse_host_entry(self, group: _Group, pattern: Any, hvars: Any, where: str) -> None:
+    def parse_host_entry(self, group: _Group, pattern: Any, hvars: Any, where: str, port: int | None = None) -> None:
+        """One host (or range) entry of ``group``; ``port``: INI's host:port, which Ansible applies at a host's first entry only."""
         if isinstance(pattern, bool) or not isinstance(pattern, (str, int)):
             raise self.fail(f"{where}.{_label(pattern)}", "is not a host name", "write host names as text")
         pattern = str(pattern)
         entry = (where, pattern)  # formatted only for a message
         if hvars is not None and not isinstance(hvars, dict):
-            raise self.fail(_path(entry), "must be a mapping of vars", "write host vars as 'name: value' lines")
+            raise self.fail(self.locate(entry), "must be a mapping of vars", "write host vars as 'name: value' lines")
         try:
             names = expand_host_pattern(pattern)
         except InventoryError as err:
-            raise self.fail(_path(entry), err.problem, err.fix) from None
+            raise self.fail(self.locate(entry), err.problem, err.fix) from None
         self.entries += len(names)
         if self.entries > MAX_MEMBERSHIPS:
-            raise self.fail(_path(entry), f"the inventory lists more than {MAX_MEMBERSHIPS:,} host entries", "split the inventory")
+            raise self.fail(self.locate(entry), f"the inventory lists more than {MAX_MEMBERSHIPS:,} host entries", "split the inventory")
         for hname in names:
             problem = validate.hostname_problem(hname)
             if problem:
-                raise self.fail(_path(entry), f"host name {validate.excerpt(hname)} {problem}", "name hosts with letters, digits, '-', '.' (or an IP address)")
+                raise self.fail(
+                    self.locate(entry), f"host name {validate.excerpt(hname)} {problem}", "name hosts with letters, digits, '-', '.' (or an IP address)"
+                )
             first = group.hosts.get(hname)
             if first is not None:
                 raise self.fail(
-                    _path(entry),
-                    f"host {_label(hname)} is listed twice in group {_label(group.name)} (first at {_path(first)})",
+                    self.locate(entry),
+                    f"host {_label(hname)} is listed twice in group {_label(group.name)} (first at {self.locate(first)})",
                     "keep one entry (ranges such as node[1:4] count as entries for each host)",
                 )
             group.hosts[hname] = entry
@@ -192,9 +211,17 @@ class _Loader:
             if own is None:
                 if len(self.host_vars) >= MAX_HOSTS:
                     raise self.fail(
-                        _path(entry), f"the inventory defines more than {MAX_HOSTS:,} hosts", f"split it into inventories of at most {MAX_HOSTS:,} hosts"
+                        self.locate(entry), f"the inventory defines more than {MAX_HOSTS:,} hosts", f"split it into inventories of at most {MAX_HOSTS:,} hosts"
                     )
                 own = self.host_vars[hname] = {}
+                if port is not None:
+                    self.add_vars(("host", hname), own, {"ansible_port": port}, entry)
+            elif port is not None and own.get("ansible_port") != port:
+                raise self.fail(
+                    self.locate(entry),
+                    f"host {_label(hname)} is defined above without this port, and Ansible ignores a port after a host's first entry",
+                    "give the port on the host's first entry, or as ansible_port=",
+                )
             if hvars:
                 self.add_vars(("host", hname), own, hvars, entry)
 
@@ -204,18 +231,18 @@ class _Loader:
             if key not in self.var_names:
                 if not isinstance(key, str) or not _VAR_NAME.fullmatch(key):
                     raise self.fail(
-                        _path(where, key), "is not a valid variable name (letters, digits, '_'; not starting with a digit)", "rename the variable", source
+                        self.locate(where, key), "is not a valid variable name (letters, digits, '_'; not starting with a digit)", "rename the variable", source
                     )
                 self.var_names.add(key)
             check = CHECKS.get(key)
             problem = check(value) if check else None
             if problem:
-                raise self.fail(_path(where, key), f"{validate.excerpt(value)} {problem[0]}", problem[1], source)
+                raise self.fail(self.locate(where, key), f"{validate.excerpt(value)} {problem[0]}", problem[1], source)
             if key in into and into[key] != value:
                 first_source, first_where = self.var_where[(*owner, key)]
-                first = f"{first_source}: {_path(first_where, key)}" if first_source else _path(first_where, key)
+                first = f"{first_source}: {self.locate(first_where, key)}" if first_source else self.locate(first_where, key)
                 raise self.fail(
-                    _path(where, key),
+                    self.locate(where, key),
                     f"{owner[0]} {_label(owner[1])} already has {_label(key)} = {validate.excerpt(into[key], 30)} from {first}",
                     "give each var one value per host or group",
                     source,

@@ -14,7 +14,7 @@ from test_cli import assert_one_line_error, gpurig
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "inventory"
-HOSTILE = sorted((FIXTURES / "hostile").glob("*.yaml"))
+HOSTILE = sorted([*(FIXTURES / "hostile").glob("*.yaml"), *(FIXTURES / "hostile").glob("*.ini")])
 ANSIBLE = FIXTURES / "ansible"
 ANSIBLE_INVENTORY = ROOT / ".bench-venv" / "bin" / "ansible-inventory"  # scripts/setup.sh installs ansible-core 2.19.14 there (CI runs it)
 

@@ -51,6 +51,19 @@ def test_streaming_output_arrives_before_the_command_ends(connector, sshd, make_
     assert seen and seen[0][1] == "early\n" and seen[0][0] < 1.5
 
 
+def test_output_that_follows_the_exit_status_is_kept(connector, sshd, make_host):
+    """sshd may send a command's exit status before the last of its output: what comes after it is still the command's."""
+    with connector.open(make_host(sshd.port)) as conn:
+        # the shell exits at once; a child it left holding stdout writes after that, then closes it (EOF)
+        late = conn.run("echo early; (sleep 0.5; echo late; echo late-err >&2) &")
+        start = time.monotonic()
+        # a child that holds stdout open far longer: the run still ends, a short grace after the exit status
+        held = conn.run("echo started; sleep 8 &")
+        held_s = time.monotonic() - start
+    assert (late.stdout, late.stderr) == ("early\nlate\n", "late-err\n")
+    assert held.stdout == "started\n" and held_s < 6
+
+
 def test_wrong_key_is_a_clear_auth_error(connector, sshd, tmp_path, make_host, login_user):
     other = keygen(tmp_path / "other_key")
     with pytest.raises(AuthError) as err:
