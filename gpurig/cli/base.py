@@ -9,6 +9,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from invoke import Argument, Task
 from invoke import task as invoke_task
@@ -83,7 +84,7 @@ def task(*args, **kwargs):
     """
 
     def decorate(fn):
-        made: Task
+        made: Any
 
         @functools.wraps(fn)
         def wrapper(c, *a, **kw):
@@ -109,7 +110,7 @@ def task(*args, **kwargs):
                 raise Exit(code=141) from None
 
         kwargs.setdefault("klass", GpurigTask)
-        made = invoke_task(wrapper, **kwargs)
+        made = invoke_task(wrapper, **kwargs)  # invoke.task is typed as returning a Callable; it returns the Task
         return made
 
     if len(args) == 1 and callable(args[0]) and not isinstance(args[0], Task) and not kwargs:

@@ -37,7 +37,7 @@ HELP = {
 
 @host_task(help=HELP, changes=True)
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
-    """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, reboot."""
+    """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
