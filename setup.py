@@ -1,7 +1,7 @@
 """Build hook: the wheel carries the project skeleton as gpurig/skeleton/, so `gpurig init` works from a pip install.
 
 The skeleton is copied from the checkout's top-level images/, templates/,
-checks/, inventory/ and .hadolint.yaml at build time: git holds them once.
+checks/, inventory/, .hadolint.yaml and tasks.py at build time: git holds them once.
 Everything else about the package is in pyproject.toml.
 """
 

@@ -1,4 +1,7 @@
-"""Invoke entry point: ``invoke --list``. A thin layer; all logic lives in gpurig/."""
+"""Invoke entry point: ``invoke --list`` shows gpurig's tasks, ``invoke TASK`` is ``gpurig TASK``. Thin: the tasks live in the gpurig package.
+
+`gpurig init` copies this file into every new project.
+"""
 
 from pathlib import Path
 

@@ -3,7 +3,7 @@
 ``shipped(path)`` is the one resolver: ``path`` is written as it is in the
 source checkout (``checks/verify_host.py``, ``templates``,
 ``gpurig/monitor/grafana-dashboard.json``). The project skeleton (images/,
-templates/, checks/, inventory/, .hadolint.yaml) is carried by an installed
+templates/, checks/, inventory/, .hadolint.yaml, tasks.py) is carried by an installed
 wheel as ``gpurig/skeleton/`` (setup.py copies the checkout's top-level
 folders there at build time, so git holds them once); an editable install or a
 checkout uses the top-level folders themselves. Files under ``gpurig/`` are
@@ -18,7 +18,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-SKELETON = ("images", "templates", "checks", "inventory", ".hadolint.yaml")
+# tasks.py makes `invoke TASK` work in a project as `gpurig TASK` does (and marks the project root for both).
+SKELETON = ("images", "templates", "checks", "inventory", ".hadolint.yaml", "tasks.py")
 # Never copied: caches, and what a run writes next to the inventory.
 IGNORED = ("__pycache__", "*.pyc", "known_hosts", "*.gpurig-tmp")
 

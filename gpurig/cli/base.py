@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from invoke import Argument, Task
 from invoke import task as invoke_task
@@ -20,6 +22,12 @@ from gpurig.strict.validate import excerpt, printable, whole_number
 
 # Ansible's short flags, given explicitly: Invoke's automatic ones would make -h mean --host, not help.
 SHORT_FLAGS = {"inventory": "i", "limit": "l", "forks": "f", "verbose": "v"}
+# Invoke's parser gives a positional argument still waiting for its value whatever comes next, these too.
+HELP_WORDS = ("--help", "-h")
+
+
+class Count(int):
+    """The kind of a counted flag (-v, -vv): Invoke's help writes no value after it, as none is taken (-v INT was refused)."""
 
 
 class WholeNumberArgument(Argument):
@@ -43,7 +51,9 @@ class WholeNumberArgument(Argument):
 def whole_number_flags(arguments: list[Argument]) -> list[Argument]:
     """``arguments`` with each numeric flag read by WholeNumberArgument (same state, stricter cast)."""
     for argument in arguments:
-        if argument.kind is int and type(argument) is Argument:
+        if argument.kind is int and argument.incrementable:
+            argument.kind = Count  # counted by the parser (+1 per -v); only its help reads the kind
+        elif argument.kind is int and type(argument) is Argument:
             argument.__class__ = WholeNumberArgument
     return arguments
 
@@ -52,6 +62,9 @@ class GpurigTask(Task):
     """An Invoke task that also knows gpurig's fixed short flags (-i -l -f -v), its numeric flags read by gpurig's grammar."""
 
     def get_arguments(self, *args, **kwargs) -> list[Argument]:
+        # Invoke pops each flag's help as it reads it: made twice (a task's own --help), the flags would have none.
+        kept = self.__dict__.setdefault("_all_help", dict(self.help))
+        self.help = dict(kept)
         return whole_number_flags(super().get_arguments(*args, **kwargs))
 
     def arg_opts(self, name, default, taken_names):
@@ -71,8 +84,14 @@ def task(*args, **kwargs):
     """
 
     def decorate(fn):
+        made: Any
+
         @functools.wraps(fn)
         def wrapper(c, *a, **kw):
+            if any(kw.get(name) in HELP_WORDS for name in made.positional):
+                # `gpurig logs --help`: Invoke handed --help to NAME; help is printed and nothing else is done
+                print_task_help(made)
+                return None
             configure_logging(kw.get("verbose") or 0)
             try:
                 with terminate_as_exception():
@@ -91,7 +110,8 @@ def task(*args, **kwargs):
                 raise Exit(code=141) from None
 
         kwargs.setdefault("klass", GpurigTask)
-        return invoke_task(wrapper, **kwargs)
+        made = invoke_task(wrapper, **kwargs)  # invoke.task is typed as returning a Callable; it returns the Task
+        return made
 
     if len(args) == 1 and callable(args[0]) and not isinstance(args[0], Task) and not kwargs:
         return decorate(args[0])
@@ -99,6 +119,21 @@ def task(*args, **kwargs):
         # @task(other_task, ...): positional pre-tasks, as Invoke's own decorator takes them
         kwargs["pre"] = [*args, *kwargs.get("pre", ())]
     return decorate
+
+
+def print_task_help(made: Task) -> None:
+    """The task's --help, exactly as Invoke prints it for `gpurig --help TASK` / `invoke --help TASK`."""
+    from invoke import Collection, Program
+    from invoke.parser import Parser
+
+    name = made.name.replace("_", "-")
+    ns = Collection()
+    ns.add_task(made, name=name)
+    called = os.path.basename(sys.argv[0] if sys.argv else "")
+    program = Program(namespace=ns, binary="gpurig" if called == "gpurig" else "inv[oke]")
+    program.collection = ns
+    program.parser = Parser(contexts=ns.to_contexts())
+    program.print_task_help(name)
 
 
 def project_root(c) -> Path:

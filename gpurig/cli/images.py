@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_root, refuse_dry, task
-from gpurig.config import choice
+from gpurig.config import PROJECT_MARKERS, choice, root_of
 from gpurig.errors import LintError, SpecError
 from gpurig.image import compat
 from gpurig.image.build import shorten
@@ -28,11 +28,21 @@ CONTEXTS_DIR = "build-contexts"
 REPORTS_DIR = "reports"
 
 
+def project_spec_files(c) -> list[Path]:
+    """The spec files of the project's images/; outside any project, a SpecError saying to `gpurig init` one first."""
+    if root_of(c.config) is None:
+        *first, last = (m + "/" if m == "images" else m for m in PROJECT_MARKERS)
+        markers = f"{', '.join(first)} or {last}"
+        raise SpecError(f"not in a gpurig project: {Path.cwd()} and the folders above it have no {markers}",
+                        "start one with `gpurig init DIR` and run from DIR, or give an image spec with --spec FILE")
+    return find_specs(project_root(c) / "images")
+
+
 def load_project_spec(c, spec: str | None) -> ImageSpec:
     """--spec FILE, or the one spec in images/."""
     if spec:
         return load_spec(spec)
-    files = find_specs(project_root(c) / "images")
+    files = project_spec_files(c)
     if len(files) > 1:
         names = ", ".join(str(f) for f in files)
         raise SpecError(f"several image specs in images/ ({names})", "pick one with --spec FILE")
@@ -266,7 +276,7 @@ def images(c, spec=None, format=None):
     from gpurig.image.build import human_size, project_images
     from gpurig.image.dockercli import find_client
 
-    specs = [load_spec(spec)] if spec else [load_spec(f) for f in find_specs(project_root(c) / "images")]
+    specs = [load_spec(spec)] if spec else [load_spec(f) for f in project_spec_files(c)]
     projects = sorted({s.name for s in specs})
     found = project_images(find_client(), projects)
     if not found and format in (None, "table"):

@@ -53,7 +53,7 @@ CONNECT_HELP = {
     "ask_sudo_password": "prompt once for the sudo password (else $GPURIG_SUDO_PASSWORD)",
 }
 OUTPUT_HELP = {
-    "verbose": "say more (-v gpurig's steps, -vv debug with paramiko's log and tracebacks)",
+    "verbose": "say more, repeated for more: -v gpurig's steps, -vv debug with paramiko's log and tracebacks",
     "json": "also write a JSON report to this file (- = stdout)",
     "format": "table (default) | tsv | json: how to print the result",
 }

@@ -26,10 +26,13 @@ def config_template() -> str:
 
 @task(help={"directory": "where to create the project (created if missing; must not hold its files yet)"})
 def init(c, directory):
-    """Start a project: images/, templates/, checks/, inventory/, .hadolint.yaml and gpurig.yaml, from gpurig's own copies."""
+    """Start a project: images/, templates/, checks/, inventory/, .hadolint.yaml, tasks.py and gpurig.yaml, from gpurig's own copies.
+
+    Nothing is written when DIRECTORY already holds any of them (a tasks.py of your own included): init names them and stops.
+    """
     refuse_dry(c, "init", "run it without --dry: it only writes into a new or empty DIRECTORY")
     # The whole path checked first: no folder on the way may be another user's symlink.
     written = scaffold(output_dir(directory, "init"), config_template())
     target = Path(directory)
     console.print(f"created {', '.join(written)} in {target}")
-    console.print(f"next: cd {target} && gpurig matrix && gpurig render")
+    console.print(f"next: cd {target} && gpurig matrix && gpurig render (or invoke matrix: tasks.py loads gpurig's tasks)")

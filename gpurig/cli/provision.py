@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpurig.cli.base import project_root
+from gpurig.cli.images import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError, GpurigError
-from gpurig.image.spec import find_specs, load_spec
+from gpurig.image.spec import load_spec
 from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
 from gpurig.report.changes import host_documents, outcome, print_diffs, reason_text, result_rows
@@ -37,7 +37,7 @@ HELP = {
 
 @host_task(help=HELP, changes=True)
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
-    """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, reboot."""
+    """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
@@ -90,7 +90,7 @@ def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:
 def default_cuda(c) -> str | None:
     """The CUDA of the spec's default image, for hosts whose gpurig_images names none; None without a spec."""
     try:
-        files = find_specs(project_root(c) / "images")
+        files = project_spec_files(c)
     except GpurigError:
         return None
     spec = load_spec(files[0])  # a broken spec is one clear error, not a silently missing minimum

@@ -10,6 +10,9 @@ from gpurig.connect.engineinfo import has_nvidia_runtime
 from gpurig.facts import Facts
 from gpurig.image import compat
 
+# gpurig's own probes (verify's host probe, monitor's sampler) run with the host's python3; provision's python3 step installs it.
+NO_PYTHON3 = "no python3 (verify and monitor need it; provision installs it)"
+
 
 def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
     """Why a host with ``facts`` cannot run containers of an image built on ``cuda`` ('X.Y' or 'cpu'); () if it can."""
@@ -20,7 +23,7 @@ def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
     if cuda != compat.CPU:
         found += _gpu_lacks(facts, cuda)
     if "docker_info" in facts.missing:
-        return tuple(found)
+        return tuple(found)  # cut short there: python3's section, later in the script, never arrived either
     docker = facts.docker
     if not docker.installed:
         found.append("no Docker")
@@ -28,6 +31,8 @@ def lacks(facts: Facts, cuda: str) -> tuple[str, ...]:
         found.append("no access to the Docker socket" if docker.denied else "Docker stopped")
     if cuda != compat.CPU and (facts.gpus or facts.pci_gpus) and docker.installed and not has_nvidia_runtime(docker.runtimes):
         found.append("no nvidia runtime")
+    if facts.system.python3 is None and "python3" not in facts.missing:
+        found.append(NO_PYTHON3)
     return tuple(found)
 
 

@@ -1,4 +1,4 @@
-"""The facts provisioning steps need beyond hardware: packages, apt candidates, services, groups, host identity.
+"""The facts provisioning steps need beyond hardware: packages, apt candidates, services, groups, host identity, python3.
 
 The probes here join ``gpurig.facts.PROBES`` in the same one-round-trip
 script, each declared beside its parser; each parser is pure and tested from
@@ -58,6 +58,7 @@ class SystemFacts:
     machine_id: str | None = None
     boot_id: str | None = None
     reboot_required: bool = False  # /var/run/reboot-required (Debian/Ubuntu packages ask for one)
+    python3: str | None = None  # the version of the python3 on the login user's PATH: gpurig's own probes run with it
 
     def service(self, name: str) -> Service:
         return self.services.get(name, Service())
@@ -140,6 +141,12 @@ def parse_host_ids(s: Section) -> tuple[str | None, str | None, bool]:
     return machine, boot, "reboot-required" in text.split()
 
 
+def parse_python3(s: Section) -> str | None:
+    """The version python3 printed; None where there is none (``sh: N: python3: not found``, rc 127)."""
+    m = re.fullmatch(r"(\d+\.\d+\.\d+)\S*", s.text.strip()) if s.ok else None
+    return m.group(1) if m else None
+
+
 SYSTEM_PROBES: tuple[Probe, ...] = (
     Probe("packages", f"dpkg-query -W -f='${{Package}}\\t${{db:Status-Abbrev}}\\t${{Version}}\\n' {_QUOTED} \"linux-headers-$(uname -r)\"",
           parse_packages),
@@ -159,6 +166,8 @@ SYSTEM_PROBES: tuple[Probe, ...] = (
           + ")' /etc/apt/sources.list /etc/apt/sources.list.d/", parse_repositories),
     Probe("host_ids", "cat /etc/machine-id /proc/sys/kernel/random/boot_id; [ -e /var/run/reboot-required ] && echo reboot-required; true",
           parse_host_ids),
+    # verify's host probe and monitor's sampler are Python files handed to this python3 (gpurig/connect/launcher.py)
+    Probe("python3", "python3 -c 'import sys; print(sys.version.split()[0])'", parse_python3),
 )
 
 
@@ -180,4 +189,5 @@ def system_facts(values: Mapping[str, Any]) -> SystemFacts:
         machine_id=machine,
         boot_id=boot,
         reboot_required=reboot,
+        python3=values["python3"],
     )

@@ -107,7 +107,20 @@ def test_bad_specs_give_one_line_and_nothing_rendered(project, content, fragment
     assert not (project / "build-contexts").exists()
 
 
-def test_missing_images_directory(tmp_path):
+@pytest.mark.parametrize("task", ["matrix", "render", "build", "images"])
+def test_outside_a_project_image_tasks_say_to_init_one_first(tmp_path, task):
+    # The README once said tasks work outside a project; matrix said only "no images directory".
+    assert_one_line_error(gpurig(tmp_path, task), f"not in a gpurig project: {tmp_path} ", "gpurig init DIR", "--spec FILE")
+    assert list(tmp_path.iterdir()) == []  # nothing rendered into whatever directory that was
+
+
+def test_outside_a_project_a_spec_given_by_name_is_read(tmp_path):
+    proc = gpurig(tmp_path, "matrix", "--spec", str(ROOT / "images" / "pytorch.yaml"), "--format", "tsv")
+    assert proc.returncode == 0 and "2.14.1" in proc.stdout, proc.stderr
+
+
+def test_missing_images_directory_in_a_project(tmp_path):
+    (tmp_path / "gpurig.yaml").write_text("")
     assert_one_line_error(gpurig(tmp_path, "matrix"), "no images directory", "project root")
 
 

@@ -151,7 +151,7 @@ def test_verbosity_levels_are_flags(example):
     inv = local_inventory(example / "local.yaml", ("l1",))
     assert run(example, "exec", "-vv", "-i", str(inv), "--", "true").returncode == 0
     help_text = run(example, "facts", "--help").stdout
-    for flag in ("-i STRING, --inventory", "-l, --limit", "-f STRING, --forks", "-v INT, --verbose"):
+    for flag in ("-i STRING, --inventory", "-l, --limit", "-f STRING, --forks", "-v, --verbose "):
         assert flag in help_text, help_text
 
 
@@ -171,9 +171,37 @@ def test_init_makes_a_project_that_renders(tmp_path):
     proc = run(tmp_path, "init", "newproj")
     assert proc.returncode == 0, proc.stderr
     project = tmp_path / "newproj"
-    for name in ("images/pytorch.yaml", "templates/Dockerfile.j2", "checks/verify_torch.py", "inventory/hosts.yaml", ".hadolint.yaml", "gpurig.yaml"):
+    for name in ("images/pytorch.yaml", "templates/Dockerfile.j2", "checks/verify_torch.py", "inventory/hosts.yaml", ".hadolint.yaml",
+                 "tasks.py", "gpurig.yaml"):
         assert (project / name).is_file(), name
     assert not (project / "inventory" / "known_hosts").exists()
     rendered = run(project / "templates", "render")  # from a subdirectory of the new project
     assert rendered.returncode == 0, rendered.stderr
     assert (project / "build-contexts/pytorch/2.14.1-cu130-slim/Dockerfile").is_file()
+
+
+def test_init_makes_a_project_where_invoke_runs_the_same_tasks(tmp_path):
+    # `invoke build --variant slim` in a new project said "Can't find any collection named 'tasks'": init wrote no tasks.py
+    assert run(tmp_path, "init", "newproj").returncode == 0
+    project = tmp_path / "newproj"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPURIG_")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT), COLUMNS="200")
+
+    def invoke(*args: str, cwd: Path = project) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+    listed = invoke("--list")
+    assert listed.returncode == 0 and all(t in listed.stdout for t in ("build", "provision", "matrix", "verify")), listed.stderr
+    shown = invoke("matrix", cwd=project / "inventory")  # from a subdirectory too, as gpurig
+    assert shown.returncode == 0 and shown.stdout == run(project, "matrix").stdout, shown.stderr
+    hosts = invoke("hosts", "--format", "tsv")
+    assert hosts.returncode == 0 and "example.invalid" in hosts.stdout, hosts.stderr
+
+
+def test_init_never_replaces_a_tasks_py_of_your_own(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "tasks.py").write_text("# my own tasks\n")
+    proc = run(tmp_path, "init", "mine")
+    assert_one_line_error(proc, "already has tasks.py", "init into a new directory")
+    assert sorted(p.name for p in mine.iterdir()) == ["tasks.py"] and (mine / "tasks.py").read_text() == "# my own tasks\n"

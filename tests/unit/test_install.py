@@ -33,7 +33,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_carries_the_project_skeleton_once(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for path in ("images/pytorch.yaml", "templates/Dockerfile.j2", "templates/files/sshd_config.j2", "checks/verify_torch.py",
-                 "inventory/hosts.yaml", ".hadolint.yaml"):
+                 "inventory/hosts.yaml", ".hadolint.yaml", "tasks.py"):
         assert f"gpurig/skeleton/{path}" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith("known_hosts")]
 

@@ -28,7 +28,7 @@ def facts(name: str):
 
 def test_only_and_skip_keep_the_run_order():
     assert pick_steps("daemon,docker", None) == ["docker", "daemon"]
-    assert pick_steps(None, "reboot,driver") == ["gpus", "nouveau", "docker", "container-toolkit", "daemon", "persistence"]
+    assert pick_steps(None, "reboot,driver") == ["gpus", "nouveau", "docker", "container-toolkit", "daemon", "persistence", "python3"]
     with pytest.raises(ConfigError, match="--skip dockr: no such step"):
         pick_steps(None, "dockr")
     with pytest.raises(ConfigError, match="leave no step"):
@@ -145,3 +145,12 @@ def test_a_toolkit_pin_is_a_version_not_a_prefix():
 
     assert _pinned("1.17.8-1", "1.17.8") and _pinned("1.17.8", "1.17.8") and _pinned("1.17.8-1", "1.17.8-1")
     assert not _pinned("1.17.80-1", "1.17.8")  # a prefix match took this for the pinned version
+
+
+def test_the_python3_install_is_one_idempotent_apt_line():
+    from gpurig.steps import Python3Step
+
+    [change] = Python3Step().plan(facts("debian12-container-fresh"), host_profile(Host("h", (), {}))).changes
+    [shell] = change.commands
+    assert shell.line == install_command("python3")  # dpkg --configure -a, update, install: a rerun after a lost host completes
+    assert "--no-install-recommends python3" in shell.line

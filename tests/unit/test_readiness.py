@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.facts import parse_facts
-from gpurig.facts.readiness import lacks, verdict
+from gpurig.facts.readiness import NO_PYTHON3, lacks, verdict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -55,3 +55,12 @@ def test_facts_cut_short_are_said_and_not_judged_as_missing_docker():
     found = lacks(facts("h100-cut-short"), "13.0")
     assert found[0].startswith("facts cut short (") and "docker_info" in found[0]
     assert "no Docker" not in found
+
+
+def test_a_host_without_python3_is_named_whatever_else_it_lacks():
+    # provision once called such a host converged, then verify said "no python3 on the host" and monitor failed it
+    assert lacks(facts("debian12-systemd-fresh"), "cpu") == ("no Docker", NO_PYTHON3)
+    assert verdict(facts("debian13-systemd-docker"), "cpu") == NO_PYTHON3
+    assert NO_PYTHON3 in lacks(facts("debian12-container-fresh"), "13.0")
+    assert verdict(facts("debian12-root"), "cpu") == "ready"  # python3 3.11.2 there
+    assert NO_PYTHON3 not in lacks(facts("h100-cut-short"), "13.0")  # its section never arrived: not judged

@@ -56,23 +56,59 @@ def converge_counting(inventory_path, tmp_path):
 @pytest.mark.parametrize("os_key", ["debian12", "debian13"])
 def test_fresh_host_gets_docker_with_settings_then_all_ok(systemd_hosts, provision_cli, tmp_path, os_key):
     host = systemd_hosts.make(os_key)
+    assert host.sh("command -v python3", check=False).returncode != 0  # a minimal server: sshd and sudo, no python3
     inventory = inventory_for(tmp_path / "inventory" / "hosts.yaml", host, VARS)
     first = provision_cli(inventory, "--diff", "--json", "first.json")
     assert first.returncode == 0, first.stdout + first.stderr
     steps = steps_of(tmp_path / "first.json")
     assert steps["docker"][0] == "changed" and steps["daemon"][0] == "changed"
+    assert steps["python3"] == ("changed", "no python3 on the host (gpurig's verify and monitor run their probes with it)")
     assert steps["gpus"] == ("skipped", "no NVIDIA GPU on this host")
     assert all(steps[s] == ("skipped", "no NVIDIA GPU on this host") for s in GPU_STEPS)
     assert "install docker.io" in first.stdout and '+    "log-driver": "local",' in first.stdout  # plan lines and the diff
-    assert "changed=2" in first.stderr and "failed=0" in first.stderr
+    assert "changed=3" in first.stderr and "failed=0" in first.stderr
 
     assert host.sh("systemctl is-enabled docker; systemctl is-active docker").stdout.split() == ["enabled", "active"]
     assert host.sh("docker info --format '{{.LoggingDriver}}'").stdout.strip() == "local"  # restarted with the new file
     assert "docker" in host.sh("id -nG gpurig").stdout.split()
 
     statuses, sent = converge_counting(inventory, tmp_path)
-    assert statuses == {"gpus": "skipped", **{s: "skipped" for s in GPU_STEPS}, "docker": "ok", "daemon": "ok", "reboot": "ok"}
+    assert statuses == {"gpus": "skipped", **{s: "skipped" for s in GPU_STEPS}, "docker": "ok", "daemon": "ok", "python3": "ok",
+                        "reboot": "ok"}
     assert sent == ["run"]  # one facts round trip, no changing command
+    provisioned_host_is_verified_and_monitored(inventory, host.name, tmp_path)
+
+
+def provisioned_host_is_verified_and_monitored(inventory, name: str, tmp_path) -> None:
+    """What provision calls converged can be judged: verify's host probe runs there, the monitor samples it, facts says ready."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[3])
+    # the checkout as the project: facts judges the host by its spec's default image (CUDA 13.0)
+    env = {**os.environ, "HOME": str(tmp_path), "COLUMNS": "200", "PYTHONPATH": repo, "GPURIG_ROOT": repo}
+    env.pop("SSH_AUTH_SOCK", None)
+
+    def gpurig(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", *args, "--inventory", str(inventory)]
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    facts = gpurig("facts", "--json", "facts.json")
+    assert facts.returncode == 0, facts.stderr
+    assert json.loads((tmp_path / "facts.json").read_text())["lacks"] == {name: ["no NVIDIA GPU"]}  # and not "no python3"
+
+    verify = gpurig("verify", "--json", "verify.json")
+    assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stderr  # no GPU here: host.driver fails
+    [report] = json.loads((tmp_path / "verify.json").read_text())["hosts"]
+    records = {r["id"]: r["status"] for r in report["data"]["records"]}
+    assert records["host.driver"] == "fail" and "host.probe" not in records, records  # the probe ran: no "no python3 on the host"
+
+    monitor = gpurig("monitor", "--duration", "2", "--json", "monitor.json")
+    assert monitor.returncode == 0, monitor.stdout + monitor.stderr
+    watched = json.loads((tmp_path / "monitor.json").read_text())
+    assert [h["status"] for h in watched["fleet"]["hosts"]] == ["ok"] and watched["hosts"][name]["samples"] >= 1, watched
 
 
 def test_check_mode_changes_no_package_and_no_file(systemd_hosts, provision_cli, tmp_path):

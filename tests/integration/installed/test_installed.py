@@ -11,7 +11,8 @@ is a loopback sshd (tests/integration/hosts) logging in as a sudo user, so
 facts, exec, provision --check, verify, monitor and deploy --check cross real
 SSH. These are the README's "Without this checkout" lines (with --json
 where the test reads a result, and --no-deps / --no-build-isolation because
-the dependencies are installed already).
+the dependencies are installed already); ``test_readme_lines_run_as_written``
+runs the README's cheap command lines word for word.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +83,10 @@ def installed(request, artifacts, tmp_path_factory, farm, client_key, login_user
     run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(artifacts[request.param])], cwd=base, env=env)
     where = run([py, "-c", "import gpurig; print(gpurig.__file__)"], cwd=base, env=env).stdout.strip()
     assert where.startswith(str(venv)), where  # the installed copy, not the checkout
+    # invoke's console script, as pip writes it when it installs gpurig's dependencies (--no-deps left it out):
+    # `invoke` in the project then runs the venv's Python, so its tasks.py imports the installed gpurig
+    (venv / "bin" / "invoke").write_text(f"#!{py}\nimport sys\nfrom invoke.main import program\nsys.exit(program.run())\n")
+    (venv / "bin" / "invoke").chmod(0o755)
 
     run([str(venv / "bin" / "gpurig"), "init", "myrig"], cwd=base, env=env)
     project = base / "myrig"
@@ -167,3 +173,74 @@ def test_deploy_check_plans_without_changing_the_host(installed):
     seen = run([docker, "ps", "-aq", "--filter", "name=^/gpurig-slim-inst$"], cwd=installed.project).stdout
     assert seen.strip() == ""
     assert not Path("/srv/gpurig/gpurig-slim-inst").exists()
+
+
+def test_invoke_runs_gpurigs_tasks_in_the_new_project(installed):
+    # init writes tasks.py: `invoke TASK` works in the project as `gpurig TASK` does, with the installed gpurig
+    def invoke(*args: str) -> subprocess.CompletedProcess:
+        argv = [str(installed.venv / "bin" / "python"), "-m", "invoke", *args]
+        return subprocess.run(argv, cwd=installed.project, env=installed.env, capture_output=True, text=True, timeout=120)
+
+    listed = ok(invoke("--list")).stdout
+    assert all(re.search(rf"^  {t}\b", listed, re.M) for t in ("init", "build", "provision", "deploy", "verify", "monitor")), listed
+    assert ok(invoke("hosts", "--format", "tsv")).stdout.splitlines()[1].startswith(f"{HOST}\t127.0.0.1")
+    assert ok(invoke("matrix", "--format", "tsv")).stdout == ok(installed.gpurig("matrix", "--format", "tsv")).stdout
+
+
+README = ROOT / "README.md"
+# The tasks whose README lines this test runs as written: they need no host, no GPU and no image build.
+RUN_HERE = ("matrix", "render", "lint", "images", "hosts", "inventory")
+# The README's other command lines, and the tests that run them instead.
+ELSEWHERE = {
+    "init": "the `installed` fixture above (gpurig init myrig)",
+    "build": "tests/integration/images (test_slim.py builds slim; a build takes minutes)",
+    "facts": "test_facts_exec_and_provision_check_over_ssh (HOST is the loopback sshd)",
+    "exec": "test_facts_exec_and_provision_check_over_ssh",
+    "provision": "test_facts_exec_and_provision_check_over_ssh (--check); tests/integration/hosts_systemd for real runs",
+    "verify": "test_verify_of_a_gpu_less_host_fails_with_the_driver_reason",
+    "monitor": "test_monitor_writes_its_csv_and_plot",
+    "deploy": "test_deploy_check_plans_without_changing_the_host",
+}
+
+
+def readme_command_lines() -> list[tuple[str, str | None]]:
+    """(line, the output the README shows for it or None) for each `gpurig`/`invoke` line of its indented code blocks.
+
+    A comment after the command (a space, then #) is cut off; a line written
+    as a shell prompt (`$ invoke ...`) is followed in the README by what it prints.
+    """
+    lines = README.read_text().splitlines()
+    found = []
+    for i, raw in enumerate(lines):
+        if not raw.startswith("    "):
+            continue
+        text = re.split(r"\s#", raw.strip())[0].strip()
+        prompt = text.startswith("$ ")
+        text = text.removeprefix("$ ")
+        if text.split()[:1] in (["gpurig"], ["invoke"]):
+            found.append((text, lines[i + 1].strip() if prompt else None))
+    return found
+
+
+def test_readme_lines_run_as_written(installed):
+    commands = readme_command_lines()
+    tasks = {line.split()[1] for line, _ in commands}
+    assert tasks <= {*RUN_HERE, *ELSEWHERE}, f"a README line runs a task this test does not place: {tasks - {*RUN_HERE, *ELSEWHERE}}"
+    ran = []
+    for line, shown in commands:
+        if line.split()[1] not in RUN_HERE:
+            continue
+        proc = subprocess.run(["bash", "-c", line], cwd=installed.project, env=installed.env, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+        assert "Traceback" not in proc.stderr, f"{line}: {proc.stderr[-2000:]}"
+        if shown is None:
+            assert proc.returncode == 0, f"{line}: {proc.stderr[-2000:]}"
+        else:  # an error the README quotes: the same line, word for word
+            assert proc.returncode != 0 and proc.stderr.strip() == shown, f"{line}: {proc.stderr}"
+        ran.append(line)
+    assert {"invoke matrix", "invoke render --all", "invoke lint", "gpurig matrix", "gpurig render", "gpurig lint"} <= set(ran), ran
+    for task in ("logs", "init", "provision"):  # the README's "`invoke <task> --help` describes every flag"
+        helped = subprocess.run(["bash", "-c", f"invoke {task} --help"], cwd=installed.project, env=installed.env,
+                                capture_output=True, text=True, timeout=120)
+        assert helped.returncode == 0 and "Options:" in helped.stdout, helped.stderr
+    assert not (installed.project / "--help").exists()
