@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.config import choice
-from gpurig.errors import LintError, SpecError
+from gpurig.errors import LintError, SpecError, counted
 from gpurig.image import compat
 from gpurig.image.build import shorten
 from gpurig.image.lint import failing
@@ -102,7 +102,7 @@ def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
         for finding in findings:
             console.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
     if bad:
-        raise LintError(f"hadolint found {bad} problem(s) in {len(dockerfiles)} Dockerfile(s)", "fix the templates")
+        raise LintError(f"hadolint found {counted(bad, 'problem')} in {counted(len(dockerfiles), 'Dockerfile')}", "fix the templates")
 
 
 FORMAT_HELP = "table (default) | tsv | json: how to print the result"
@@ -231,7 +231,7 @@ class BuildProgress(BuildObserver):
         cache = " (full cache hit)" if not steps["ran"] else ""
         console.print(
             f"[green]built[/] {result.context.image_ref} in {result.report['duration_s']:.1f}s: "
-            f"{steps['ran']} of {steps['total']} steps ran{cache}; report {result.report_path.relative_to(self.root)}"
+            f"{steps['ran']} of {counted(steps['total'], 'step')} ran{cache}; report {result.report_path.relative_to(self.root)}"
         )
 
 

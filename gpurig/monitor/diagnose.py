@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import mean
 
+from gpurig.errors import counted
 from gpurig.monitor.samples import HEAT_OR_POWER, GpuSample, Sample
 from gpurig.monitor.session import Run
 
@@ -74,7 +75,7 @@ def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
         return None
     return Finding(
         "input_bound", host, index, "input-pipeline bound: the GPU waits for data the CPU prepares",
-        f"GPU {index} under {IDLE_UTIL:.0f}% utilisation in {_pct(len(idle) / len(known))} of {len(known)} samples "
+        f"GPU {index} under {IDLE_UTIL:.0f}% utilisation in {_pct(len(idle) / len(known))} of {counted(len(known), 'sample')} "
         f"(mean {mean(util for _, util in known):.0f}%), while one CPU core was at >= {BUSY_CORE:.0f}% in "
         f"{_pct(len(saturated) / len(idle))} of those (busiest core mean {mean(s.max_core for s, _ in idle):.0f}%, "
         f"all cores {mean(s.cpu_percent for s, _ in idle):.0f}%)",
@@ -186,7 +187,7 @@ def contention(host: str, index: int, pairs: Pairs) -> Finding | None:
     shown = ", ".join(f"{u} (pid {pid}, {mib / 1024:.1f} GiB)" for u, (pid, mib) in sorted(users.items()))
     return Finding(
         "contention", host, index, "GPU shared with another user's process",
-        f"GPU {index} ran processes of {len(users)} users: {shown}; shared at once in {_pct(shared)} of samples",
+        f"GPU {index} ran processes of {counted(len(users), 'user')}: {shown}; shared at once in {_pct(shared)} of samples",
         "give each job its own GPU: a scheduler (Slurm, Kubernetes), CUDA_VISIBLE_DEVICES per user, or MIG partitions",
     )  # fmt: skip
 

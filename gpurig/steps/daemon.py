@@ -24,6 +24,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from gpurig.errors import counted
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.commands import Shell, Upload
@@ -200,7 +201,7 @@ class DaemonStep(Step):
             engine = f"Docker {version[0]}.{version[1]}" if version else "this Docker (version unknown)"
             note += f"; {engine} cannot check the file before it is used (dockerd --validate came with {VALIDATE_SINCE}.0)"
         count = len(added) + len(altered)
-        return Plan.change(f"{count} key{'s' if count != 1 else ''} to set{note}", *changes)
+        return Plan.change(f"{counted(count, 'key')} to set{note}", *changes)
 
 
 def _listed(verb: str, keys: list[str]) -> str:

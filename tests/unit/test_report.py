@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
 from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.errors import counted
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
@@ -128,6 +131,36 @@ def test_recap_lines_fit_and_say_why_a_host_failed():
     assert "unreachable a100-07: cannot connect" in text
     assert "a100-07 : ok=0 changed=0 unreachable=1 failed=0 skipped=0" in text
     assert "h1      : ok=1 changed=0 unreachable=0 failed=0 skipped=0" in text
+
+
+def test_the_recap_totals_add_up_its_host_lines_and_say_host_in_the_singular():
+    """Seen: the per-host lines counted steps, the last line counted hosts (ok=1 under a host with ok=3)."""
+    steps = [_Step(Status.OK), _Step(Status.OK), _Step(Status.CHANGED), _Step(Status.SKIPPED)]
+    one = FleetReport((HostResult("h1", Status.CHANGED, data=steps),), "2026-01-01T00:00:00+00:00", 2.0,
+                      summary={"changed": 1})
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_recap(one, console)
+    lines = console.export_text().splitlines()
+    assert lines == ["h1 : ok=2 changed=1 unreachable=0 failed=0 skipped=1",
+                     "1 host in 2.0s: ok=2 changed=1 unreachable=0 failed=0 skipped=1"]
+    two = FleetReport((HostResult("h1", Status.CHANGED, data=steps), HostResult("u", Status.UNREACHABLE, "gone")),
+                      "2026-01-01T00:00:00+00:00", 2.0, summary={"changed": 1, "unreachable": 1})
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_recap(two, console)
+    assert console.export_text().splitlines()[-1] == "2 hosts in 2.0s: ok=2 changed=1 unreachable=1 failed=0 skipped=1"
+
+
+def test_counts_have_one_grammar():
+    assert [counted(n, "host") for n in (0, 1, 2, 1500)] == ["0 hosts", "1 host", "2 hosts", "1,500 hosts"]
+    assert counted(1, "sample record") == "1 sample record" and counted(3, "entry", "entries") == "3 entries"
+
+
+def test_no_message_counts_with_a_parenthesised_plural():
+    """'problem(s)', 'record(s)': every count goes through gpurig.errors.counted instead."""
+    package = Path(__file__).resolve().parents[2] / "gpurig"
+    found = [f"{p.relative_to(package)}:{node.lineno}" for p in package.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"[a-z]\(s\)", node.value.replace("http(s)", ""))]
+    assert not found, found
 
 
 # --- write_report: where a --json report may go ------------------------------------------------
