@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
+from gpurig.cli.images import BUILT_COLUMNS, IMAGE_COLUMNS, built_row, image_row
 from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.errors import counted
 from gpurig.facts import parse_facts
@@ -228,3 +229,27 @@ def test_json_to_dev_stdout_reaches_a_pipe_through_its_links():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"a": 1}
+
+
+# --- images and build: tables like every other task's -------------------------------------------------
+
+BUILD_REPORT = {"image": "registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "aliases": ["registry.example.com/ml/pytorch:jupyter"],
+                "torch": "2.14.1", "cuda": "13.0", "size_bytes": 9_876_543_210, "layers": 23, "steps": {"ran": 4, "total": 19},
+                "duration_s": 702.4, "digest": "sha256:" + "ab" * 32}
+INSPECTED = {"RepoTags": ["registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "registry.example.com/ml/pytorch:jupyter"],
+             "Size": 9_876_543_210, "Created": "2026-11-30T12:00:00.123Z",
+             "Config": {"Labels": {"io.gpurig.variant": "jupyter", "io.gpurig.torch": "2.14.1", "io.gpurig.cuda": "13.0",
+                                   "io.gpurig.image.baseimage.source": "pulled",
+                                   "org.opencontainers.image.base.name": "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04"}}}
+
+
+@pytest.mark.parametrize("columns, row", [(BUILT_COLUMNS, built_row(BUILD_REPORT)), (IMAGE_COLUMNS, image_row(INSPECTED))],
+                         ids=["build", "images"])
+def test_images_and_the_build_summary_are_80_column_tables_with_every_column_in_tsv(columns, row):
+    """Seen: both printed TSV whenever stdout was not a terminal, and a table as wide as their longest tag otherwise."""
+    text = render(columns, [row])
+    assert_fits(text)
+    assert "\t" not in text and text.splitlines()[1].split()[:4] == ["image", *[c.name for c in columns][1:4]][:4]
+    assert "size" in text.splitlines()[1] and "see --format tsv" in text  # what does not fit is named, never cut
+    header, line = render(columns, [row], fmt="tsv").splitlines()
+    assert header.split("\t") == [c.name for c in columns] and line.split("\t") == list(row)
