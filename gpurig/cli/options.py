@@ -151,8 +151,7 @@ def select_hosts(opts: HostOptions) -> list[Host]:
             "check the patterns with 'gpurig hosts -l PATTERN'",
         )
     for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
-        host_profile(host, opts.settings.inventory)
-        check_containers(host, opts.settings.inventory)
+        check_containers(host, opts.settings.inventory, host_profile(host, opts.settings.inventory))
     return chosen
 
 

@@ -31,7 +31,7 @@ from gpurig.deploy.sharing import assign_gpus, check_together
 from gpurig.errors import CompatError, InventoryError, SpecError, did_you_mean
 from gpurig.image.spec import ImageSpec, MatrixEntry
 from gpurig.inventory import Host
-from gpurig.inventory.profile import host_profile
+from gpurig.inventory.profile import HostProfile, host_profile
 from gpurig.strict import validate
 from gpurig.strict.yamlnode import Node
 
@@ -347,31 +347,32 @@ class _Entry:
 # --- a host's containers --------------------------------------------------------------
 
 
-def check_containers(host: Host, source: str | Path = "inventory") -> None:
+def check_containers(host: Host, source: str | Path = "inventory", profile: HostProfile | None = None) -> None:
     """Every rule of the host's ``gpurig_containers`` that needs no image spec, for tasks other than deploy.
 
     A misspelt key or a bad port is refused whatever the task (provision, facts,
     status...), not first by the deploy that comes after them.
     """
     if "gpurig_containers" in host.vars:
-        nodes = _entries(host, source)
-        readers = [_Entry(node, None, host.name, _host_shm(host, source), Path(source).parent) for node in nodes]
+        profile = profile or host_profile(host, source)
+        nodes = _entries(profile, source)
+        readers = [_Entry(node, None, host.name, _host_shm(profile, source), Path(source).parent) for node in nodes]
         check_together([r.read() for r in readers], nodes)
 
 
-def _entries(host: Host, source: str | Path) -> list[Node]:
+def _entries(profile: HostProfile, source: str | Path) -> list[Node]:
     """The host's ``gpurig_containers`` entries as nodes whose errors name the inventory file, the host and the entry."""
-    where = f"{source}: host {host.name}"
-    nodes = [Node(where, f"gpurig_containers[{i}]", dict(c), InventoryError) for i, c in enumerate(host_profile(host, source).containers)]
+    where = f"{source}: host {profile.host}"
+    nodes = [Node(where, f"gpurig_containers[{i}]", dict(c), InventoryError) for i, c in enumerate(profile.containers)]
     if not nodes:
         raise InventoryError(f"{where}: gpurig_containers is empty", "list a container, or remove it to deploy --variant")
     return nodes
 
 
-def _host_shm(host: Host, source: str | Path) -> int | None:
+def _host_shm(profile: HostProfile, source: str | Path) -> int | None:
     """gpurig_shm_size in bytes: every container's default /dev/shm on this host (None: not set)."""
-    shm = host_profile(host, source).shm_size
-    return fields.size(Node(f"{source}: host {host.name}", "gpurig_shm_size", shm, InventoryError), "16g") if shm else None
+    shm = profile.shm_size
+    return fields.size(Node(f"{source}: host {profile.host}", "gpurig_shm_size", shm, InventoryError), "16g") if shm else None
 
 
 def load_containers(host: Host, image_spec: ImageSpec, *, variant: str | None = None, name: str | None = None,
@@ -384,10 +385,11 @@ def load_containers(host: Host, image_spec: ImageSpec, *, variant: str | None = 
     relative ``ssh_keys`` files are read from its directory.
     """
     where = f"{source}: host {host.name}"
-    host_shm = _host_shm(host, source)
+    profile = host_profile(host, source)
+    host_shm = _host_shm(profile, source)
     base_dir = Path(source).parent
     if "gpurig_containers" in host.vars:
-        nodes = _entries(host, source)
+        nodes = _entries(profile, source)
     else:
         if variant is None:
             raise InventoryError(
