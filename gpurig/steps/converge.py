@@ -120,12 +120,13 @@ def _whole_file_diffs(result: StepResult, facts: Facts, originals: dict[str, str
     file as it was to the file as it will be, not one partial diff per step (``originals`` remembers the first text)."""
     changes = []
     for change in result.changes:
-        known, text = text_before(facts, change.path)
-        if known and change.path and change.content is not None:
-            if change.path in originals:
-                change = dataclasses.replace(change, diff=unified_diff(change.path, originals[change.path], change.content))
+        path = change.path
+        known, text = text_before(facts, path)
+        if known and path and change.content is not None:
+            if path in originals:
+                change = dataclasses.replace(change, diff=unified_diff(path, originals[path], change.content))
             else:
-                originals[change.path] = text
+                originals[path] = text
         changes.append(change)
     return dataclasses.replace(result, changes=tuple(changes))
 
