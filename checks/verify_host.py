@@ -28,6 +28,9 @@ MISMATCH_FIX = ("reboot, or reload the nvidia kernel modules (stop what uses the
                 "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`)")
 NO_DRIVER_FIX = ("install the NVIDIA driver (`invoke provision` with gpurig_driver.install: true); "
                  "if it is installed, load it: `sudo modprobe nvidia` (Secure Boot may block an unsigned module)")
+# What provision does on a host with no NVIDIA GPU on its PCI bus: its driver step skips it (there is nothing to drive).
+NO_GPU_FIX = ("nothing to install: gpurig provision skips the driver on a host without an NVIDIA GPU; verify GPU hosts "
+              "only (-l PATTERN), or if this one should have a GPU, check it is seated and passed through (`lspci -d 10de:`)")
 RESET_FIX = "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot"
 
 # Clock throttle ("event") reasons: (name, NVML bit, status when active, what it means, fix).
@@ -313,13 +316,33 @@ def kernel_log(args):
 
 # ---------------------------------------------------------------- rules
 
-def driver_record(snap):
+def nvidia_gpus_on_pci(devices):
+    """How many NVIDIA GPUs (vendor 0x10de; VGA or 3D controller, as gpurig's facts count them) sysfs lists; None: unreadable."""
+    try:
+        names = os.listdir(devices)
+    except OSError:
+        return None
+    found = 0
+    for name in names:
+        try:
+            with open(os.path.join(devices, name, "vendor")) as v, open(os.path.join(devices, name, "class")) as c:
+                found += v.read().strip() == "0x10de" and c.read().strip()[2:6] in ("0300", "0302")
+        except OSError:
+            continue
+    return found
+
+
+def driver_record(snap, on_pci=None):
+    """host.driver; ``on_pci`` (NVIDIA GPUs on the PCI bus, None: unknown) tells a host without a GPU from one without a driver."""
     if snap.kind == "mismatch":
         library = re.search(r"NVML library version: (\S+)", snap.problem)
         return record("host.driver", "fail", snap.module, "module and library of one version", None,
                       f"Driver/library version mismatch: kernel module {snap.module or '(version unknown)'}, userspace "
                       f"library {library.group(1) if library else 'of another version'} ({snap.problem})", MISMATCH_FIX)
     if snap.kind == "no_driver" or (snap.module is None and not snap.gpus and snap.problem):
+        if on_pci == 0 and snap.module is None:
+            return record("host.driver", "fail", None, "loaded", None,
+                          f"no NVIDIA GPU on this host: none on its PCI bus, so no driver to load ({snap.problem})", NO_GPU_FIX)
         where = "/proc/driver/nvidia/version is absent" if snap.module is None else f"kernel module {snap.module}"
         return record("host.driver", "fail", snap.module, "loaded", None,
                       f"no NVIDIA driver loaded: {where} ({snap.problem})", NO_DRIVER_FIX)
@@ -509,7 +532,7 @@ def xid_record(args, snap):
 
 def probe(args):
     snap = gather(args)
-    records = [driver_record(snap)]
+    records = [driver_record(snap, nvidia_gpus_on_pci(args.pci_devices))]
     if records[0]["status"] == "fail":
         why = f"skipped: {why_skipped(snap)}"
         records += [record("host.gpu_count", "skip", None, args.expect_gpus, "GPUs", why),
@@ -558,6 +581,8 @@ def parse_args(argv):
     parser.add_argument("--proc-version", metavar="FILE", default="/proc/driver/nvidia/version",
                         help="replay: /proc/driver/nvidia/version (a missing FILE stands for no driver loaded)")
     parser.add_argument("--dmesg", metavar="FILE", help="replay: what `dmesg` printed")
+    parser.add_argument("--pci-devices", metavar="DIR", default="/sys/bus/pci/devices",
+                        help="replay: sysfs's PCI devices (each a folder with vendor and class files)")
     args = parser.parse_args(argv)
     for path in (args.smi_xml, args.dmesg):
         if path and not os.path.exists(path):

@@ -69,6 +69,12 @@ def did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """A count and its noun in one grammar everywhere: ``1 host``, ``2 hosts``, ``0 hosts`` (``plural`` when not noun+s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def last_line(*texts: str | None, default: str = "") -> str:
     """The last non-empty line (stripped) of the first text that has one: ``last_line(stderr, stdout)``."""
     for text in texts:

@@ -187,7 +187,7 @@ def status(c, opts: HostOptions):
         if not found:
             rows.append([r.host, "-", r.status if r.status == "failed" else "none", "", "", "", r.reason])
         for ci in found:
-            state = ci.status + (f" ({ci.health})" if ci.health else "") + (f" exit {ci.exit_code}" if ci.status == "exited" else "")
+            state = state_text(ci)
             gpus = ",".join(ci.device_ids) if ci.device_ids else "-"
             ports = ", ".join(f"{ip or '*'}:{hp}->{cp}" for ip, hp, cp, _ in ci.ports)
             rows.append([r.host, ci.name, state, ci.labels.get(IMAGE_LABEL) or ci.image, gpus, ports, uptime(ci)])
@@ -196,9 +196,16 @@ def status(c, opts: HostOptions):
     exit_for(report)
 
 
+def state_text(ci) -> str:
+    """``running (healthy)``, ``exited (code 137)``: health only while it runs (the engine keeps the last one after a stop)."""
+    if ci.status == "exited":
+        return f"exited (code {ci.exit_code})"
+    return ci.status + (f" ({ci.health})" if ci.health and ci.running else "")
+
+
 def status_doc(ci) -> dict:
     return {"name": ci.name, "id": ci.id, "image": ci.labels.get(IMAGE_LABEL) or ci.image, "image_id": ci.image_id,
-            "status": ci.status, "health": ci.health, "exit_code": ci.exit_code, "gpus": list(ci.device_ids or ()),
+            "status": ci.status, "health": ci.health if ci.running else None, "exit_code": ci.exit_code, "gpus": list(ci.device_ids or ()),
             "ports": [{"host_ip": ip, "host_port": hp, "container_port": cp, "proto": pr} for ip, hp, cp, pr in ci.ports],
             "started_at": ci.started_at.isoformat() if ci.started_at else None}
 
@@ -240,22 +247,29 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
     exit_for(report)
 
 
-def _lifecycle(opts: HostOptions, names: list[str], verb: str, act) -> None:
+def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already=lambda ci: "") -> None:
+    """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
+    says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
     chosen = select_hosts(opts)
 
     def work(conn: Connection) -> Outcome:
-        done = []
+        done, untouched = [], []
         with open_engine(conn) as engine:
             mine = engine.containers(label=NAME_LABEL)
             picked = [ci for ci in mine if not names or ci.name in names]
             missing = sorted(set(names) - {ci.name for ci in mine})
             for ci in picked:
+                if done_already(ci):
+                    untouched.append(f"{ci.name}: {done_already(ci)}")
+                    continue
                 if not opts.check:
                     act(engine, ci)
                 done.append(ci.name)
+        said = "; ".join(untouched)
         if missing:
-            return Outcome(status=Status.FAILED, data=tuple(done), detail=f"no gpurig container named {', '.join(missing)} here")
-        return Outcome(status=Status.CHANGED if done else Status.OK, data=tuple(done))
+            said = "; ".join(w for w in (f"no gpurig container named {', '.join(missing)} here", said) if w)
+            return Outcome(status=Status.FAILED, data=tuple(done), detail=said)
+        return Outcome(status=Status.CHANGED if done else Status.OK, data=tuple(done), detail=said)
 
     report = run_hosts(opts, chosen, work, label=verb, schema=f"gpurig.{verb}/1")
     rows = [[r.host, ", ".join(outcomes_of(r)) or "-", r.status, r.reason] for r in report.results]
@@ -278,7 +292,9 @@ def _names(name: str | None) -> list[str]:
 @host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True)
 def stop(c, opts: HostOptions, name=None):
     """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
-    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30) if ci.running else None)
+    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30),
+               done_already=lambda ci: "" if ci.status in ("running", "paused", "restarting")
+               else "already stopped" if ci.status == "exited" else f"not running ({ci.status})")
 
 
 @host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True)

@@ -129,7 +129,7 @@ def _gpu_summary(f: Facts) -> str:
 @host_task(
     help={
         "command": "the command to run (or give it after --: gpurig exec -l gpu -- nvidia-smi -L)",
-        "become": "run it through sudo (as ansible_become does)",
+        "become": "run it through sudo even where the inventory's ansible_become does not ask for it (where it does, exec uses sudo anyway)",
         "timeout": "seconds the command may run on each host (default: no limit)",
     },
     changes=True,
@@ -145,7 +145,7 @@ def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
     def work(conn: Connection) -> Outcome:
         if opts.check:
             return Outcome(status=Status.SKIPPED, detail=f"check mode: would run {line!r}")
-        run = conn.sudo if become else conn.run
+        run = conn.sudo if become else conn.admin  # admin: through sudo where the inventory sets ansible_become, as ansible -a does
         result = run(line, warn=True, timeout=limit)
         data = {"rc": result.exited, "stdout": result.stdout, "stderr": result.stderr}
         if result.failed:

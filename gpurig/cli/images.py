@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.config import PROJECT_MARKERS, choice, root_of
-from gpurig.errors import LintError, SpecError
+from gpurig.errors import LintError, SpecError, counted
 from gpurig.image import compat
-from gpurig.image.build import shorten
+from gpurig.image.build import human_size, shorten
 from gpurig.image.lint import failing
 from gpurig.image.lint import lint as run_hadolint
 from gpurig.image.pipeline import BuildObserver
 from gpurig.image.render import BuildContext, check_renderable, render_matrix
 from gpurig.image.spec import ImageSpec, find_specs, load_spec
-from gpurig.report import console, outside
-from gpurig.report.tables import FORMATS, Column, Row, show
+from gpurig.report import console, err_console, outside
+from gpurig.report.tables import FORMATS, Column, show
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import TaskID  # rich.progress itself is imported when a build starts
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
@@ -60,7 +60,7 @@ def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | 
     return [spec.entry(torch, cuda)], [variant or "slim"]
 
 
-def render_selected(c, spec_file, variant, torch, cuda, all_) -> list[BuildContext]:
+def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console) -> list[BuildContext]:
     spec = load_project_spec(c, spec_file)
     entries, variants = select(spec, variant, torch, cuda, all_)
     if not all_:
@@ -69,9 +69,9 @@ def render_selected(c, spec_file, variant, torch, cuda, all_) -> list[BuildConte
     root = project_root(c)
     contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR)
     for entry, name, reason in skipped:
-        console.print(f"[yellow]skipped[/] {entry.tag}-{name}: {outside(reason)}")
+        out.print(f"[yellow]skipped[/] {entry.tag}-{name}: {outside(reason)}")
     for context in contexts:
-        console.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}")
+        out.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}")
     return contexts
 
 
@@ -100,7 +100,7 @@ def lint(c, spec=None):
     lint_dockerfiles(root, dockerfiles)
 
 
-def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
+def lint_dockerfiles(root: Path, dockerfiles: list[Path], out: Console = console) -> None:
     """hadolint each Dockerfile; a LintError if any has a finding at or above the threshold."""
     bad = 0
     for dockerfile in dockerfiles:
@@ -108,11 +108,11 @@ def lint_dockerfiles(root: Path, dockerfiles: list[Path]) -> None:
         failed = failing(findings)
         bad += len(failed)
         name = dockerfile.parent.relative_to(root / CONTEXTS_DIR)
-        console.print(f"{'[red]FAIL[/]' if failed else '[green]ok[/]  '} {name}")
+        out.print(f"{'[red]FAIL[/]' if failed else '[green]ok[/]  '} {name}")
         for finding in findings:
-            console.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
+            out.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
     if bad:
-        raise LintError(f"hadolint found {bad} problem(s) in {len(dockerfiles)} Dockerfile(s)", "fix the templates")
+        raise LintError(f"hadolint found {counted(bad, 'problem')} in {counted(len(dockerfiles), 'Dockerfile')}", "fix the templates")
 
 
 FORMAT_HELP = "table (default) | tsv | json: how to print the result"
@@ -147,16 +147,19 @@ def matrix(c, spec=None, format="table"):
 
 BUILD_HELP = {
     **SELECT_HELP,
+    "format": FORMAT_HELP + " (with tsv or json, the build's progress goes to stderr)",
     "push": "push every tag to the spec's registry and record the digest in the report",
     "label": "extra image label KEY=VALUE (repeatable), e.g. to find test images again",
 }
 
 
 @task(help=BUILD_HELP, iterable=["label"])
-def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None):
+def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None, format="table"):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
     refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
-    from gpurig.image.build import human_size, refuse_credentials, resolve_ca_bundle
+    fmt = choice(format, FORMATS, "--format")
+    out = console if fmt == "table" else err_console  # stdout holds only the summary a script reads
+    from gpurig.image.build import refuse_credentials, resolve_ca_bundle
     from gpurig.image.dockercli import find_client
     from gpurig.image.pipeline import build_all
 
@@ -166,44 +169,37 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     if push and not image_spec.registry:
         raise SpecError(f"{image_spec.path}: --push, but registry is empty", "set registry: HOST[:PORT]/PATH in the spec")
     client = find_client()
-    contexts = render_selected(c, spec, variant, torch, cuda, all)
+    contexts = render_selected(c, spec, variant, torch, cuda, all, out)
     root = project_root(c)
-    lint_dockerfiles(root, [ctx.dockerfile for ctx in contexts])
-    console.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
+    lint_dockerfiles(root, [ctx.dockerfile for ctx in contexts], out)
+    out.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
     ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
-    console.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
-    with BuildProgress(root) as observer:
+    out.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
+    with BuildProgress(root, out) as observer:
         results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels, push, observer)
-    rows = []
-    for result in results:
-        r = result.report
-        rows.append((
-            " ".join([r["image"], *r["aliases"]]),
-            r["torch"],
-            r["cuda"],
-            human_size(r["size_bytes"]),
-            str(r["layers"]),
-            f"{r['steps']['ran']}/{r['steps']['total']}",
-            f"{r['duration_s']:.1f}s",
-            r["digest"] or "-",
-        ))
-    print_rows("built", ("image", "torch", "CUDA", "size", "layers", "steps run", "time", "digest"), rows)
+    show(console, BUILT_COLUMNS, [built_row(result.report) for result in results], fmt, title="built", schema="gpurig.build/1")
+
+
+def built_row(r: dict) -> tuple[str, ...]:
+    """One built image's row of the build summary, from its build report."""
+    return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
+            f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-")
 
 
 class BuildProgress(BuildObserver):
     """The build on a console: a live bar per image, one line per finished step, one line per image built."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, out: Console = console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.root = root
+        self.root, self.out = root, out
         self.progress = Progress(
             TextColumn("[bold]{task.fields[image]}[/]"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.description}"),
-            console=console,
+            console=out,
             transient=True,
         )
         self.task: TaskID | None = None  # the image being built: set by started(), which the pipeline calls first
@@ -216,7 +212,7 @@ class BuildProgress(BuildObserver):
         self.progress.__exit__(*exc)
 
     def base(self, line: str) -> None:
-        console.print(outside(line))
+        self.out.print(outside(line))
 
     def started(self, context: BuildContext) -> None:
         if self.task is not None:
@@ -231,24 +227,24 @@ class BuildProgress(BuildObserver):
             finished = sum(1 for s in parser.steps.values() if s.state in ("cached", "done"))
             self.progress.update(self.task, completed=finished)
             outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
-            console.print(f"  \\[{step.number}/{step.total}] {outside(shorten(step.text, 80))} [dim]{outside(outcome)}[/]")
+            self.out.print(f"  \\[{step.number}/{step.total}] {outside(shorten(step.text, 80))} [dim]{outside(outcome)}[/]")
 
     def note(self, context: BuildContext, line: str) -> None:
-        console.print(f"  {outside(line)}", highlight=False)
+        self.out.print(f"  {outside(line)}", highlight=False)
 
     def still_running(self, context: BuildContext, step, seconds: float) -> None:
         # the live bar is gone when the output is not a terminal: without this a long step is silence
-        console.print(f"  still running: \\[{step.number}/{step.total}] {outside(shorten(step.text, 60))} [dim]({seconds:.0f}s)[/]")
+        self.out.print(f"  still running: \\[{step.number}/{step.total}] {outside(shorten(step.text, 60))} [dim]({seconds:.0f}s)[/]")
 
     def pushing(self, context: BuildContext, refs: list[str]) -> None:
-        console.print(f"pushing {', '.join(refs)}")
+        self.out.print(f"pushing {', '.join(refs)}")
 
     def built(self, result) -> None:
         steps = result.report["steps"]
         cache = " (full cache hit)" if not steps["ran"] else ""
-        console.print(
+        self.out.print(
             f"[green]built[/] {result.context.image_ref} in {result.report['duration_s']:.1f}s: "
-            f"{steps['ran']} of {steps['total']} steps ran{cache}; report {result.report_path.relative_to(self.root)}"
+            f"{steps['ran']} of {counted(steps['total'], 'step')} ran{cache}; report {result.report_path.relative_to(self.root)}"
         )
 
 
@@ -262,6 +258,22 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+# The tables every task prints (gpurig.report.tables): at 80 columns the least needed go first, --format tsv has all.
+BUILT_COLUMNS = (Column("image"), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=1), Column("layers", drop=4),
+                 Column("steps run", drop=3), Column("time", drop=2), Column("digest", drop=5))
+IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=2),
+                 Column("created", drop=3), Column("base", drop=4))
+
+def image_row(image: dict) -> tuple[str, ...]:
+    """One image's row of `gpurig images`, from the engine's inspect of it."""
+    labels = (image.get("Config") or {}).get("Labels") or {}
+    origin = labels.get("io.gpurig.image.baseimage.source", "")
+    base = labels.get("org.opencontainers.image.base.name", "?")
+    return (" ".join(image.get("RepoTags") or []), labels.get("io.gpurig.variant", "?"), labels.get("io.gpurig.torch", "?"),
+            labels.get("io.gpurig.cuda", "?"), human_size(int(image.get("Size") or 0)), image.get("Created", "")[:10],
+            f"{base} ({BASE_ORIGINS.get(origin, origin or 'unknown')})")
+
+
 # How each base came to be, as `gpurig images` explains it (the io.gpurig.image.baseimage.source label).
 BASE_ORIGINS = {
     "pulled": "pulled",
@@ -270,40 +282,22 @@ BASE_ORIGINS = {
 }
 
 
-@task(help={"spec": "image spec file (default: every spec in images/)", "format": FORMAT_HELP + " (piped: tsv)"})
-def images(c, spec=None, format=None):
+@task(help={"spec": "image spec file (default: every spec in images/)", "format": FORMAT_HELP})
+def images(c, spec=None, format="table"):
     """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
-    from gpurig.image.build import human_size, project_images
+    from gpurig.image.build import project_images
     from gpurig.image.dockercli import find_client
 
+    fmt = choice(format, FORMATS, "--format")
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in project_spec_files(c)]
     projects = sorted({s.name for s in specs})
     found = project_images(find_client(), projects)
-    if not found and format in (None, "table"):
+    if not found and fmt == "table":
         console.print(f"no images of {', '.join(projects)} in the local store; build one with `gpurig build`")
         return
-    columns = ("image", "variant", "torch", "CUDA", "size", "created", "base")
-    rows = []
-    for image in found:
-        labels = (image.get("Config") or {}).get("Labels") or {}
-        origin = labels.get("io.gpurig.image.baseimage.source", "")
-        base = labels.get("org.opencontainers.image.base.name", "?")
-        rows.append((
-            " ".join(image.get("RepoTags") or []),
-            labels.get("io.gpurig.variant", "?"),
-            labels.get("io.gpurig.torch", "?"),
-            labels.get("io.gpurig.cuda", "?"),
-            human_size(int(image.get("Size") or 0)),
-            image.get("Created", "")[:10],
-            f"{base} ({BASE_ORIGINS.get(origin, origin or 'unknown')})",
-        ))
-    print_rows(f"images of {', '.join(projects)}", columns, rows, format)
-    if any("bootstrapped" in row[-1] for row in rows) and console.is_terminal:
+    rows = [image_row(image) for image in found]
+    show(console, IMAGE_COLUMNS, rows, fmt, title=f"images of {', '.join(projects)}", schema="gpurig.images/1")
+    if any("bootstrapped" in row[-1] for row in rows) and fmt == "table":
         console.print("bootstrapped stand-in: no registry answered, so the base was made here with debootstrap "
                       "under the registry's name; `docker rmi` it to build on the registry's image.")
 
-
-def print_rows(title: str, columns: tuple[str, ...], rows: Sequence[Row], fmt: str | None = None) -> None:
-    """Rows in ``fmt``; by default a table on a terminal and tab-separated lines when piped (for scripts and logs)."""
-    fmt = choice(fmt, FORMATS, "--format") if fmt else ("table" if console.is_terminal else "tsv")
-    show(console, [Column(name) for name in columns], rows, fmt, title=title, schema="gpurig.images/1")

@@ -32,9 +32,11 @@ from gpurig.config import Settings, choice, settings
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
 from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.deploy.containers import check_containers
 from gpurig.errors import InventoryError
 from gpurig.files import write_report
 from gpurig.inventory import Host, load_inventory
+from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
 from gpurig.report.fleetrun import FleetProgress, print_recap
 from gpurig.report.tables import FORMATS, Column, Row, document, show
@@ -138,13 +140,18 @@ def host_task(help: dict[str, str] | None = None, *, connect: bool = True, chang
 
 
 def select_hosts(opts: HostOptions) -> list[Host]:
-    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none."""
+    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
+
+    Their gpurig_* vars are validated here, before any task contacts a host.
+    """
     chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
     if not chosen:
         raise InventoryError(
             f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",
             "check the patterns with 'gpurig hosts -l PATTERN'",
         )
+    for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
+        check_containers(host, opts.settings.inventory, host_profile(host, opts.settings.inventory))
     return chosen
 
 

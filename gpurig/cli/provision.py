@@ -14,7 +14,7 @@ from gpurig.cli.images import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, Outcome
-from gpurig.errors import ConfigError, GpurigError
+from gpurig.errors import ConfigError, GpurigError, did_you_mean
 from gpurig.image.spec import load_spec
 from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
@@ -65,7 +65,7 @@ def pick_steps(only: str | None, skip: str | None) -> list[str]:
         given = [n.strip() for n in (value or "").split(",") if n.strip()]
         for n in given:
             if n not in STEPS:
-                raise ConfigError(f"{flag} {n}: no such step", f"steps: {', '.join(STEPS)}")
+                raise ConfigError(f"{flag} {n}: no such step{did_you_mean(n, STEPS)}", f"steps: {', '.join(STEPS)}")
         return given
 
     wanted, left_out = names("--only", only), names("--skip", skip)

@@ -30,6 +30,13 @@ def endpoint(conn: Connection) -> tuple[str, int, str, tuple]:
     return target.hostname, target.port, target.user, target.jumps
 
 
+def login_flags(conn: Connection) -> list[str]:
+    """ssh's ``-i KEY`` for the key gpurig logs in with (the inventory's ansible_ssh_private_key_file first), if any."""
+    target = getattr(conn, "target", None)
+    keys = target.key_files if target is not None else ()
+    return ["-i", keys[0]] if keys else []
+
+
 def published(container: ContainerInfo, port: int) -> tuple[str, int] | None:
     """(bind address, host port) where the container's ``port`` is published, if it is."""
     for ip, host_port, inner, proto in container.ports:
@@ -65,7 +72,8 @@ def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, logi
         query = f"?token={token}" if token else ""
         if bind in LOOPBACK:
             port_flag = ["-p", str(ssh_port)] if ssh_port != 22 else []
-            tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *port_flag, f"{host_login}@{address}" if host_login else address]
+            tunnel = ["ssh", "-N", "-L", f"{port}:127.0.0.1:{port}", *login_flags(conn), *port_flag,
+                      f"{host_login}@{address}" if host_login else address]
             if jumps:
                 tunnel[1:1] = ["-J", ",".join(f"{j.user}@{j.hostname}:{j.port}" for j in jumps)]
             out.append(f"Jupyter (bound to the host's loopback): first  {shlex.join(tunnel)}")

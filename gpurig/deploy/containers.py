@@ -31,7 +31,7 @@ from gpurig.deploy.sharing import assign_gpus, check_together
 from gpurig.errors import CompatError, InventoryError, SpecError, did_you_mean
 from gpurig.image.spec import ImageSpec, MatrixEntry
 from gpurig.inventory import Host
-from gpurig.inventory.profile import host_profile
+from gpurig.inventory.profile import HostProfile, host_profile
 from gpurig.strict import validate
 from gpurig.strict.yamlnode import Node
 
@@ -202,9 +202,14 @@ def _restart_policy(restart: str) -> dict[str, Any]:
 
 
 class _Entry:
-    """Reads one container mapping into a ContainerSpec, collecting warnings."""
+    """Reads one container mapping into a ContainerSpec, collecting warnings.
 
-    def __init__(self, node: Node, spec: ImageSpec, host: str, host_shm: int | None, base_dir: Path) -> None:
+    Without an image spec (``spec=None``) it checks every rule that needs none:
+    keys, grammar, sizes, files; variants, matrix entries and what a variant
+    runs are then left to deploy, which has the spec.
+    """
+
+    def __init__(self, node: Node, spec: ImageSpec | None, host: str, host_shm: int | None, base_dir: Path) -> None:
         self.node, self.spec, self.host, self.host_shm, self.base_dir = node, spec, host, host_shm, base_dir
         self.warnings: list[str] = []
 
@@ -216,7 +221,8 @@ class _Entry:
         name = keys["name"].text(_name_problem, "alice-jupyter") if "name" in keys else default_name
         entry, image = self._image(keys, variant)
         cpu = entry is not None and entry.is_cpu
-        gpus = fields.gpus(keys["gpus"]) if "gpus" in keys else (fields.NO_GPUS if cpu else fields.ALL_GPUS)
+        # without a spec, an unset gpus: is not known to be all of them (a cpu image gets none)
+        gpus = fields.gpus(keys["gpus"]) if "gpus" in keys else (fields.NO_GPUS if cpu or not self.spec else fields.ALL_GPUS)
         if cpu and not gpus.none:
             raise keys["gpus"].fail(
                 f"asks for GPUs, but the cpu image has no CUDA ({entry})", "remove gpus (or write gpus: none), or pick a CUDA entry with cuda:"
@@ -233,10 +239,10 @@ class _Entry:
             self.warn(name, f"shm_size {fields.human(shm)} is above memory {fields.human(memory)}: "
                       "/dev/shm counts against the limit, so the container is killed before it fills")
         ssh_keys = fields.ssh_keys(keys["ssh_keys"], self.base_dir) if "ssh_keys" in keys else ()
-        kind = self.spec.variants[variant].kind
-        if ssh_keys and not kind.ssh:
+        kind = self.spec.variants[variant].kind if self.spec else None
+        if kind and ssh_keys and not kind.ssh:
             raise keys["ssh_keys"].fail(f"the {variant} variant runs no sshd", "remove ssh_keys, or use variant: ssh or full")
-        if kind.ssh and not ssh_keys:
+        if kind and kind.ssh and not ssh_keys:
             self.warn(name, "no ssh_keys: nobody can log in to its sshd (keys only, no passwords)")
         env = fields.env(keys["env"]) if "env" in keys else ()
         if ssh_keys and any(n == "SSH_AUTHORIZED_KEYS" for n, _ in env):
@@ -258,6 +264,8 @@ class _Entry:
 
     def _variant(self, node: Node) -> str:
         value = node.value
+        if self.spec is None:
+            return node.text(lambda v: None, "jupyter")
         if not isinstance(value, str) or value not in self.spec.variants:
             raise node.fail(
                 f"{validate.excerpt(value)} is not a variant of {self.spec.path}{did_you_mean(value, self.spec.variants)}",
@@ -273,6 +281,8 @@ class _Entry:
             return None, keys["image"].text(validate.image_ref_problem, "registry.example.com/ml/pytorch:2.14.1-cu130-slim")
         torch = keys["torch"].text(lambda v: None, "2.14.1") if "torch" in keys else None
         cuda = keys["cuda"].text(lambda v: None, "13.0") if "cuda" in keys else None
+        if self.spec is None:
+            return None, ""
         try:
             entry = self.spec.entry(torch, cuda)
         except CompatError as err:
@@ -284,6 +294,8 @@ class _Entry:
         return entry, self.spec.image_ref(entry, variant)
 
     def _default_ports(self, variant: str) -> tuple[Port, ...]:
+        if self.spec is None:
+            return ()
         kind = self.spec.variants[variant].kind
         ports = []
         if kind.ssh:
@@ -335,6 +347,34 @@ class _Entry:
 # --- a host's containers --------------------------------------------------------------
 
 
+def check_containers(host: Host, source: str | Path = "inventory", profile: HostProfile | None = None) -> None:
+    """Every rule of the host's ``gpurig_containers`` that needs no image spec, for tasks other than deploy.
+
+    A misspelt key or a bad port is refused whatever the task (provision, facts,
+    status...), not first by the deploy that comes after them.
+    """
+    if "gpurig_containers" in host.vars:
+        profile = profile or host_profile(host, source)
+        nodes = _entries(profile, source)
+        readers = [_Entry(node, None, host.name, _host_shm(profile, source), Path(source).parent) for node in nodes]
+        check_together([r.read() for r in readers], nodes)
+
+
+def _entries(profile: HostProfile, source: str | Path) -> list[Node]:
+    """The host's ``gpurig_containers`` entries as nodes whose errors name the inventory file, the host and the entry."""
+    where = f"{source}: host {profile.host}"
+    nodes = [Node(where, f"gpurig_containers[{i}]", dict(c), InventoryError) for i, c in enumerate(profile.containers)]
+    if not nodes:
+        raise InventoryError(f"{where}: gpurig_containers is empty", "list a container, or remove it to deploy --variant")
+    return nodes
+
+
+def _host_shm(profile: HostProfile, source: str | Path) -> int | None:
+    """gpurig_shm_size in bytes: every container's default /dev/shm on this host (None: not set)."""
+    shm = profile.shm_size
+    return fields.size(Node(f"{source}: host {profile.host}", "gpurig_shm_size", shm, InventoryError), "16g") if shm else None
+
+
 def load_containers(host: Host, image_spec: ImageSpec, *, variant: str | None = None, name: str | None = None,
                     source: str | Path = "inventory") -> tuple[list[ContainerSpec], list[str]]:
     """The containers ``host`` should run, validated together, and warnings to show.
@@ -346,14 +386,10 @@ def load_containers(host: Host, image_spec: ImageSpec, *, variant: str | None = 
     """
     where = f"{source}: host {host.name}"
     profile = host_profile(host, source)
-    host_shm = None
-    if profile.shm_size:
-        host_shm = fields.size(Node(where, "gpurig_shm_size", profile.shm_size, InventoryError), "16g")
+    host_shm = _host_shm(profile, source)
     base_dir = Path(source).parent
     if "gpurig_containers" in host.vars:
-        nodes = [Node(where, f"gpurig_containers[{i}]", dict(c), InventoryError) for i, c in enumerate(profile.containers)]
-        if not nodes:
-            raise InventoryError(f"{where}: gpurig_containers is empty", "list a container, or remove it to deploy --variant")
+        nodes = _entries(profile, source)
     else:
         if variant is None:
             raise InventoryError(
@@ -372,4 +408,4 @@ def load_containers(host: Host, image_spec: ImageSpec, *, variant: str | None = 
     return [specs[i] for i in picked], [w for i in picked for w in readers[i].warnings]
 
 
-__all__ = ["ContainerSpec", "assign_gpus", "check_together", "load_containers"]
+__all__ = ["ContainerSpec", "assign_gpus", "check_containers", "check_together", "load_containers"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpurig.errors import InventoryError
+from gpurig.errors import InventoryError, counted
 
 if TYPE_CHECKING:
     from gpurig.deploy.containers import ContainerSpec
@@ -115,7 +115,7 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
             continue
         if len(free) < spec.gpus.count:
             raise InventoryError(
-                f"host {host}: container {spec.name} asks for {spec.gpus.count} GPUs; "
+                f"host {host}: container {spec.name} asks for {counted(spec.gpus.count, 'GPU')}; "
                 f"{len(free)} of the host's {len(indexes)} are free for it",
                 "lower gpus:, free GPUs from the other containers, or set share: true on the containers that may share",
             )

@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from gpurig.errors import counted
+
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
 ACCEPT = f"{MANIFEST_V2}, application/vnd.oci.image.manifest.v1+json"
@@ -96,7 +98,7 @@ def stage_image(address: str, path: str, tag: str, min_bytes: int = MIN_STAGE_BY
     config = json.loads(api.blob(path, manifest["config"]["digest"]))
     diff_ids = config["rootfs"]["diff_ids"]
     if len(diff_ids) != len(layers):
-        raise StageError(f"{path}:{tag}: its config names {len(diff_ids)} layers, its manifest {len(layers)}")
+        raise StageError(f"{path}:{tag}: its config names {counted(len(diff_ids), 'layer')}, its manifest {len(layers)}")
     cuts = stage_cuts([layer.size for layer in layers], min_bytes, max_stages)
     stages = []
     for cut in cuts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpurig.errors import InventoryError, did_you_mean
+from gpurig.errors import InventoryError, counted, did_you_mean
 from gpurig.inventory.hostgroups import Host, Inventory
 from gpurig.strict.validate import excerpt
 
@@ -73,7 +73,7 @@ def one_host(inventory: Inventory, name: str) -> Host:
         return inventory.hosts[name]
     chosen = inventory.select(name)
     if len(chosen) != 1:
-        raise InventoryError(f"{excerpt(name)} matches {len(chosen)} hosts in {inventory.path}, not one", "give one host's name")
+        raise InventoryError(f"{excerpt(name)} matches {counted(len(chosen), 'host')} in {inventory.path}, not one", "give one host's name")
     return chosen[0]
 
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpurig.errors import InventoryError, did_you_mean
+from gpurig.errors import InventoryError, counted, did_you_mean
 from gpurig.strict.validate import excerpt
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def _apply_subscript(term: str, found: list[str], subscript: tuple[int, int | No
     start, end = subscript
     if end is None:
         if not -len(hosts) <= start < len(hosts):
-            raise InventoryError(f"{excerpt(term)}: index {start} is past the {len(hosts)} hosts it selects", "use an index from 0")
+            raise InventoryError(f"{excerpt(term)}: index {start} is past the {counted(len(hosts), 'host')} it selects", "use an index from 0")
         return [hosts[start]]
     if end == -1:
         end = len(hosts) - 1

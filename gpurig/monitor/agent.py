@@ -16,7 +16,7 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, run_fleet
 from gpurig.connect.launcher import embedded_line
 from gpurig.connect.ssh import Connector
-from gpurig.errors import GpurigError, HostError
+from gpurig.errors import GpurigError, HostError, counted
 from gpurig.inventory import Host
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
@@ -123,7 +123,8 @@ def watch(
             raise HostError("python3 not found", "install python3 on the host (the sampler needs nothing else)", host=name)
         if result.exited != 0 or seen["end"] == ends_before:
             why = stderr_tail[-1] if stderr_tail else f"exit status {result.exited}"
-            raise HostError(f"the sampler stopped after {seen['sample']} samples: {why}", "run checks/gpu_sampler.py on the host to see why", host=name)
+            raise HostError(f"the sampler stopped after {counted(seen['sample'], 'sample')}: {why}",
+                            "run checks/gpu_sampler.py on the host to see why", host=name)
         left -= part
         if duration and left < interval / 2:
             return summary()
@@ -132,7 +133,7 @@ def watch(
 def no_samples(host: str, malformed: int, seconds: float, *, stopped: bool = False, why: list[str] | tuple[str, ...] = ()) -> HostError:
     """The one line for a host the run got no sample from, saying why where it can."""
     if malformed:
-        reason = f"its {malformed} sample record(s) could not be read (a sampler from another gpurig version?)"
+        reason = f"its {counted(malformed, 'sample record')} could not be read (a sampler from another gpurig version?)"
     elif stopped:
         reason = "the run was stopped before its first sample"
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from statistics import mean
 
+from gpurig.errors import counted
 from gpurig.monitor.samples import HEAT_OR_POWER, GpuSample, Sample
 from gpurig.monitor.session import Run
 
@@ -112,7 +113,7 @@ def input_bound(host: str, index: int, pairs: Pairs) -> Finding | None:
     what = _busy_name(pairs)
     return Finding(
         "input_bound", host, index, "input-pipeline bound: the GPU waits for data the CPU prepares",
-        f"GPU {_label(pairs)} under {IDLE_UTIL:.0f}% {what} in {_pct(len(idle) / len(known))} of {len(known)} samples "
+        f"GPU {_label(pairs)} under {IDLE_UTIL:.0f}% {what} in {_pct(len(idle) / len(known))} of {counted(len(known), 'sample')} "
         f"(mean {mean(util for _, util in known):.0f}%), while one CPU core was at >= {BUSY_CORE:.0f}% in "
         f"{_pct(len(saturated) / len(idle))} of those (busiest core mean {mean(s.max_core for s, _ in idle):.0f}%, "
         f"all cores {mean(s.cpu_percent for s, _ in idle):.0f}%)",
@@ -230,7 +231,7 @@ def contention(host: str, index: int, pairs: Pairs) -> Finding | None:
     shown = ", ".join(f"{u} (pid {pid}, {mib / 1024:.1f} GiB)" for u, (pid, mib) in sorted(users.items()))
     return Finding(
         "contention", host, index, "GPU shared with another user's process",
-        f"GPU {_label(pairs)} ran processes of {len(users)} users: {shown}; shared at once in {_pct(shared)} of samples",
+        f"GPU {_label(pairs)} ran processes of {counted(len(users), 'user')}: {shown}; shared at once in {_pct(shared)} of samples",
         "give each job its own GPU: a scheduler (Slurm, Kubernetes), CUDA_VISIBLE_DEVICES per user, or MIG partitions",
         source="NVML compute processes",
     )  # fmt: skip

@@ -65,12 +65,22 @@ def host_documents(report: FleetReport, key: str, doc: Callable[[StepResult], di
 
 
 def print_diffs(report: FleetReport, out: Console) -> None:
-    """Each change's diff under a 'host step: change' line; + lines green, - lines red."""
+    """Each change's diff under a 'host step: change' line; + lines green, - lines red.
+
+    A file several steps write (daemon.json: the toolkit's runtime, then
+    gpurig_daemon's keys) is one diff, from the file as it is to the file as
+    it will be (the last step's diff is that one: gpurig.steps.converge), under
+    one line naming every step and change that writes it.
+    """
     for r in report.results:
+        shown: dict[str, tuple[list[str], str]] = {}  # a file, or a change that writes none -> (headings, diff)
         for s in host_results(r):
-            for change in s.changes:
+            for i, change in enumerate(s.changes):
                 if change.diff:
-                    out.print(f"[bold]{outside(r.host)} {outside(s.step)}: {outside(change.summary)}[/]")
-                    for line in change.diff.splitlines():
-                        style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
-                        out.print(f"[{style}]{outside(line)}[/]" if style else outside(line), soft_wrap=True)
+                    headings, _ = shown.get(change.path or f"{s.step}#{i}", ([], ""))
+                    shown[change.path or f"{s.step}#{i}"] = ([*headings, f"{s.step}: {change.summary}"], change.diff)
+        for headings, diff in shown.values():
+            out.print(f"[bold]{outside(r.host)} {outside('; '.join(headings))}[/]")
+            for line in diff.splitlines():
+                style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+                out.print(f"[{style}]{outside(line)}[/]" if style else outside(line), soft_wrap=True)

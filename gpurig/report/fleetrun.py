@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
-from gpurig.errors import explain
+from gpurig.errors import counted, explain
 from gpurig.report import outside
 from gpurig.status import Status
 from gpurig.strict.validate import printable
@@ -97,15 +97,24 @@ def _step_statuses(data: Any) -> list[Status] | None:
 
 
 def print_recap(report: FleetReport, console: Console) -> None:
-    """Why each host that did not succeed failed (one line each), an Ansible-style line per host, then the totals."""
+    """The run's one summary: why each host that did not succeed failed, an Ansible-style line per host, then their totals.
+
+    The totals line adds up the lines above it (steps or containers where a
+    host returned them), so every number in the summary counts the same things.
+    """
     for r in report.results:
         if not r.succeeded:
             console.print(status_text(r.status).append(" " + printable(explain(r.reason, r.fix, r.host))))
+    per_host = [(r, host_counts(r)) for r in report.results]
     width = max((len(printable(r.host)) for r in report.results), default=0)
-    for r in report.results:
-        line = Text(f"{printable(r.host):<{width}} :")
-        for status, n in host_counts(r).items():
-            line.append(f" {status}={n}", style=STATUS_STYLE[status] if n else "dim")
-        console.print(line)
-    counts = "  ".join(f"[{STATUS_STYLE[s]}]{s}={n}[/]" for s, n in report.summary.items())
-    console.print(f"{len(report.results)} hosts in {report.duration_s:.1f}s  {counts}", highlight=False)
+    for r, counts in per_host:
+        console.print(_counts_line(Text(f"{printable(r.host):<{width}} :"), counts))
+    totals = {s: sum(c[s] for _, c in per_host) for s in RECAP}
+    head = Text(f"{counted(len(report.results), 'host')} in {report.duration_s:.1f}s:")
+    console.print(_counts_line(head, totals))
+
+
+def _counts_line(line: Text, counts: dict[Status, int]) -> Text:
+    for status, n in counts.items():
+        line.append(f" {status}={n}", style=STATUS_STYLE[status] if n else "dim")
+    return line

@@ -19,6 +19,8 @@ from gpurig.facts import Facts
 from gpurig.facts import gather as gather_facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.status import Status
+from gpurig.steps.daemon import as_written, text_before
+from gpurig.steps.hostfiles import unified_diff
 from gpurig.steps.plan import Plan, Step, StepResult
 
 ResultHandler = Callable[[StepResult], None]
@@ -42,6 +44,7 @@ def converge(
     facts = gather(conn)
     unknown: tuple[str, str] | None = _incomplete(facts, "")
     results: list[StepResult] = []
+    originals: dict[str, str | None] = {}  # a file two steps write -> its text before the first
     stopped_by: StepResult | None = None
     for step in steps:
         started = time.monotonic()
@@ -50,7 +53,12 @@ def converge(
         elif unknown:
             result = StepResult(step.name, Status.FAILED, unknown[0], fix=unknown[1])
         else:
+            before = facts
             result, changed = _run_step(step, facts, wanted, conn, check)
+            result = _whole_file_diffs(result, before, originals)
+            if check:
+                for change in result.changes:
+                    facts = as_written(facts, change.path, change.content)
             if changed:
                 try:
                     facts = gather(conn)
@@ -105,6 +113,22 @@ def _run_step(step: Step, facts: Facts, wanted: HostProfile, conn: Connection, c
         # No later step runs on this host, so there is nothing to gather facts again for.
         return StepResult(step.name, Status.FAILED, err.problem, plan.changes, fix=err.fix), False
     return StepResult(step.name, Status.CHANGED, plan.reason, plan.changes), True
+
+
+def _whole_file_diffs(result: StepResult, facts: Facts, originals: dict[str, str | None]) -> StepResult:
+    """A file an earlier step of this run wrote too gets its diff from the text before that step: one diff of the
+    file as it was to the file as it will be, not one partial diff per step (``originals`` remembers the first text)."""
+    changes = []
+    for change in result.changes:
+        path = change.path
+        known, text = text_before(facts, path)
+        if known and path and change.content is not None:
+            if path in originals:
+                change = dataclasses.replace(change, diff=unified_diff(path, originals[path], change.content))
+            else:
+                originals[path] = text
+        changes.append(change)
+    return dataclasses.replace(result, changes=tuple(changes))
 
 
 def _incomplete(facts: Facts, when: str) -> tuple[str, str] | None:

@@ -18,13 +18,15 @@ The file reaches the host over SFTP (``Upload``), never in a command line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from gpurig.facts import Facts
+from gpurig.errors import counted
+from gpurig.facts import DaemonConfig, Facts, with_daemon_config
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.commands import Shell, Upload
 from gpurig.steps.hostfiles import BACKUP_SUFFIX, unified_diff
@@ -102,6 +104,22 @@ def engine_version(facts: Facts) -> tuple[int, int] | None:
         (system.installed[p] for p in ("docker-ce", "docker.io", "moby-engine") if p in system.installed), None)
     m = re.match(r"(?:\d+:)?(\d+)\.(\d+)", text or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def as_written(facts: Facts, path: str | None, content: str | None) -> Facts:
+    """The facts once ``content`` is at ``path``: a check-mode run plans each later step from what the earlier ones
+    would write (daemon.json gets the nvidia runtime from one step and gpurig_daemon's keys from another)."""
+    if path != DAEMON_JSON or content is None:
+        return facts
+    daemon = DaemonConfig("present", json.loads(content), content.rstrip("\n"))
+    return dataclasses.replace(facts, daemon_json=daemon, docker=with_daemon_config(facts.docker, daemon))
+
+
+def text_before(facts: Facts, path: str | None) -> tuple[bool, str | None]:
+    """(known, text) of a file a step writes, as the facts hold it (None: absent); daemon.json is the one they hold."""
+    if path != DAEMON_JSON or facts.daemon_json.state not in ("present", "absent"):
+        return False, None
+    return True, facts.daemon_json.text if facts.daemon_json.state == "present" else None
 
 
 def merge(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,7 +218,7 @@ class DaemonStep(Step):
             engine = f"Docker {version[0]}.{version[1]}" if version else "this Docker (version unknown)"
             note += f"; {engine} cannot check the file before it is used (dockerd --validate came with {VALIDATE_SINCE}.0)"
         count = len(added) + len(altered)
-        return Plan.change(f"{count} key{'s' if count != 1 else ''} to set{note}", *changes)
+        return Plan.change(f"{counted(count, 'key')} to set{note}", *changes)
 
 
 def _listed(verb: str, keys: list[str]) -> str:

@@ -6,6 +6,7 @@ no NVIDIA GPU, so a CPU host still gets Docker.
 
 from __future__ import annotations
 
+from gpurig.errors import counted
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
 from gpurig.steps.apt import install_command
@@ -40,7 +41,7 @@ class GpusStep(Step):
             return Plan.fail(f"the inventory expects {expected.model}, the host has {names[0] or 'device ' + found[0].device_id}",
                              "correct gpurig_gpus.model")
         models = sorted(set(n for n in names if n)) or [f"device {found[0].device_id}"]
-        return Plan.ok(f"{len(found)} NVIDIA GPU{'s' if len(found) != 1 else ''}: {', '.join(models)}")
+        return Plan.ok(f"{counted(len(found), 'NVIDIA GPU')}: {', '.join(models)}")
 
 
 def _same_model(expected: str, name: str) -> bool:

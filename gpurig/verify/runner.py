@@ -359,4 +359,4 @@ def uuid_record(host_uuids: list[str], container: list[Record], assigned: list[s
                       fix="check the container's gpus: in gpurig_containers and NVIDIA_VISIBLE_DEVICES in its image/env, then redeploy")
     mine = f"its {len(assigned)} assigned" if assigned is not None else f"{len(seen)} of the host's {len(host_uuids)}"
     return Record("toolkit", "toolkit.uuids", "pass", len(seen), len(assigned) if assigned is not None else len(host_uuids), "GPUs",
-                  detail=f"the container sees {mine} GPUs, with the host's UUIDs")
+                  detail=f"the container sees {mine} {'GPU' if len(seen) == 1 else 'GPUs'}, with the host's UUIDs")

@@ -46,3 +46,30 @@ def test_bad_profile_is_one_line_and_no_host_is_contacted(tmp_path, listener, va
     with pytest.raises(BlockingIOError):
         listener.accept()  # nobody knocked
     assert not (path.parent / "known_hosts").exists()
+
+
+CONTAINER_TYPO = {"gpurig_containers": [{"variant": "jupyter", "prots": ["8888:8888"]}]}
+
+
+@pytest.mark.parametrize("task", [["provision", "--check"], ["facts"], ["status"], ["exec", "--", "true"], ["verify"]])
+def test_a_misspelt_container_key_stops_every_task_before_any_host(tmp_path, listener, task):
+    """Seen: `provision --check` passed an inventory whose gpurig_containers deploy later refused."""
+    path = inventory(tmp_path, listener.getsockname()[1], **CONTAINER_TYPO)
+    proc = gpurig(tmp_path, *task[:1], "--inventory", str(path), *task[1:])
+    assert_one_line_error(proc, str(path), "host bad-host: gpurig_containers[0]: unknown key 'prots'", "did you mean 'ports'?")
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
+
+def test_container_rules_that_need_no_image_spec_are_checked_outside_deploy(tmp_path, listener):
+    bad = {"gpurig_containers": [{"variant": "jupyter", "ports": ["8888:8888"]}, {"variant": "ssh", "ports": ["8888:22"]}]}
+    path = inventory(tmp_path, listener.getsockname()[1], **bad)
+    proc = gpurig(tmp_path, "provision", "--check", "--inventory", str(path))
+    assert_one_line_error(proc, "gpurig_containers[1]", "publishes")
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
+
+def test_an_unknown_step_gets_a_did_you_mean(tmp_path):
+    proc = gpurig(tmp_path, "provision", "--only", "dockr")
+    assert_one_line_error(proc, "--only dockr: no such step (did you mean 'docker'?)")

@@ -49,7 +49,7 @@ def test_a_sampler_that_ended_without_a_sample():
 def test_a_sampler_whose_samples_cannot_be_read():
     bad = json.dumps({"type": "sample", "t": "not a time", "gpus": "none"})
     problem = watch_line(sampler_printing(HELLO, bad, bad, END))
-    assert "its 2 sample record(s) could not be read" in problem
+    assert "its 2 sample records could not be read" in problem
 
 
 @pytest.mark.parametrize("lines", [(), ("Welcome!", "this is not json")])

@@ -154,3 +154,33 @@ def test_the_python3_install_is_one_idempotent_apt_line():
     [shell] = change.commands
     assert shell.line == install_command("python3")  # dpkg --configure -a, update, install: a rerun after a lost host completes
     assert "--no-install-recommends python3" in shell.line
+
+
+def test_check_mode_shows_daemon_json_once_as_it_will_be_after_every_step():
+    """Seen: --check --diff showed the toolkit's runtime and gpurig_daemon's keys as two diffs, each from the
+    file as it is, so neither was the file provision would leave."""
+    import io
+
+    from rich.console import Console
+
+    from gpurig.connect.fleet import FleetReport, HostResult
+    from gpurig.report.changes import print_diffs
+    from gpurig.steps import DaemonStep, converge
+
+    host = Host("l4", (), {"gpurig_daemon": {"log-opts": {"max-size": "10m"}}})
+    l4 = facts("debian12-l4-nonfree-nouveau")  # a GPU, Docker running, a daemon.json without the nvidia runtime
+    results = converge(ScriptedConnection("l4"), [ToolkitStep(), DaemonStep()], host_profile(host), check=True, diff=True,
+                       gather=lambda conn: l4)
+    assert [r.status for r in results] == ["changed", "changed"]
+    out = Console(width=300, record=True, file=io.StringIO())
+    print_diffs(FleetReport((HostResult("l4", results[1].status, data=tuple(results)),), "", 0.0), out)
+    text = out.export_text()
+    assert text.count("--- /etc/docker/daemon.json (host)") == 1, text
+    assert text.splitlines()[0] == ("l4 container-toolkit: add the nvidia runtime to /etc/docker/daemon.json; "
+                                    "daemon: merge into /etc/docker/daemon.json: add log-opts (old file kept as "
+                                    "daemon.json.gpurig-bak.<time>)")
+    added = [line for line in text.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert any('"nvidia"' in line for line in added) and any('"max-size": "10m"' in line for line in added), text
+    removed = [line for line in text.splitlines() if line.startswith("-") and not line.startswith("---")]
+    kept = {line[1:].rstrip(",") for line in added}
+    assert all(line[1:].rstrip(",") in kept for line in removed), text  # nothing of the host's own is lost

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -16,7 +18,9 @@ import pytest
 from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
+from gpurig.cli.images import BUILT_COLUMNS, IMAGE_COLUMNS, built_row, image_row
 from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.errors import counted
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
@@ -130,6 +134,36 @@ def test_recap_lines_fit_and_say_why_a_host_failed():
     assert "h1      : ok=1 changed=0 unreachable=0 failed=0 skipped=0" in text
 
 
+def test_the_recap_totals_add_up_its_host_lines_and_say_host_in_the_singular():
+    """Seen: the per-host lines counted steps, the last line counted hosts (ok=1 under a host with ok=3)."""
+    steps = [_Step(Status.OK), _Step(Status.OK), _Step(Status.CHANGED), _Step(Status.SKIPPED)]
+    one = FleetReport((HostResult("h1", Status.CHANGED, data=steps),), "2026-01-01T00:00:00+00:00", 2.0,
+                      summary={"changed": 1})
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_recap(one, console)
+    lines = console.export_text().splitlines()
+    assert lines == ["h1 : ok=2 changed=1 unreachable=0 failed=0 skipped=1",
+                     "1 host in 2.0s: ok=2 changed=1 unreachable=0 failed=0 skipped=1"]
+    two = FleetReport((HostResult("h1", Status.CHANGED, data=steps), HostResult("u", Status.UNREACHABLE, "gone")),
+                      "2026-01-01T00:00:00+00:00", 2.0, summary={"changed": 1, "unreachable": 1})
+    console = Console(width=80, record=True, file=io.StringIO())
+    print_recap(two, console)
+    assert console.export_text().splitlines()[-1] == "2 hosts in 2.0s: ok=2 changed=1 unreachable=1 failed=0 skipped=1"
+
+
+def test_counts_have_one_grammar():
+    assert [counted(n, "host") for n in (0, 1, 2, 1500)] == ["0 hosts", "1 host", "2 hosts", "1,500 hosts"]
+    assert counted(1, "sample record") == "1 sample record" and counted(3, "entry", "entries") == "3 entries"
+
+
+def test_no_message_counts_with_a_parenthesised_plural():
+    """'problem(s)', 'record(s)': every count goes through gpurig.errors.counted instead."""
+    package = Path(__file__).resolve().parents[2] / "gpurig"
+    found = [f"{p.relative_to(package)}:{node.lineno}" for p in package.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"[a-z]\(s\)", node.value.replace("http(s)", ""))]
+    assert not found, found
+
+
 # --- write_report: where a --json report may go ------------------------------------------------
 
 
@@ -195,3 +229,27 @@ def test_json_to_dev_stdout_reaches_a_pipe_through_its_links():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"a": 1}
+
+
+# --- images and build: tables like every other task's -------------------------------------------------
+
+BUILD_REPORT = {"image": "registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "aliases": ["registry.example.com/ml/pytorch:jupyter"],
+                "torch": "2.14.1", "cuda": "13.0", "size_bytes": 9_876_543_210, "layers": 23, "steps": {"ran": 4, "total": 19},
+                "duration_s": 702.4, "digest": "sha256:" + "ab" * 32}
+INSPECTED = {"RepoTags": ["registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "registry.example.com/ml/pytorch:jupyter"],
+             "Size": 9_876_543_210, "Created": "2026-11-30T12:00:00.123Z",
+             "Config": {"Labels": {"io.gpurig.variant": "jupyter", "io.gpurig.torch": "2.14.1", "io.gpurig.cuda": "13.0",
+                                   "io.gpurig.image.baseimage.source": "pulled",
+                                   "org.opencontainers.image.base.name": "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04"}}}
+
+
+@pytest.mark.parametrize("columns, row", [(BUILT_COLUMNS, built_row(BUILD_REPORT)), (IMAGE_COLUMNS, image_row(INSPECTED))],
+                         ids=["build", "images"])
+def test_images_and_the_build_summary_are_80_column_tables_with_every_column_in_tsv(columns, row):
+    """Seen: both printed TSV whenever stdout was not a terminal, and a table as wide as their longest tag otherwise."""
+    text = render(columns, [row])
+    assert_fits(text)
+    assert "\t" not in text and text.splitlines()[1].split()[:4] == ["image", *[c.name for c in columns][1:4]][:4]
+    assert "size" in text.splitlines()[1] and "see --format tsv" in text  # what does not fit is named, never cut
+    header, line = render(columns, [row], fmt="tsv").splitlines()
+    assert header.split("\t") == [c.name for c in columns] and line.split("\t") == list(row)

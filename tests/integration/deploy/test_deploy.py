@@ -83,8 +83,14 @@ def test_slim_deploys_then_is_ok_then_a_changed_setting_recreates(deploy_invento
     # status, logs, stop, rm
     status = run(gpurig_cli, cpu_images, inv, "status")
     assert "gpurig-slim" in status.stdout and "running" in status.stdout
-    run(gpurig_cli, cpu_images, inv, "stop", "--name", "gpurig-slim")
+    stopped = run(gpurig_cli, cpu_images, inv, "stop", "--name", "gpurig-slim", "--json", "-")
+    assert json.loads(stopped.stdout)["hosts"][0]["status"] == "changed"
     assert not clean_deploy_host.inspect("gpurig-slim")["State"]["Running"]
+    # stopping it again changes nothing: ok, saying so (seen: `changed` on every stop)
+    again = json.loads(run(gpurig_cli, cpu_images, inv, "stop", "--name", "gpurig-slim", "--json", "-").stdout)["hosts"][0]
+    assert (again["status"], again["reason"]) == ("ok", "gpurig-slim: already stopped"), again
+    code = clean_deploy_host.inspect("gpurig-slim")["State"]["ExitCode"]
+    assert f"exited (code {code})" in run(gpurig_cli, cpu_images, inv, "status").stdout
     nameless = run(gpurig_cli, cpu_images, inv, "rm", check_rc=2)
     assert "--all" in nameless.stderr and len(nameless.stderr.strip().splitlines()) == 1
     run(gpurig_cli, cpu_images, inv, "rm", "--name", "gpurig-slim")
@@ -148,6 +154,13 @@ def test_jupyter_answers_with_the_printed_token_and_refuses_without(deploy_inven
     with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen(f"{base}/api/status", timeout=30)
     assert denied.value.code in (401, 403)
+    # stopped, its last health check means nothing: status says how it ended (seen: "exited (unhealthy)")
+    run(gpurig_cli, cpu_images, inv, "stop")
+    status = run(gpurig_cli, cpu_images, inv, "status", "--format", "tsv").stdout
+    [row] = [line.split("\t") for line in status.splitlines() if "gpurig-jupyter" in line]
+    assert row[2].startswith("exited (code ") and "healthy" not in status, status
+    doc = json.loads(run(gpurig_cli, cpu_images, inv, "status", "--json", "-").stdout)
+    assert doc["containers"][clean_deploy_host.name][0]["health"] is None
 
 
 def test_ssh_container_takes_the_inventorys_key(deploy_inventory, clean_deploy_host, gpurig_cli, cpu_images, host_key):

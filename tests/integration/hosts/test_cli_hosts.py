@@ -152,6 +152,12 @@ def test_exec_runs_over_ssh_with_per_host_rc_and_output(cli_hosts, write_invento
     assert "gone" in proc.stdout and "unreachable" in proc.stdout
     assert "failed=1" in proc.stderr and "unreachable=1" in proc.stderr
 
+    # the inventory's ansible_become is honoured as Ansible's ad-hoc commands do (seen: ignored without --become)
+    became = write_inventory({names[0]: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port, "ansible_become": True}})
+    proc = gpurig(tmp_path, "exec", "-i", str(became), "--format", "tsv", "--", "id", "-un")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split("\t")[:4] == [names[0], "ok", "0", "root"], proc.stdout
+
 
 def test_an_unreachable_host_is_one_line_unless_asked_for_more(garbage_port, write_inventory, tmp_path):
     inv = write_inventory({"babbler": {"ansible_host": "127.0.0.1", "ansible_port": garbage_port}})

@@ -77,7 +77,9 @@ def test_images_lists_this_projects_images_only(build, cli, base, tmp_path):
     other = tiny(f"{SPEC_NAME}-other:x", f"{SPEC_NAME}-other", "other")
     dangling = tiny(f"{SPEC_NAME}:dangler", SPEC_NAME, "first")
     tiny(f"{SPEC_NAME}:dangler", SPEC_NAME, "second")  # takes the tag: the first one is dangling now
-    proc = cli("images")
+    table = cli("images")  # piped, a table all the same, like every other task's (seen: TSV whenever not a terminal)
+    assert table.returncode == 0 and "\t" not in table.stdout and table.stdout.split()[:4] == ["images", "of", SPEC_NAME, "image"]
+    proc = cli("images", "--format", "tsv")
     assert proc.returncode == 0, proc.stderr
     header, *rows = [line.split("\t") for line in proc.stdout.splitlines()]
     assert header == ["image", "variant", "torch", "CUDA", "size", "created", "base"]

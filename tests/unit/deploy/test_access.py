@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from gpurig.connect.engineinfo import ContainerInfo
 from gpurig.connect.target import SSHTarget
 from gpurig.deploy.access import lines, ssh_config_block
@@ -37,3 +39,19 @@ def test_no_config_block_from_values_that_would_be_ssh_config_syntax():
     assert ssh_config_block("x", "gpu1\n    ProxyCommand sh -c evil", 2222, "gpurig") == []
     assert ssh_config_block("x", "gpu1", 2222, "gpurig foo") == []
     assert ssh_config_block("a b/c", "gpu1", 2222, "gpurig")[0] == "Host a-b-c"
+
+
+def jupyter(bind: str = "127.0.0.1") -> ContainerInfo:
+    return ContainerInfo("j" * 64, "gpurig-jupyter", "img", "sha256:x", "running", "healthy", 0, None, {},
+                         ((bind, 8888, 8888, "tcp"),), None, "runc")
+
+
+def test_the_jupyter_tunnel_logs_in_as_gpurig_does_with_the_inventorys_key_port_and_user():
+    """Seen: the `ssh -L` line left out ansible_ssh_private_key_file, so it asked for a password or was refused."""
+    target = SSHTarget("a100-01", "gpu1.example.com", 2200, "ops", ("/home/me/keys/gpu fleet.pem",))
+    tunnel = lines(None, Conn(target), None, jupyter(), "gpurig")[0]
+    assert tunnel == ("Jupyter (bound to the host's loopback): first  "
+                      "ssh -N -L 8888:127.0.0.1:8888 -i '/home/me/keys/gpu fleet.pem' -p 2200 ops@gpu1.example.com")
+    assert shlex.split(tunnel.split("first  ", 1)[1])[4:6] == ["-i", "/home/me/keys/gpu fleet.pem"]
+    bare = lines(None, Conn(HOST), None, jupyter(), "gpurig")[0]
+    assert bare.endswith("ssh -N -L 8888:127.0.0.1:8888 admin@gpu1.example.com")

@@ -72,17 +72,49 @@ def test_help_names_the_options_and_record_ids():
         assert word in proc.stdout
 
 
-@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="this machine has an NVIDIA driver")
+def pci_bus(bus: Path, *devices: tuple[str, str]) -> Path:
+    """A replayed /sys/bus/pci/devices at ``bus``: one folder per (vendor, class), as sysfs writes them."""
+    bus.mkdir()
+    for i, (vendor, klass) in enumerate(devices):
+        dev = bus / f"0000:{i:02x}:00.0"
+        dev.mkdir()
+        (dev / "vendor").write_text(vendor + "\n")
+        (dev / "class").write_text(klass + "\n")
+    return bus
+
+
+def nvidia_on_this_pci_bus() -> bool:
+    devices = Path("/sys/bus/pci/devices")
+    return any((d / "vendor").read_text().strip() == "0x10de" for d in devices.iterdir()) if devices.is_dir() else False
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists() or nvidia_on_this_pci_bus(),
+                    reason="this machine has an NVIDIA GPU or driver")
 def test_cpu_only_host_gets_a_verdict_for_real():
-    """This machine has no driver and no nvidia-smi (nvidia-ml-py is installed but finds no libnvidia-ml)."""
+    """This machine has no GPU, no driver and no nvidia-smi (nvidia-ml-py is installed but finds no libnvidia-ml).
+
+    Seen: the fix said to install a driver with provision, whose driver step skips a host without a GPU.
+    """
     recs = records("--expect-gpus", "8", "--expect-model", "H100")
     assert [r["id"] for r in recs] == ["host.driver", "host.gpu_count", "host.gpu_model", "host.xid"]
     driver = recs[0]
-    assert driver["status"] == "fail" and driver["detail"].startswith("no NVIDIA driver loaded")
-    assert "modprobe nvidia" in driver["fix"] and "invoke provision" in driver["fix"]
+    assert driver["status"] == "fail" and driver["detail"].startswith("no NVIDIA GPU on this host: none on its PCI bus")
+    assert "provision skips the driver on a host without an NVIDIA GPU" in driver["fix"]
+    assert "gpurig_driver.install" not in driver["fix"]
     for r in recs[1:]:
         assert r["status"] == "skip" and r["detail"] == "skipped: driver not loaded"
     assert by_id(recs)["host.gpu_count"]["expected"] == 8
+
+
+def test_a_gpu_without_its_driver_is_told_to_install_one_and_no_gpu_is_not(tmp_path):
+    bus = pci_bus(tmp_path / "gpu", ("0x8086", "0x060000"), ("0x10de", "0x030200"), ("0x10de", "0x068000"))  # a GPU, an NVSwitch
+    [driver] = [r for r in records("--smi-xml", FIX / "nvidia-smi-no-driver.txt", "--proc-version", tmp_path / "absent",
+                                   "--pci-devices", bus) if r["id"] == "host.driver"]
+    assert driver["detail"].startswith("no NVIDIA driver loaded") and "gpurig_driver.install: true" in driver["fix"]
+    switch_only = pci_bus(tmp_path / "switch", ("0x10de", "0x068000"))  # a bridge, not a GPU: provision skips its driver
+    [driver] = [r for r in records("--smi-xml", FIX / "nvidia-smi-no-driver.txt", "--proc-version", tmp_path / "absent",
+                                   "--pci-devices", switch_only) if r["id"] == "host.driver"]
+    assert driver["detail"].startswith("no NVIDIA GPU on this host") and "provision skips the driver" in driver["fix"]
 
 
 def test_host_with_nvidia_smi_but_no_driver_loaded(tmp_path):
