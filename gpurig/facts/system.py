@@ -17,10 +17,13 @@ from gpurig.facts.probes import Probe, Section
 
 # Packages whose dpkg state steps read; 'nvidia-driver-[0-9]*' catches Ubuntu's per-branch names.
 PACKAGES = ("docker.io", "docker-ce", "nvidia-container-toolkit", "nvidia-driver", "nvidia-driver-[0-9]*",
-            "cuda-drivers", "nvidia-persistenced")
+            "cuda-drivers", "nvidia-persistenced", "unattended-upgrades", "nvidia-fabricmanager", "nvidia-fabricmanager-[0-9]*",
+            # the driver's user-space and kernel packages, which a hold must cover (an upgrade of any one breaks NVML)
+            "libnvidia-compute-[0-9]*", "nvidia-utils-[0-9]*", "nvidia-kernel-*", "nvidia-dkms-[0-9]*", "libcuda1",
+            "nvidia-driver-libs", "libnvidia-ml1", "cuda-drivers-[0-9]*")
 # Packages whose apt candidate steps compare before installing (Ubuntu's branches listed from the cache).
 POLICY_PACKAGES = ("nvidia-driver", "cuda-drivers", "docker.io", "docker-ce", "nvidia-container-toolkit")
-SERVICES = ("docker", "nvidia-persistenced")
+SERVICES = ("docker", "nvidia-persistenced", "nvidia-fabricmanager")
 REPOSITORIES = {
     "nvidia-container-toolkit": "nvidia.github.io/libnvidia-container",
     "docker": "download.docker.com/linux",

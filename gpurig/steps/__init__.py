@@ -15,6 +15,7 @@ from gpurig.steps.converge import converge, converge_rebooting
 from gpurig.steps.daemon import DaemonStep
 from gpurig.steps.docker import DockerStep
 from gpurig.steps.driver import DriverStep
+from gpurig.steps.gpuhost import DriverHoldStep, FabricManagerStep, GpuDevicesStep, MigStep
 from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
 from gpurig.steps.plan import Change, Plan, Step, StepResult
 from gpurig.steps.reboot import RebootStep
@@ -22,10 +23,12 @@ from gpurig.steps.toolkit import ToolkitStep
 
 STEPS: dict[str, type[Step]] = {
     s.name: s
-    for s in (GpusStep, NouveauStep, DriverStep, DockerStep, ToolkitStep, DaemonStep, PersistenceStep, RebootStep)
+    for s in (GpusStep, NouveauStep, DriverStep, DockerStep, ToolkitStep, DaemonStep, GpuDevicesStep, DriverHoldStep, FabricManagerStep,
+              MigStep, PersistenceStep, RebootStep)
 }
 
 __all__ = [
-    "STEPS", "Call", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
+    "STEPS", "Call", "Change", "DaemonStep", "DockerStep", "DriverHoldStep", "DriverStep", "FabricManagerStep", "GpuDevicesStep",
+    "GpusStep", "MigStep", "NouveauStep",
     "PersistenceStep", "Plan", "RebootStep", "Shell", "Step", "StepResult", "ToolkitStep", "Upload", "converge", "converge_rebooting",
 ]
