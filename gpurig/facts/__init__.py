@@ -20,6 +20,7 @@ from typing import Any
 from gpurig.connect.connection import Connection
 from gpurig.errors import HostError, last_line
 from gpurig.facts import parsers as hw
+from gpurig.facts.gpuhost import GPUHOST_PROBES, GpuHostFacts, gpuhost_facts
 from gpurig.facts.parsers import (  # the parsers and their data classes are this package's API
     DaemonConfig,
     Disk,
@@ -44,7 +45,6 @@ from gpurig.facts.parsers import (  # the parsers and their data classes are thi
     parse_uname,
     with_daemon_config,
 )
-from gpurig.facts.gpuhost import GPUHOST_PROBES, GpuHostFacts, gpuhost_facts
 from gpurig.facts.probes import ABSENT, MARK, RC_MARK, Probe, Section, facts_script, read, split_sections
 from gpurig.facts.system import SYSTEM_PROBES, SystemFacts, system_facts
 from gpurig.strict.validate import excerpt, strip_userinfo

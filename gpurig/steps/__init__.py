@@ -15,10 +15,10 @@ from gpurig.steps.converge import converge, converge_rebooting
 from gpurig.steps.daemon import DaemonStep
 from gpurig.steps.docker import DockerStep
 from gpurig.steps.driver import DriverStep
-from gpurig.steps.gpuhost import DriverHoldStep, FabricManagerStep, GpuDevicesStep, MigStep
 from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
 from gpurig.steps.plan import Change, Plan, Step, StepResult
 from gpurig.steps.reboot import RebootStep
+from gpurig.steps.safeguards import DriverHoldStep, FabricManagerStep, GpuDevicesStep, MigStep
 from gpurig.steps.toolkit import ToolkitStep
 
 STEPS: dict[str, type[Step]] = {

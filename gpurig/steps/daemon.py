@@ -153,18 +153,9 @@ class DaemonStep(Step):
         if not wanted.daemon:
             return Plan.skip("gpurig_daemon is not set for this host")
         found = facts.daemon_json
-        if found.state == "invalid":
-            return Plan.fail(
-                f"{DAEMON_JSON} is not valid JSON: {found.problem}; gpurig never overwrites a file it cannot parse",
-                "correct it (or move it away) by hand and run again",
-            )
-        if found.state == "unreadable":
-            return Plan.fail(
-                f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem})",
-                f"chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password",
-            )
-        if found.state not in ("present", "absent"):
-            return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem})", "run again")
+        failed = daemon_json_problem(facts)
+        if failed:
+            return failed
         current = found.content or {}
         merged = merge(current, wanted.daemon)
         keys = ", ".join(wanted.daemon)

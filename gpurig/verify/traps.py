@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gpurig.facts import Facts
 from gpurig.steps.apt import upstream
-from gpurig.steps.gpuhost import FABRIC_PACKAGE, driver_packages
+from gpurig.steps.safeguards import FABRIC_PACKAGE, driver_packages
 from gpurig.verify.records import Record
 
 

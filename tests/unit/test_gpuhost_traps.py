@@ -126,7 +126,8 @@ def test_verify_names_each_trap_with_its_fix():
     assert by_id["host.fabric_manager"].status == "fail" and by_id["host.fabric_manager"].fix == TRAPS["host.fabric_manager"].fix
     assert by_id["host.daemon_reload"].status == "pass"
     mismatch = {r.id: r for r in trap_records(facts_of("a100-driver-mismatch"))}
-    assert mismatch["host.driver_libraries"].status == "fail" and "550.90.07 is newer than the loaded kernel module 550.54.15" in mismatch["host.driver_libraries"].detail
+    libraries = mismatch["host.driver_libraries"]
+    assert libraries.status == "fail" and "550.90.07 is newer than the loaded kernel module 550.54.15" in libraries.detail
     assert mismatch["host.mig"].status == "fail"  # nvidia-smi refused: MIG not known is not a pass
 
 
