@@ -49,7 +49,7 @@ class Service:
 class SystemFacts:
     """What package manager, init system and identity files say about a host."""
 
-    installed: Mapping[str, str] = field(default_factory=dict)  # package -> version, fully installed ("ii") only
+    installed: Mapping[str, str] = field(default_factory=dict)  # package -> version, fully installed ("ii", held: "hi") only
     broken: tuple[str, ...] = ()  # packages dpkg left half-installed / half-configured
     candidates: Mapping[str, str | None] = field(default_factory=dict)  # package -> apt candidate (None: "(none)")
     services: Mapping[str, Service] = field(default_factory=dict)
@@ -75,7 +75,7 @@ def parse_packages(s: Section) -> tuple[dict[str, str], tuple[str, ...]]:
         if len(parts) != 3:
             continue  # "dpkg-query: no packages found matching X" (stderr folded in)
         name, status, version = parts[0], parts[1].strip(), parts[2].strip()
-        if status == "ii":
+        if status in ("ii", "hi"):  # "hi": installed and held (apt-mark hold), still installed
             installed[name] = version
         elif len(status) >= 2 and status[1] in "HUFWt" or status.endswith("R"):
             broken.append(name)

@@ -25,6 +25,7 @@ from gpurig.facts.gpuhost import (
     parse_upgrades,
 )
 from gpurig.facts.probes import Section
+from gpurig.facts.system import parse_packages
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
 from gpurig.steps import STEPS
@@ -63,6 +64,12 @@ def test_recorded_modes_and_mig_devices():
     assert len(modes) == 8 and modes[0].mig and modes[0].mig_pending and not modes[1].mig and modes[0].persistence is False
     assert [d.uuid for d in facts.gpuhost.mig_devices] == ["MIG-4f3c2a1b-7e6d-5c4b-9a8f-0e1d2c3b4a50", "MIG-9b8a7c6d-1e2f-4a3b-8c7d-6e5f4a3b2c10"]
     assert parse_mig_devices(Section(0, "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n  MIG 1g.5gb      Device  0: (UUID: MIG-a/1/0)\n"))[0].gpu == 0
+
+
+def test_a_held_package_is_still_installed():
+    """dpkg-query says 'hi ' for a package apt-mark held (found on the systemd hosts: the hold step's second run saw no driver)."""
+    installed, broken = parse_packages(Section(0, "libnvidia-compute-550-server\thi \t550.54.15-0ubuntu1\nnvidia-persistenced\tun \t"))
+    assert installed == {"libnvidia-compute-550-server": "550.54.15-0ubuntu1"} and broken == ()
 
 
 def test_unattended_upgrades_policy_from_apt_config_dump():
