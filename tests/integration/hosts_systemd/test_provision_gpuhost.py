@@ -1,29 +1,30 @@
-"""The GPU-host traps applied for real on Debian 12 and 13 hosts that boot systemd: daemon.json's cgroupfs and the apt hold.
+"""The GPU-host traps for real on Debian 12 and 13 hosts that boot systemd: the daemon-reload trap, cgroupfs, the apt hold.
 
 These hosts have no GPU, so the facts are told there is one the way the other
 provision tests do: a recorded A100 `lspci` line and an `nvidia-smi` that
 prints the query rows of a real A100 on driver 550.54.15 (the loaded
 driver the steps need). The driver's package is a stand-in .deb built here
 with dpkg-deb (NVIDIA's cannot be downloaded); dpkg, apt-mark, apt-config,
-systemd and dockerd are the hosts' own. Docker is set to the systemd cgroup
-driver by hand and stopped, as on a host that followed a Kubernetes guide;
-with no nvidia-ctk installed, the gpu-devices step must move it to cgroupfs.
+systemd, dockerd and runc are the hosts' own. Docker is set to the systemd
+cgroup driver by hand, as on a host that followed a Kubernetes guide.
 
-Why the daemon-reload trap itself is not reproduced here: it needs runc's
-systemd cgroup driver to hand a container's device rules to systemd, which a
-daemon-reload then re-applies from /dev/char names; inside these test hosts
-systemd runs in a container on this machine's cgroup v1 hierarchy, where the
-device rules of a nested container are the outer Docker's, and a stand-in
-/dev/nvidia0 (mknod 195:0 with no driver behind it) answers ENXIO whether or
-not the cgroup allows it, so a reachable node and a lost one cannot be told
-apart. The trap is covered by the facts (the links and the cgroup driver)
-and the plans from recorded GPU hosts (tests/operations/gpu-devices).
+The daemon-reload trap is reproduced with a stand-in device node: `mknod
+/dev/nvidia0 c 195 0` with no driver behind it. Opening it in a container
+that was given it answers "No such device or address" (ENXIO) while the
+container's device cgroup allows it, and "Operation not permitted" (EPERM)
+once the cgroup denies it, so the two cases can be told apart without a GPU.
+What cannot be reproduced here is NVIDIA's own fix, nvidia-ctk making the
+links from the driver's device list: the links are made by hand with `ln`,
+as `nvidia-ctk system create-dev-char-symlinks` makes them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,8 +69,8 @@ def test_cgroupfs_and_the_driver_hold_are_applied_then_all_ok(systemd_hosts, pro
     assert docker.returncode == 0, docker.stdout + docker.stderr
     host.write("/usr/local/bin/lspci", f"#!/bin/sh\necho '{A100_LSPCI}'\n", mode="0755")
     host.write("/usr/local/bin/nvidia-smi", NVIDIA_SMI, mode="0755")
-    host.docker("cp", stand_in_driver_package(tmp_path), f"{host.cid}:/tmp/driver.deb")
-    host.sh("dpkg -i /tmp/driver.deb && rm /tmp/driver.deb")
+    host.docker("cp", stand_in_driver_package(tmp_path), f"{host.cid}:/var/tmp/driver.deb")  # /tmp is a tmpfs on Debian 13
+    host.sh("dpkg -i /var/tmp/driver.deb && rm /var/tmp/driver.deb")
     host.write("/etc/docker/daemon.json", '{\n  "log-driver": "local",\n  "exec-opts": ["native.cgroupdriver=systemd"]\n}\n', mode="0644")
     host.sh("systemctl stop docker.socket docker")
 
@@ -95,3 +96,52 @@ def test_cgroupfs_and_the_driver_hold_are_applied_then_all_ok(systemd_hosts, pro
     assert again == {"gpu-devices": ("ok", "Docker uses the cgroupfs cgroup driver: systemctl daemon-reload leaves running containers "
                                             "their GPUs"),
                      "driver-hold": ("ok", "libnvidia-compute-550-server held and blacklisted for unattended-upgrades")}
+
+
+MINI_IMAGE = ("rm -rf /var/tmp/mini && mkdir -p /var/tmp/mini/bin /var/tmp/mini/lib64 /var/tmp/mini/lib/x86_64-linux-gnu && "
+              "cp /bin/dash /var/tmp/mini/bin/sh && cp /lib/x86_64-linux-gnu/libc.so.6 /var/tmp/mini/lib/x86_64-linux-gnu/ && "
+              "cp /lib64/ld-linux-x86-64.so.2 /var/tmp/mini/lib64/ && tar -C /var/tmp/mini -c . | docker import - gpurig-mini && "
+              "rm -rf /var/tmp/mini")  # the host's own dash as an image: the inner Docker has no registry to pull from
+
+
+def test_daemon_reload_takes_the_gpu_from_a_container_until_gpu_devices_moves_docker_to_cgroupfs(systemd_hosts, provision_cli, tmp_path):
+    host = systemd_hosts.make("debian12")
+    inventory = inventory_for(tmp_path / "inventory" / "hosts.yaml", host)
+    docker = provision_cli(inventory, "--only", "docker")
+    assert docker.returncode == 0, docker.stdout + docker.stderr
+    host.write("/usr/local/bin/lspci", f"#!/bin/sh\necho '{A100_LSPCI}'\n", mode="0755")
+    host.write("/usr/local/bin/nvidia-smi", NVIDIA_SMI, mode="0755")
+    host.write("/etc/docker/daemon.json", '{"exec-opts": ["native.cgroupdriver=systemd"]}\n', mode="0644")
+    host.sh("systemctl restart docker && mknod -m 0666 /dev/nvidia0 c 195 0 && " + MINI_IMAGE)
+    assert host.sh("docker info --format '{{.CgroupDriver}}'").stdout.strip() == "systemd"
+
+    def open_error(container: str) -> str:
+        host.sh(f"docker run -d -i --name {container} --device /dev/nvidia0 gpurig-mini /bin/sh")
+        before = host.sh(f"docker exec {container} /bin/sh -c 'exec 3</dev/nvidia0'", check=False).stderr
+        host.sh("systemctl daemon-reload")
+        after = host.sh(f"docker exec {container} /bin/sh -c 'exec 3</dev/nvidia0'", check=False).stderr
+        assert "No such device or address" in before, before  # allowed by the cgroup; no driver behind the stand-in
+        return after
+
+    assert "Operation not permitted" in open_error("trapped")  # the trap: the device rule is gone after daemon-reload
+    # gpurig's facts see it: a node, no /dev/char link to it, Docker set to systemd
+    facts = subprocess.run([sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts", "--inventory",
+                            str(inventory), "--json", "facts.json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert facts.returncode == 0, facts.stdout + facts.stderr
+    data = json.loads((tmp_path / "facts.json").read_text())["hosts"][0]["data"]
+    assert data["gpuhost"]["dev_char"] == {"nodes": ["/dev/nvidia0"], "links": [], "rules": []}
+    assert data["daemon_json"]["content"]["exec-opts"] == ["native.cgroupdriver=systemd"]  # the login user is not in the docker group
+
+    host.sh("mkdir -p /dev/char && ln -s ../nvidia0 /dev/char/195:0")  # the link nvidia-ctk makes
+    assert "No such device or address" in open_error("linked")  # with it, systemd keeps the rule
+    host.sh("rm /dev/char/195:0")
+
+    first = provision_cli(inventory, "--only", "gpu-devices", "--json", "first.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert steps_of(tmp_path / "first.json")["gpu-devices"][0] == "changed"
+    assert host.sh("docker info --format '{{.CgroupDriver}}'").stdout.strip() == "cgroupfs"  # restarted on the merged file
+    host.sh("docker rm -f trapped linked")
+    assert "No such device or address" in open_error("after")  # cgroupfs: daemon-reload no longer touches the device rules
+    second = provision_cli(inventory, "--only", "gpu-devices", "--json", "second.json")
+    assert second.returncode == 0 and steps_of(tmp_path / "second.json")["gpu-devices"][0] == "ok"
