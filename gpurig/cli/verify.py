@@ -61,7 +61,7 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
 
     def work(conn: Connection) -> Outcome:
         gpus = expect[conn.name]
-        return verdict_outcome(verify_host(conn, plan, gpus.count, gpus.model))
+        return verdict_outcome(verify_host(conn, plan, gpus.count, gpus.model, gpus.mig))
 
     def annotate(report: FleetReport) -> dict:
         return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}

@@ -28,7 +28,7 @@ from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy import access
 from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
-from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_ports, check_runtime
+from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_mig, check_ports, check_runtime
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import gather_complete as gather
 from gpurig.status import Status
@@ -178,6 +178,8 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
             refusals.append(Refusal(t.spec.name, f"cpus: {t.spec.cpus:g} but the host has {info.cpus}", f"set cpus to at most {info.cpus}"))
     for p in planned:
         refusals += check_driver(p, facts, job.matrix_cudas)
+        if p.wants_gpus and p.name in devices:
+            refusals += check_mig(p.name, devices[p.name], facts)  # GPU ids mean what the user meant, not a MIG-mode GPU
     refusals += check_runtime(planned, info)
     refusals += check_ports(planned, state.listening, ours)
     to_move = [p for p in planned if p.image is not None and engine.image(p.image.id) is None]

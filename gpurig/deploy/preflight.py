@@ -141,3 +141,30 @@ def parse_listening(proc_net_tcp: str) -> set[tuple[str, int]]:
             continue
         found.add((addr, port))
     return found
+
+
+def check_mig(name: str, devices: tuple[str, ...] | None, facts: Facts) -> list[Refusal]:
+    """GPU indexes or UUIDs (asked for, or a count resolved to them) of GPUs whose MIG mode is on.
+
+    On such a GPU CUDA runs only in its MIG devices: a container given the
+    GPU by index or UUID gets no usable whole GPU, and its device 0 is not
+    the GPU the user meant. ``devices`` as deploy assigned them: None is every
+    GPU (the toolkit then hands over the MIG devices too, which is what
+    ``gpus: all`` asks for), () none.
+    """
+    on = set(facts.gpuhost.mig_on())
+    if not devices or not on:
+        return []
+    by_uuid = {g.uuid.lower(): g.index for g in facts.gpus}
+    hit = sorted({i for d in devices if (i := by_uuid.get(d.lower()) if d.startswith("GPU-") else int(d) if d.isdigit() else None) in on})
+    if not hit:
+        return []
+    slices = [d for d in facts.gpuhost.mig_devices if d.gpu in hit]
+    named = ", ".join(f"{d.uuid} ({d.profile} on GPU {d.gpu})" for d in slices) or "none made yet (nvidia-smi mig -cgi)"
+    whole = sorted(g.index for g in facts.gpuhost.gpu_modes or () if g.index not in on)
+    other = f"ask for GPUs without MIG ({', '.join(map(str, whole))}), " if whole else ""
+    gpus = ", ".join(map(str, hit))
+    return [Refusal(name, f"GPU {gpus} has MIG mode on: CUDA there runs only in its MIG devices, so a container given GPU {gpus} "
+                          f"gets no whole GPU (its MIG devices: {named})",
+                    f"{other}turn MIG off (gpurig_gpus.mig: false, then gpurig provision and a GPU reset), or run it on MIG "
+                    f"devices by UUID (docker run --gpus device=MIG-...; gpurig_containers cannot name MIG devices yet)")]

@@ -20,6 +20,7 @@ from typing import Any
 from gpurig.connect.connection import Connection
 from gpurig.errors import HostError, last_line
 from gpurig.facts import parsers as hw
+from gpurig.facts.gpuhost import GPUHOST_PROBES, GpuHostFacts, gpuhost_facts
 from gpurig.facts.parsers import (  # the parsers and their data classes are this package's API
     DaemonConfig,
     Disk,
@@ -72,6 +73,7 @@ class Facts:
     toolkit_version: str | None
     cgroup_version: int | None
     system: SystemFacts = field(default_factory=SystemFacts)  # packages, apt candidates, services, identity
+    gpuhost: GpuHostFacts = field(default_factory=GpuHostFacts)  # the traps of a working GPU host (gpurig/facts/gpuhost.py)
     missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
 
     @property
@@ -80,6 +82,20 @@ class Facts:
         if not self.missing:
             return ""
         return f"facts incomplete: no output for {', '.join(self.missing)} (the host stopped answering mid-probe?)"
+
+    @property
+    def cgroup_driver(self) -> str | None:
+        """Docker's cgroup driver: the running engine's, else what it will use when it starts; None without Docker."""
+        if not self.docker.installed:
+            return None
+        if self.docker.cgroup_driver:
+            return self.docker.cgroup_driver
+        for opt in (self.daemon_json.content or {}).get("exec-opts") or ():
+            if isinstance(opt, str) and opt.replace(" ", "").startswith("native.cgroupdriver="):
+                return opt.split("=", 1)[1].strip()
+        if self.cgroup_version is None:
+            return None
+        return "systemd" if self.cgroup_version == 2 and self.system.systemd else "cgroupfs"  # dockerd's defaults since 20.10
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -103,7 +119,7 @@ def _without_userinfo(value: Any) -> Any:
 PROBES: tuple[Probe, ...] = (
     hw.OS_RELEASE, hw.UNAME, hw.NPROC, hw.MEMINFO, hw.DF, hw.LSPCI, hw.PCI_SYSFS, hw.NVIDIA_VERSION, hw.NVIDIA_SMI,
     hw.MODULES, hw.SECURE_BOOT, hw.DOCKER_INFO, hw.DAEMON_JSON, hw.NVIDIA_CTK, hw.CGROUP,
-    *SYSTEM_PROBES,
+    *SYSTEM_PROBES, *GPUHOST_PROBES,
 )
 FACTS_SCRIPT = facts_script(PROBES)
 
@@ -137,6 +153,7 @@ def parse_facts(output: str) -> Facts:
         toolkit_version=v["nvidia_ctk"],
         cgroup_version=v["cgroup"],
         system=system_facts(v),
+        gpuhost=gpuhost_facts(v),
         missing=tuple(probe.name for probe in PROBES if probe.name not in sections),
     )
 
@@ -174,6 +191,7 @@ __all__ = [
     "DockerInfo",
     "FACTS_SCRIPT",
     "Facts",
+    "GpuHostFacts",
     "Gpu",
     "MARK",
     "OsInfo",

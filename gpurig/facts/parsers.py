@@ -62,6 +62,7 @@ class DockerInfo:
     default_runtime: str | None
     problem: str | None  # why the daemon could not be asked, when it could not
     denied: bool = False  # the socket refused the login user (not in the docker group): not a stopped daemon
+    cgroup_driver: str | None = None  # systemd | cgroupfs, as the running daemon reports it
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,7 @@ def parse_docker(info: Section) -> DockerInfo:
         default_runtime=(data.get("DefaultRuntime") or None) if installed else None,
         problem=problem,
         denied=bool(problem) and permission_denied(problem or ""),
+        cgroup_driver=(data.get("CgroupDriver") or None) if server else None,
     )
 
 

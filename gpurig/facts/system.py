@@ -17,10 +17,13 @@ from gpurig.facts.probes import Probe, Section
 
 # Packages whose dpkg state steps read; 'nvidia-driver-[0-9]*' catches Ubuntu's per-branch names.
 PACKAGES = ("docker.io", "docker-ce", "nvidia-container-toolkit", "nvidia-driver", "nvidia-driver-[0-9]*",
-            "cuda-drivers", "nvidia-persistenced")
+            "cuda-drivers", "nvidia-persistenced", "unattended-upgrades", "nvidia-fabricmanager", "nvidia-fabricmanager-[0-9]*",
+            # the driver's user-space and kernel packages, which a hold must cover (an upgrade of any one breaks NVML)
+            "libnvidia-compute-[0-9]*", "nvidia-utils-[0-9]*", "nvidia-kernel-*", "nvidia-dkms-[0-9]*", "libcuda1",
+            "nvidia-driver-libs", "libnvidia-ml1", "cuda-drivers-[0-9]*")
 # Packages whose apt candidate steps compare before installing (Ubuntu's branches listed from the cache).
 POLICY_PACKAGES = ("nvidia-driver", "cuda-drivers", "docker.io", "docker-ce", "nvidia-container-toolkit")
-SERVICES = ("docker", "nvidia-persistenced")
+SERVICES = ("docker", "nvidia-persistenced", "nvidia-fabricmanager")
 REPOSITORIES = {
     "nvidia-container-toolkit": "nvidia.github.io/libnvidia-container",
     "docker": "download.docker.com/linux",
@@ -46,7 +49,7 @@ class Service:
 class SystemFacts:
     """What package manager, init system and identity files say about a host."""
 
-    installed: Mapping[str, str] = field(default_factory=dict)  # package -> version, fully installed ("ii") only
+    installed: Mapping[str, str] = field(default_factory=dict)  # package -> version, fully installed ("ii", held: "hi") only
     broken: tuple[str, ...] = ()  # packages dpkg left half-installed / half-configured
     candidates: Mapping[str, str | None] = field(default_factory=dict)  # package -> apt candidate (None: "(none)")
     services: Mapping[str, Service] = field(default_factory=dict)
@@ -73,7 +76,7 @@ def parse_packages(s: Section) -> tuple[dict[str, str], tuple[str, ...]]:
         if len(parts) != 3:
             continue  # "dpkg-query: no packages found matching X" (stderr folded in)
         name, status, version = parts[0], parts[1].strip(), parts[2].strip()
-        if status == "ii":
+        if status in ("ii", "hi"):  # "hi": installed and held (apt-mark hold), still installed
             installed[name] = version
         elif len(status) >= 2 and status[1] in "HUFWt" or status.endswith("R"):
             broken.append(name)

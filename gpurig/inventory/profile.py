@@ -38,6 +38,7 @@ class GpuExpectation:
 
     count: int | None = None
     model: str | None = None
+    mig: bool | None = None  # MIG mode wanted on every GPU; None: leave it as it is
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class DriverSettings:
     install: bool = False
     branch: str | None = None  # e.g. "550"; None: the newest the source offers
     source: str = "distro"
+    auto_upgrade: bool = False  # true: the driver is left to apt and unattended-upgrades (no hold)
 
 
 @dataclass(frozen=True)
@@ -135,17 +137,19 @@ def _gpus(r: _Reader, vars: Mapping[str, Any]) -> GpuExpectation:
     count = r.count("gpurig_gpu_count", vars["gpurig_gpu_count"]) if "gpurig_gpu_count" in vars else None
     model = r.text("gpurig_gpu_model", vars["gpurig_gpu_model"], None, "NVIDIA H100 80GB HBM3") if "gpurig_gpu_model" in vars else None
     if "gpurig_gpus" in vars:
-        m = r.mapping("gpurig_gpus", vars["gpurig_gpus"], ("count", "model"))
+        m = r.mapping("gpurig_gpus", vars["gpurig_gpus"], ("count", "model", "mig"))
         for key, flat, mine in (("count", "gpurig_gpu_count", count), ("model", "gpurig_gpu_model", model)):
             if key in m and mine is not None:
                 raise r.fail(f"gpurig_gpus.{key}", f"and {flat} are both set", f"keep one of gpurig_gpus.{key} and {flat}")
         count = r.count("gpurig_gpus.count", m["count"]) if "count" in m else count
         model = r.text("gpurig_gpus.model", m["model"], None, "NVIDIA H100 80GB HBM3") if "model" in m else model
+        mig = r.boolean("gpurig_gpus.mig", m["mig"]) if "mig" in m else None
+        return GpuExpectation(count, model, mig)
     return GpuExpectation(count, model)
 
 
 def _driver(r: _Reader, value: Any) -> DriverSettings:
-    m = r.mapping("gpurig_driver", value, ("install", "branch", "source"))
+    m = r.mapping("gpurig_driver", value, ("install", "branch", "source", "auto_upgrade"))
     branch = m.get("branch")
     if branch is not None:
         branch = str(r.count("gpurig_driver.branch", branch)) if isinstance(branch, int) else r.text("gpurig_driver.branch", branch, _BRANCH, "550")
@@ -153,6 +157,7 @@ def _driver(r: _Reader, value: Any) -> DriverSettings:
         install=r.boolean("gpurig_driver.install", m["install"]) if "install" in m else False,
         branch=branch,
         source=r.choice("gpurig_driver.source", m["source"], DRIVER_SOURCES) if "source" in m else "distro",
+        auto_upgrade=r.boolean("gpurig_driver.auto_upgrade", m["auto_upgrade"]) if "auto_upgrade" in m else False,
     )
 
 

@@ -19,14 +19,17 @@ from gpurig.steps.gpus import GpusStep, NouveauStep, PersistenceStep
 from gpurig.steps.plan import Change, Plan, Step, StepResult
 from gpurig.steps.python3 import Python3Step
 from gpurig.steps.reboot import RebootStep
+from gpurig.steps.safeguards import DriverHoldStep, FabricManagerStep, GpuDevicesStep, MigStep
 from gpurig.steps.toolkit import ToolkitStep
 
 STEPS: dict[str, type[Step]] = {
     s.name: s
-    for s in (GpusStep, NouveauStep, DriverStep, DockerStep, ToolkitStep, DaemonStep, PersistenceStep, Python3Step, RebootStep)
+    for s in (GpusStep, NouveauStep, DriverStep, DockerStep, ToolkitStep, DaemonStep, GpuDevicesStep, DriverHoldStep, FabricManagerStep,
+              MigStep, PersistenceStep, Python3Step, RebootStep)
 }
 
 __all__ = [
-    "STEPS", "Call", "Change", "DaemonStep", "DockerStep", "DriverStep", "GpusStep", "NouveauStep",
-    "PersistenceStep", "Plan", "Python3Step", "RebootStep", "Shell", "Step", "StepResult", "ToolkitStep", "Upload", "converge", "converge_rebooting",
+    "STEPS", "Call", "Change", "DaemonStep", "DockerStep", "DriverHoldStep", "DriverStep", "FabricManagerStep", "GpuDevicesStep",
+    "GpusStep", "MigStep", "NouveauStep", "PersistenceStep", "Plan", "Python3Step", "RebootStep", "Shell", "Step", "StepResult",
+    "ToolkitStep", "Upload", "converge", "converge_rebooting",
 ]

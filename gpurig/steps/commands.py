@@ -149,6 +149,9 @@ def _upload(conn: Connection, upload: Upload, timeout: float | None) -> None:
     # A fresh 0700 folder of the login user's (mktemp -d), never one found there: in a shared /tmp another
     # user could have made it first and swap the file before root installs it.
     staging = conn.run("mktemp -d -t gpurig-upload.XXXXXXXX").stdout.strip()
+    if not staging.startswith("/"):  # else the file would be staged as /NAME, at the root
+        raise HostError(f"mktemp -d printed no folder to stage {upload.remote} in (it printed {staging[:60]!r})",
+                        "check the host's /tmp (full? read-only?) and its login session, then run again")
     staged = f"{staging}/{upload.remote.rsplit('/', 1)[-1]}"
     try:
         if upload.local is not None:

@@ -171,18 +171,9 @@ class DaemonStep(Step):
         if not wanted.daemon:
             return Plan.skip("gpurig_daemon is not set for this host")
         found = facts.daemon_json
-        if found.state == "invalid":
-            return Plan.fail(
-                f"{DAEMON_JSON} is not valid JSON: {found.problem}; gpurig never overwrites a file it cannot parse",
-                "correct it (or move it away) by hand and run again",
-            )
-        if found.state == "unreadable":
-            return Plan.fail(
-                f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem})",
-                f"chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password",
-            )
-        if found.state not in ("present", "absent"):
-            return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem})", "run again")
+        failed = daemon_json_problem(facts)
+        if failed:
+            return failed
         current = found.content or {}
         merged = merge(current, wanted.daemon)
         keys = ", ".join(wanted.daemon)
@@ -223,3 +214,31 @@ class DaemonStep(Step):
 
 def _listed(verb: str, keys: list[str]) -> str:
     return f"{verb} {', '.join(keys)}" if keys else ""
+
+
+def daemon_json_problem(facts: Facts) -> Plan | None:
+    """The failed plan of a step that must merge into a daemon.json it cannot read or parse; None when it can."""
+    found = facts.daemon_json
+    if found.state == "invalid":
+        return Plan.fail(f"{DAEMON_JSON} is not valid JSON: {found.problem}; gpurig never overwrites a file it cannot parse",
+                         "correct it (or move it away) by hand and run again")
+    if found.state == "unreadable":
+        return Plan.fail(f"{DAEMON_JSON} cannot be read by the login user, nor through passwordless sudo ({found.problem})",
+                         f"chmod 0644 {DAEMON_JSON}, or allow the login user sudo without a password")
+    if found.state not in ("present", "absent"):
+        return Plan.fail(f"{DAEMON_JSON}: the facts do not say what it holds ({found.problem})", "run again")
+    return None
+
+
+def daemon_json_changes(facts: Facts, content: str, summary: str, fix: str) -> list[Change]:
+    """Write ``content`` as daemon.json (checked by dockerd --validate where the engine has it), then restart a running Docker."""
+    found, docker = facts.daemon_json, facts.docker
+    version = engine_version(facts) if docker.installed else None
+    check = VALIDATE if version and version >= (VALIDATE_SINCE, 0) else ""
+    old = None if found.state == "absent" else found.text
+    changes = [Change(summary, (Upload(DAEMON_JSON, content=content, check=check),), unified_diff(DAEMON_JSON, old, content), fix=fix)]
+    if docker.running or (docker.installed and docker.denied):
+        changes.append(Change("restart Docker so that it loads the new daemon.json (running containers stop unless live-restore is on; "
+                              "the old file is put back if Docker does not come back)",
+                              (Shell(restart_command(found.state == "present", not docker.running)),), fix=fix))
+    return changes

@@ -22,11 +22,13 @@ from gpurig.connect.engine import EngineError, open_engine
 from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, has_nvidia_runtime
 from gpurig.connect.launcher import embedded
 from gpurig.errors import GpurigError, last_line
+from gpurig.facts import gather_complete
 from gpurig.facts.parsers import parse_nvidia_version
 from gpurig.facts.probes import Section
 from gpurig.skeleton import shipped_text
 from gpurig.strict.validate import whole_number
 from gpurig.verify.records import HostVerdict, Record, unchecked
+from gpurig.verify.traps import trap_records
 
 HOST_PROBE = "checks/verify_host.py"  # as shipped (gpurig.skeleton.shipped finds them in a wheel as in a checkout)
 TORCH_PROBE = "checks/verify_torch.py"
@@ -51,13 +53,14 @@ class VerifyPlan:
     container_timeout_s: float | None = None  # None: 120 s quick, 600 s full
     host_probe_error: str = ""  # why host_probe is None, where known
     torch_probe_error: str = ""
+    traps: bool = False  # also gather facts once for the GPU-host traps (gpurig.verify.traps)
 
     @classmethod
     def from_checks(cls, level: str = "quick", container: str | None = None, image: str | None = None) -> VerifyPlan:
         """The plan with the probes this gpurig ships; a probe it lacks or cannot read is None, with the reason kept."""
         host, host_error = read_probe(HOST_PROBE)
         torch, torch_error = read_probe(TORCH_PROBE)
-        return cls(level, container, image, host, torch, host_probe_error=host_error, torch_probe_error=torch_error)
+        return cls(level, container, image, host, torch, host_probe_error=host_error, torch_probe_error=torch_error, traps=True)
 
     @property
     def target(self) -> str:
@@ -78,7 +81,8 @@ def read_probe(path: str) -> tuple[str | None, str]:
         return None, err.problem
 
 
-def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None) -> HostVerdict:
+def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = None, expect_model: str | None = None,
+                expect_mig: bool | None = None) -> HostVerdict:
     """Every record for one host; a probe that cannot run is a record saying why, never an exception.
 
     Fails closed: a level that checked nothing (a probe missing, silent, or
@@ -87,6 +91,8 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     records = host_records(conn, plan, expect_gpus, expect_model)
+    if plan.traps and not any(r.id == "host.probe" for r in records):  # a host probe that could not run already failed the host
+        records += host_trap_records(conn, expect_mig)
     seconds["host"] = time.monotonic() - t0
     if plan.container or plan.image:
         t0 = time.monotonic()
@@ -101,6 +107,15 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
         records += toolkit + [uuid_record(host_uuids, container, assigned)] + container
     records += unchecked(records, plan.target)
     return HostVerdict(conn.name, tuple(records), plan.level, plan.target, {k: round(v, 3) for k, v in seconds.items()})
+
+
+def host_trap_records(conn: Connection, expect_mig: bool | None) -> list[Record]:
+    """The traps' records from one facts round trip; facts that did not all arrive are one ``fail`` saying so."""
+    try:
+        facts = gather_complete(conn)
+    except GpurigError as err:
+        return [Record("host", "host.traps", "fail", detail=f"the GPU-host traps could not be checked: {err.problem}", fix=err.fix)]
+    return trap_records(facts, expect_mig)
 
 
 def parse_document(result: Result, probe: str) -> list[Record] | None:

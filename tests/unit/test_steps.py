@@ -207,3 +207,13 @@ def test_a_host_lost_after_a_change_fails_the_next_step(conn, tmp_path, gathered
     results = converge(conn, [Touch("a", tmp_path / "a"), Touch("b", tmp_path / "b")], HostProfile("local"), gather=gather)
     assert [r.status for r in results] == ["changed", "failed"]
     assert "facts could not be gathered again after step a: local: connection lost" in results[1].reason
+
+
+def test_an_upload_whose_staging_folder_was_not_printed_is_refused_not_written_at_the_root():
+    """mktemp -d that exits 0 and prints nothing (seen once on a nested systemd host): the file must not go to /NAME."""
+    from fakes import ScriptedConnection
+
+    conn = ScriptedConnection("gpu-01", [(0, "", "")])
+    with pytest.raises(HostError) as caught:
+        run_change(conn, "write daemon.json", (Upload("/etc/docker/daemon.json", content="{}\n"),))
+    assert "mktemp -d printed no folder" in caught.value.problem and len(conn.lines) == 1

@@ -23,7 +23,7 @@ from .conftest import inventory_for
 pytestmark = pytest.mark.integration
 WANTED = {"default-shm-size": "1g", "log-driver": "local", "log-opts": {"max-file": "3"}}
 VARS = {"gpurig_daemon": WANTED, "gpurig_docker": {"users": ["gpurig"]}}
-GPU_STEPS = ("nouveau", "driver", "container-toolkit", "persistence")
+GPU_STEPS = ("nouveau", "driver", "container-toolkit", "gpu-devices", "driver-hold", "fabric-manager", "mig", "persistence")
 SNAPSHOT = ("dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' | sha256sum; "
             "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum")
 A100_LSPCI = "07:00.0 3D controller [0302]: NVIDIA Corporation GA100 [A100 SXM4 80GB] [10de:20b2] (rev a1)"

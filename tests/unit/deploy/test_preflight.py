@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
-from gpurig.deploy.preflight import Planned, check_disk, check_driver, check_ports, check_runtime, parse_listening
+from gpurig.deploy.preflight import Planned, check_disk, check_driver, check_mig, check_ports, check_runtime, parse_listening
 from gpurig.facts import parse_facts
 
 FACTS = Path(__file__).resolve().parents[2] / "fixtures" / "facts"
@@ -99,3 +99,15 @@ def test_not_enough_disk_for_the_layers_to_move():
 @pytest.mark.parametrize("text", ["", "garbage line\n", "   0: ZZ:0016 00000000:0000 0A\n", "   0: 0102:0016 00000000:0000 0A\n"])
 def test_unreadable_ss_lines_are_skipped(text):
     assert parse_listening(text) == set()
+
+
+def test_a_gpu_index_with_mig_on_is_refused_naming_its_mig_devices():
+    """Recorded A100 host: MIG on for GPU 0 (two 3g.40gb instances), off on 1-7."""
+    f = facts("a100-driver550-open-docker-stopped.txt")
+    [refusal] = check_mig("trainer", ("0",), f)
+    assert "GPU 0 has MIG mode on" in refusal.problem
+    assert "MIG-4f3c2a1b-7e6d-5c4b-9a8f-0e1d2c3b4a50 (3g.40gb on GPU 0)" in refusal.problem
+    assert refusal.fix.startswith("ask for GPUs without MIG (1, 2, 3, 4, 5, 6, 7)") and "gpurig_gpus.mig: false" in refusal.fix
+    assert check_mig("trainer", (f.gpus[0].uuid,), f)  # by UUID too
+    assert check_mig("trainer", ("1", "2"), f) == [] and check_mig("trainer", None, f) == []  # other GPUs, or gpus: all
+    assert check_mig("trainer", ("0",), facts("h100-driver535-docker-nvidia.txt")) == []  # MIG off there
