@@ -175,11 +175,14 @@ class Connection:
         return self._interrupted.is_set()
 
     def _interrupted_error(self, started: bool = True, still_running: int | None = None) -> CommandInterrupted:
-        """The error for a command stopped by ``interrupt``; ``still_running``: the process group left on the host, if any."""
+        """The error for a command stopped by ``interrupt``; ``still_running``: the process group left on the host, if any (0: unknown)."""
         if still_running is None:
             said = "interrupted; the command was stopped, with every process it started" if started else "interrupted before the command started"
             return CommandInterrupted(said,
                                       "run again: the work picks up where it stopped", host=self.name)
+        if not still_running:
+            return CommandInterrupted("interrupted as the command started; it may still be running on the host",
+                                      "look at the host's processes, and run again once it has ended", host=self.name)
         return CommandInterrupted(f"interrupted; the command may still be running on the host as process group {still_running}",
                                   f"see it with `pgrep -a -g {still_running}` on the host, and run again once it has ended", host=self.name)
 

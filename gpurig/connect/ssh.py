@@ -230,14 +230,14 @@ class SSHConnection(Connection):
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
 
     def _kill(self, transport: paramiko.Transport, pid: int | None, wait: float = 0.0) -> int | None:
-        """Stop a command's process group on the host (closing its channel does not); the group when it may still run.
+        """Stop a command's process group on the host (closing its channel does not); the group when it may still run (0: unknown).
 
         Without ``wait`` (a timeout) the script is started and left to finish
         on its own. With it (an interrupt) its answer is awaited that long:
         the group, when the script did not say it is gone.
         """
-        if pid is None:
-            return None
+        if pid is None:  # the command did not get to print it: nothing to stop it by
+            return 0 if wait else None
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             try:
