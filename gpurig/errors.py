@@ -8,6 +8,8 @@ fields all the way to a report, which shows them side by side.
 
 from __future__ import annotations
 
+import re
+
 
 class GpurigError(Exception):
     """A problem the user can fix. ``problem`` says what is wrong, ``fix`` what to do, ``host`` where (if on one)."""
@@ -82,6 +84,24 @@ def last_line(*texts: str | None, default: str = "") -> str:
             if line.strip():
                 return line.strip()
     return default
+
+
+_ERROR_START = re.compile(r"^(E: |Error|ERROR|error:|fatal:|FATAL)|: (error|fatal)( error)?: ", re.IGNORECASE)
+
+
+def error_line(text: str, skip: frozenset[str] = frozenset()) -> str:
+    """The line of a tool's output that says what went wrong: the last one that starts an error, else the last one.
+
+    Tools wrap a long note over lines after their error (dpkg's lock error is
+    followed by "Note: removing the lock file ..." in two lines), so the last
+    line alone is often the end of another sentence. Lines in ``skip`` are
+    generic trailers that never say why.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() not in skip]
+    for line in reversed(lines):
+        if _ERROR_START.search(line):
+            return line
+    return lines[-1] if lines else ""
 
 
 def permission_denied(text: str) -> bool:

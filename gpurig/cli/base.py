@@ -101,10 +101,10 @@ def task(*args, **kwargs):
             except GpurigError as err:
                 # the line may quote a file, a flag or a host's answer: shown, never obeyed by the terminal
                 raise Exit(f"gpurig: {printable(str(err))}", code=err.exit_code) from None
-            except Terminated:
-                raise Exit("gpurig: terminated (SIGTERM)", code=128 + signal.SIGTERM) from None
-            except KeyboardInterrupt:
-                raise Exit("gpurig: interrupted", code=130) from None
+            except KeyboardInterrupt as stop:
+                # Terminated, or a fleet run it interrupted, carries SIGTERM's code; Ctrl-C's is 130
+                code = getattr(stop, "exit_code", 128 + signal.SIGINT)
+                raise Exit("gpurig: terminated (SIGTERM)" if code == Terminated.exit_code else "gpurig: interrupted", code=code) from None
             except BrokenPipeError:
                 silence_broken_pipe()
                 raise Exit(code=141) from None
@@ -146,6 +146,8 @@ class Terminated(KeyboardInterrupt):
     So every ``finally`` and ``with`` on the way out runs: a ``docker build``
     child is stopped, temporary folders are removed, half-written files go.
     """
+
+    exit_code = 128 + signal.SIGTERM
 
 
 @contextmanager

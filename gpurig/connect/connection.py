@@ -15,11 +15,12 @@ import codecs
 import getpass
 import secrets
 import shlex
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpurig.errors import HostError, last_line
+from gpurig.errors import HostError, error_line
 
 SUDO_PASSWORD_ENV = "GPURIG_SUDO_PASSWORD"
 
@@ -54,9 +55,9 @@ class CommandError(HostError):
     """A command exited non-zero and the caller did not ask to ``warn`` instead."""
 
     def __init__(self, result: Result) -> None:
-        last = last_line(result.stderr, result.stdout)
+        said = error_line(result.stderr) or error_line(result.stdout)
         super().__init__(
-            f"command exited {result.exited}: {short_command(result.command)}" + (f": {last[:200]}" if last else ""),
+            f"command exited {result.exited}: {short_command(result.command)}" + (f": {said}" if said else ""),
             "run the command by hand on the host to see the whole output",
             host=result.host,
         )
@@ -69,6 +70,10 @@ class CommandTimeout(HostError):
 
 class ConnectionLost(HostError):
     """The connection dropped while a command ran (host died, sshd killed, network gone)."""
+
+
+class CommandInterrupted(HostError):
+    """gpurig was interrupted (Ctrl-C, SIGTERM) while a command ran, or before one started; the problem says where it stands."""
 
 
 class SudoPasswordError(HostError):
@@ -143,6 +148,7 @@ class Connection:
         self.become = become
         self.command_timeout = command_timeout
         self._sudo_password = sudo_password
+        self._interrupted = threading.Event()
 
     def __enter__(self) -> Connection:
         return self
@@ -155,6 +161,30 @@ class Connection:
 
     def close(self) -> None:
         """Release the connection; safe to call twice and from another thread."""
+
+    def interrupt(self) -> None:
+        """Stop what runs on this connection (Ctrl-C): each command ends with every process it started, and no new one starts.
+
+        Safe from another thread: the thread running a command notices within
+        a fraction of a second, stops it, and raises ``CommandInterrupted``.
+        """
+        self._interrupted.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    def _interrupted_error(self, started: bool = True, still_running: int | None = None) -> CommandInterrupted:
+        """The error for a command stopped by ``interrupt``; ``still_running``: the process group left on the host, if any (0: unknown)."""
+        if still_running is None:
+            said = "interrupted; the command was stopped, with every process it started" if started else "interrupted before the command started"
+            return CommandInterrupted(said,
+                                      "run again: the work picks up where it stopped", host=self.name)
+        if not still_running:
+            return CommandInterrupted("interrupted as the command started; it may still be running on the host",
+                                      "look at the host's processes, and run again once it has ended", host=self.name)
+        return CommandInterrupted(f"interrupted; the command may still be running on the host as process group {still_running}",
+                                  f"see it with `pgrep -a -g {still_running}` on the host, and run again once it has ended", host=self.name)
 
     def run(
         self,
@@ -170,6 +200,8 @@ class Connection:
         (seconds) overrides the connection's command timeout.
         """
         line = to_shell(command)
+        if self.interrupted:
+            raise self._interrupted_error(started=False)
         result = self._execute(line, line, timeout=self._timeout(timeout), on_output=on_output)
         return self._checked(result, warn)
 
@@ -201,6 +233,8 @@ class Connection:
             inner = "exec </dev/null; " + _SUDO_SHELL
             wrapped = shlex.join(["sudo", "-S", "-k", "-p", prompt, *as_user, "--", "sh", "-c", inner, "sh", line])
         watcher = SudoPrompt(prompt, password) if prompt and password is not None else None
+        if self.interrupted:
+            raise self._interrupted_error(started=False)
         result = self._execute(wrapped, f"sudo {line}", timeout=self._timeout(timeout), on_output=on_output, watcher=watcher)
         if watcher:
             result = _replace_stderr(result, watcher.clean(result.stderr))

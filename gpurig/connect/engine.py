@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import closing
 
 import docker
+import docker.auth
 import docker.errors
 import requests
 import urllib3.exceptions
@@ -170,14 +172,22 @@ class Engine:
             raise self._error(f"untag {ref}", err) from None
 
     def push(self, ref: str, on_event: Callable[[dict], None] = lambda event: None) -> None:
-        """Push ``ref`` (name:tag) to its registry, each JSON event to ``on_event``; an error the registry streams back is an EngineError too."""
+        """Push ``ref`` (name:tag) to its registry; an error the registry streams back is an EngineError too.
+
+        Each JSON event goes to ``on_event``, which may raise to stop: the
+        response is closed then, and the engine, its client gone, stops the push.
+        """
         name, _, tag = ref.rpartition(":")
-        what = f"push {ref}"
-        for event in self._stream(what, self._call(what, self._api.push, name, tag=tag, stream=True, decode=True)):
-            if isinstance(event, dict) and "error" in event:
-                reason = last_line(str(event["error"]))
-                raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
-            if isinstance(event, dict):
+        what, api = f"push {ref}", self._api
+        # docker-py's push() hides the response, as its pull() does; its credentials header is kept (docker login's)
+        header = docker.auth.get_config_header(api, docker.auth.resolve_repository_name(name)[0])
+        response = self._call(what, api._post_json, api._url("/images/{0}/push", name), None, params={"tag": tag},
+                              headers={"X-Registry-Auth": header} if header else {}, stream=True, timeout=None)
+        with closing(self._events(what, response)) as events:
+            for event in events:
+                if "error" in event:
+                    reason = last_line(str(event["error"]))
+                    raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
                 on_event(event)
 
     def pull(self, ref: str, on_event: Callable[[dict], None]) -> None:
@@ -190,26 +200,43 @@ class Engine:
         what, api = f"pull {ref}", self._api
         # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
         response = self._call(what, api._post, api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
+        with closing(self._events(what, response)) as events:
+            for event in events:
+                on_event(event)
+
+    def save(self, ref: str) -> Generator[bytes, None, None]:
+        """``docker save ref``: the image as a tar stream, in chunks of 1 MiB.
+
+        Closing the iterator early closes the response, and the engine stops writing the tar.
+        """
+        what, api = f"save {ref}", self._api
+        response = self._call(what, api._get, api._url("/images/{0}/get", ref), stream=True, timeout=None)
         try:
             api._raise_for_status(response)
-            for event in api._stream_helper(response, decode=True):
-                if isinstance(event, dict):
-                    on_event(event)
+            yield from response.iter_content(1 << 20, False)
         except _FAILURES as err:
             raise self._error(what, err) from None
         finally:
             response.close()
-
-    def save(self, ref: str) -> Iterator[bytes]:
-        """``docker save ref``: the image as a tar stream, in chunks of 1 MiB."""
-        what = f"save {ref}"
-        return self._stream(what, self._call(what, self._api.get_image, ref, chunk_size=1 << 20))
 
     def load(self, chunks: Iterable[bytes]) -> Iterator[dict]:
         """``docker load`` of a tar stream; the engine's JSON events (an ``error`` event is the engine's refusal)."""
         what = "load an image"
         answer = self._call(what, self._api.load_image, chunks)
         return (event for event in self._stream(what, answer or ()) if isinstance(event, dict))
+
+    def _events(self, what: str, response) -> Generator[dict, None, None]:
+        """The JSON events of a streamed answer; closing the generator closes the response, and the engine, its client gone, stops."""
+        api = self._api
+        try:
+            api._raise_for_status(response)
+            for event in api._stream_helper(response, decode=True):
+                if isinstance(event, dict):
+                    yield event
+        except _FAILURES as err:
+            raise self._error(what, err) from None
+        finally:
+            response.close()
 
     # --- the one error conversion ----------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 Each host gets one connection, opened once and handed to the function for
 all its work. A host that cannot be reached is ``unreachable``; one whose
-work raised is ``failed``; neither stops the others. Ctrl-C stops starting
-new hosts, closes every open connection and still returns (and writes) the
-report for what finished.
+work raised is ``failed``; neither stops the others. Ctrl-C (or SIGTERM)
+stops starting new hosts, has each host's thread stop its running command
+with every process it started on the host (``Connection.interrupt``),
+closes every open connection and still writes the report for what finished.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurig.config import DEFAULTS
-from gpurig.connect.connection import ConnectError, Connection
+from gpurig.connect.connection import CommandInterrupted, ConnectError, Connection
 from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
@@ -29,6 +30,8 @@ from gpurig.inventory import Host
 from gpurig.status import Status
 
 log = logging.getLogger(__name__)
+SIGINT_EXIT = 130  # 128 + SIGINT; an interrupt that carries its own ``exit_code`` (SIGTERM's 143) uses that
+STOP_WAIT_S = 10.0  # how long the hosts' threads get to stop their commands on the hosts before the connections close
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class FleetReport:
     duration_s: float
     interrupted: bool = False
     summary: dict[str, int] = field(default_factory=dict)
+    stop_code: int = 0  # the exit code the signal that interrupted the run asks for (130 Ctrl-C, 143 SIGTERM)
 
     @property
     def failed(self) -> bool:
@@ -99,9 +103,9 @@ class FleetReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every host is ok, changed or skipped, 130 after Ctrl-C, 1 otherwise."""
+        """0 when every host is ok, changed or skipped, 130 after Ctrl-C (143 after SIGTERM), 1 otherwise."""
         if self.interrupted:
-            return 130
+            return self.stop_code or SIGINT_EXIT
         return 1 if self.failed else 0
 
     def by_host(self) -> dict[str, HostResult]:
@@ -170,7 +174,7 @@ def run_fleet(
                 return HostResult(host.name, value.resolved, value.detail, value.data, time.monotonic() - start, value.fix)
             return HostResult(host.name, Status.OK, "", value, time.monotonic() - start)
         except GpurigError as err:
-            if stopping.is_set():
+            if stopping.is_set() and not isinstance(err, CommandInterrupted):  # its own words say whether it still runs there
                 return HostResult(host.name, Status.FAILED, "interrupted", None, time.monotonic() - start)
             return HostResult(host.name, Status.FAILED, err.problem, None, time.monotonic() - start, err.fix)
         except Exception as err:  # a bug in work() must cost one host, not the fleet
@@ -183,7 +187,7 @@ def run_fleet(
             conn.close()
 
     pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="gpurig-host")
-    interrupted = False
+    interrupted, stop_code = False, 0
     try:
         display.start(len(hosts), label)
         pending: dict[Future, Host] = {pool.submit(one, h): h for h in hosts}
@@ -194,15 +198,18 @@ def run_fleet(
                 host = pending.pop(fut)
                 results[host.name] = fut.result()
                 display.finished(results[host.name])
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as stop:
+        interrupted, stop_code = True, getattr(stop, "exit_code", SIGINT_EXIT)
         stopping.set()
         connector.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
         with lock:
             conns = list(open_conns.values())
         for conn in conns:
-            conn.close()  # unblocks threads waiting on the network
-        pool.shutdown(wait=False, cancel_futures=True)
+            conn.interrupt()  # each host's thread stops its command, with what it started there
+        wait(pending, timeout=STOP_WAIT_S)
+        for conn in conns:
+            conn.close()  # unblocks threads still waiting on the network
         done, _ = wait(pending, timeout=5)
         for fut in done:
             if not fut.cancelled():
@@ -213,7 +220,7 @@ def run_fleet(
 
     ordered = tuple(results.get(h.name) or HostResult(h.name, Status.FAILED, "interrupted") for h in hosts)
     summary = {s.value: sum(1 for r in ordered if r.status == s) for s in Status}
-    report = FleetReport(ordered, started_at, time.monotonic() - t0, interrupted, summary)
+    report = FleetReport(ordered, started_at, time.monotonic() - t0, interrupted, summary, stop_code)
     if report_path:
         report.write_json(report_path)
     if interrupted:
@@ -222,11 +229,12 @@ def run_fleet(
 
 
 class FleetInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a fleet run; carries the partial report (already written to disk if asked)."""
+    """Ctrl-C (or SIGTERM) during a fleet run; carries the partial report (already written to disk if asked) and its exit code."""
 
     def __init__(self, report: FleetReport) -> None:
         super().__init__("interrupted")
         self.report = report
+        self.exit_code = report.exit_code
 
 
 def _data(value: Any) -> Any:

@@ -16,7 +16,7 @@ from gpurig.process import stop
 
 
 class LocalConnection(Connection):
-    """Commands run in their own process group, so a timeout kills everything they started."""
+    """Commands run in their own process group, so a timeout or an interrupt ends everything they started."""
 
     def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
         started = time.monotonic()
@@ -38,10 +38,13 @@ class LocalConnection(Connection):
         deadline = started + timeout if timeout else None
         try:
             while sel.get_map():
-                wait = None if deadline is None else deadline - time.monotonic()
-                if wait is not None and wait <= 0:
+                wait = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+                if wait <= 0:
                     stop(proc)
                     raise self._timed_out(timeout, shown)
+                if self.interrupted:
+                    stop(proc)  # its whole group: it leads one of its own
+                    raise self._interrupted_error()
                 for key, _ in sel.select(wait):
                     data = os.read(key.fd, 65536)
                     if not data:

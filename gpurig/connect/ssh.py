@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import selectors
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +34,14 @@ from gpurig.connect.connection import (
 )
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
+from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, marked, stop_line
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
 from gpurig.errors import HostError
 from gpurig.inventory import Host
 
 log = logging.getLogger(__name__)
+_STOP_WAIT_S = 8.0  # how long an interrupted command's stop script is awaited (it takes up to 5 s)
 
 # paramiko logs every failed handshake with a traceback at ERROR. Its lines reach the console only
 # at -vv (gpurig.report.configure_logging); until then a NullHandler keeps logging's last-resort printer away.
@@ -70,18 +72,8 @@ class SSHSettings:
         check_policy(self.host_key_policy)
 
 
-# The remote shell prints its pid (= its process group: sshd starts it with setsid) before the
-# command, so a command that overruns its timeout can be killed with everything it started.
-_PID_MARK = b"@@gpurig-pid "
 # How long output may still come after the exit status when no EOF follows (a background child holds stdout).
 _EOF_GRACE_S = 2.0
-_PID_LINE = re.compile(rb"@@gpurig-pid (\d+)\n")
-# `kill -s SIG -- -PGID`: the one spelling dash, bash and busybox all accept for a process group.
-_KILL_GROUP = (
-    "kill -s TERM -- -{pid} 2>/dev/null || exit 0; i=0; "
-    "while [ $i -lt 20 ] && kill -s 0 -- -{pid} 2>/dev/null; do sleep 0.1; i=$((i+1)); done; "
-    "kill -s KILL -- -{pid} 2>/dev/null; true"
-)
 
 
 class SSHConnection(Connection):
@@ -97,6 +89,7 @@ class SSHConnection(Connection):
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._streams: weakref.WeakSet[paramiko.Channel] = weakref.WeakSet()
 
     @property
     def closed(self) -> bool:
@@ -120,6 +113,17 @@ class SSHConnection(Connection):
                 raise UnreachableError("connection was closed", "open a new connection", host=self.name)
             if self._transport is None or not self._transport.is_active():
                 self._transport = self._connector.transport(self.target)
+
+    def interrupt(self) -> None:
+        """Commands stop with their process groups on the host (by the threads running them); streams and SFTP close now."""
+        super().interrupt()
+        sftp, self._sftp = self._sftp, None
+        things: list[paramiko.Channel | paramiko.SFTPClient] = [*self._streams, *([sftp] if sftp else [])]
+        for thing in things:
+            try:
+                thing.close()
+            except Exception:  # a half-dead channel may raise on close; it is closed all the same
+                pass
 
     def close(self) -> None:
         self._closed = True
@@ -146,11 +150,14 @@ class SSHConnection(Connection):
         The caller owns the channel and closes it; stderr stays readable for
         the reason when the stream ends early.
         """
+        if self.interrupted:  # no new engine request once the run was interrupted (a retry, a cleanup)
+            raise self._interrupted_error(started=False)
         transport = self.paramiko_transport()
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.settimeout(timeout)
             chan.exec_command(line)
+            self._streams.add(chan)  # interrupt() closes it
         except (paramiko.SSHException, OSError, EOFError) as err:
             raise ConnectionLost(f"could not open a stream: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         return chan
@@ -167,11 +174,11 @@ class SSHConnection(Connection):
         started = time.monotonic()
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
-            chan.exec_command(f"printf '{_PID_MARK.decode()}%s\\n' \"$$\" >&2\n{line}")
+            chan.exec_command(marked(line))
         except (paramiko.SSHException, OSError, EOFError) as err:
             raise ConnectionLost(f"could not start a command: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         collect = OutputCollector(on_output, watcher)
-        pid = _RemotePid()
+        pid = RemotePid()
         if watcher is None:
             chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
         deadline = started + timeout if timeout else None
@@ -199,8 +206,11 @@ class SSHConnection(Connection):
                     chan.close()
                     self._kill(transport, pid.pid)
                     raise self._timed_out(timeout, shown)
+                if self.interrupted:
+                    chan.close()
+                    raise self._interrupted_error(still_running=self._kill(transport, pid.pid, wait=_STOP_WAIT_S))
                 if not got:
-                    wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+                    wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
                     if exited_at is not None:
                         wait = max(0.0, min(wait, exited_at + _EOF_GRACE_S - time.monotonic()))
                     sel.select(wait)
@@ -230,22 +240,28 @@ class SSHConnection(Connection):
             )
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
 
-    def _kill(self, transport: paramiko.Transport, pid: int | None) -> None:
-        """Stop a timed-out command's process group on the host (closing its channel does not).
+    def _kill(self, transport: paramiko.Transport, pid: int | None, wait: float = 0.0) -> int | None:
+        """Stop a command's process group on the host (closing its channel does not); the group when it may still run (0: unknown).
 
-        The kill script is started and left to finish on its own: like the
-        command it stops, it outlives its channel.
+        Without ``wait`` (a timeout) the script is started and left to finish
+        on its own. With it (an interrupt) its answer is awaited that long:
+        the group, when the script did not say it is gone.
         """
-        if pid is None:
-            return
+        if pid is None:  # the command did not get to print it: nothing to stop it by
+            return 0 if wait else None
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             try:
-                chan.exec_command(_KILL_GROUP.format(pid=int(pid)))
+                chan.exec_command(stop_line(pid))
+                if not wait:
+                    return None
+                ended = chan.status_event.wait(wait)  # set by paramiko when the exit status arrives
+                return None if ended and chan.recv_exit_status() != STILL_RUNNING else pid
             finally:
                 chan.close()
         except (paramiko.SSHException, OSError, EOFError) as err:
-            log.info("%s: could not stop the timed-out command's processes (pid %s): %s", self.name, pid, err)
+            log.info("%s: could not stop the command's processes (pid %s): %s", self.name, pid, err)
+            return pid
 
     @staticmethod
     def _answer(chan: paramiko.Channel, reply: tuple[bytes | None, bool]) -> None:
@@ -293,30 +309,6 @@ class SSHConnection(Connection):
         except (OSError, paramiko.SSHException) as err:
             Path(tmp).unlink(missing_ok=True)
             raise HostError(f"cannot get {remote}: {err}", "check the remote path exists and is readable by the login user", host=self.name) from None
-
-
-class _RemotePid:
-    """Takes the remote shell's pid line off stderr (login files may print before it: they pass through)."""
-
-    def __init__(self) -> None:
-        self.pid: int | None = None
-        self._held = b""
-        self._done = False
-
-    def strip(self, data: bytes, final: bool = False) -> bytes:
-        if self._done:
-            return data
-        self._held += data
-        m = _PID_LINE.search(self._held)
-        if m:
-            self.pid = int(m.group(1))
-            out = self._held[: m.start()] + self._held[m.end():]
-        elif final or len(self._held) > 4096:
-            out = self._held  # no marker (a shell that could not print it): nothing to hold back
-        else:
-            return b""
-        self._done, self._held = True, b""
-        return out
 
 
 # --- connector --------------------------------------------------------------------------------

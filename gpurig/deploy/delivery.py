@@ -40,7 +40,7 @@ from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
 from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
-from gpurig.errors import last_line
+from gpurig.errors import HostError, last_line
 
 METHODS = ("present", "pull", "forward", "save-load")
 DISK_FULL_FIX = "free space on the host (`docker image prune`, or remove images it no longer runs) and deploy again"
@@ -48,6 +48,10 @@ DISK_FULL_FIX = "free space on the host (`docker image prune`, or remove images 
 
 class DeliveryError(EngineError):
     """An image that could not be moved onto a host."""
+
+
+class DeliveryInterrupted(HostError):
+    """The run was interrupted (Ctrl-C, SIGTERM) mid-delivery: no other path is tried, nothing is asked again."""
 
 
 class _FallBack(Exception):
@@ -89,7 +93,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
     if registry and "pull" in methods:
         try:
             digests = list(want.digests) if want is not None else []
-            image_id, moved = _pull_from_registry(remote, ref, registry, want, digests, progress, say)
+            image_id, moved = _pull_from_registry(remote, conn, ref, registry, want, digests, progress, say)
             return done("pull", moved, image_id)
         except _FallBack as why:
             notes.append(str(why))
@@ -104,7 +108,7 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
             notes.append(str(why))
             say(str(why))
     if "save-load" in methods:
-        return done("save-load", _save_load(local, remote, ref, want.id, want.size, progress, say), want.id)
+        return done("save-load", _save_load(local, remote, conn, ref, want.id, want.size, progress, say), want.id)
     raise DeliveryError(f"image {ref} could not be moved to {remote.name}: {'; '.join(notes) or 'no method allowed'}",
                         "allow the save-load method, or fix the reasons above")
 
@@ -119,7 +123,8 @@ def local_engine(timeout: float = 3600) -> Engine:
 # --- pull from the spec's registry ----------------------------------------------------------------
 
 
-def _pull_from_registry(remote: Engine, ref: str, registry: str, want, local_digests: list[str], progress: Progress, say) -> tuple[str, int]:
+def _pull_from_registry(remote: Engine, conn: Connection, ref: str, registry: str, want, local_digests: list[str], progress: Progress,
+                        say) -> tuple[str, int]:
     """The host pulls ``ref`` from ``registry`` when it holds the image built here (same manifest digest, then same id)."""
     parsed = parse_reference(ref)
     source = ref if ref.startswith(registry.rstrip("/") + "/") else parsed.on(registry)
@@ -134,7 +139,7 @@ def _pull_from_registry(remote: Engine, ref: str, registry: str, want, local_dig
             raise _FallBack(f"registry {registry} holds another image under {source} than this machine built (push it again)")
     say(f"pulling {source} from the registry")
     try:
-        pulled = _host_pull(remote, source, PullProgress(progress))
+        pulled = _host_pull(remote, source, PullProgress(progress), conn)
     except PullFailed as err:
         if err.disk_full:
             raise _disk_full(remote, err.message) from None
@@ -164,7 +169,7 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
     try:
         with shared_registry(cache_dir) as registry:
             say(f"pushing {ref} into the local registry (this machine's side of the SSH forward)")
-            say(f"pushed into the local registry: {_push(local, image_id, parsed.on(registry.address), progress)}")
+            say(f"pushed into the local registry: {_push(local, image_id, parsed.on(registry.address), progress, conn)}")
             try:
                 staged = stage_image(registry.address, parsed.path, parsed.tag)
             except StageError:  # one pull of the whole image: still only missing layers, but no resume point
@@ -176,13 +181,14 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
                 raise _FallBack(f"the host's sshd refused a port forward ({last_line(str(err)) or 'AllowTcpForwarding no?'}), "
                                 "so the whole image moved by docker save | docker load") from None
             with forward:
-                _pull_forwarded(remote, ref, parsed, image_id, forward, staged, progress, say)
+                _pull_forwarded(remote, conn, ref, parsed, image_id, forward, staged, progress, say)
             return forward.meter.total
     except RegistryError as err:
         raise _FallBack(f"{err.problem}: moved by docker save | docker load") from None
 
 
-def _pull_forwarded(remote: Engine, ref: str, parsed, image_id: str, forward: ReverseForward, staged: Staged, progress: Progress, say) -> None:
+def _pull_forwarded(remote: Engine, conn: Connection, ref: str, parsed, image_id: str, forward: ReverseForward, staged: Staged,
+                    progress: Progress, say) -> None:
     """The host pulls the stages, then the image under a temporary name; the real name goes only on the complete, same-id image."""
     say(f"{remote.name} pulls the layers it lacks through the SSH connection")
     via = f"127.0.0.1:{forward.port}"
@@ -190,8 +196,8 @@ def _pull_forwarded(remote: Engine, ref: str, parsed, image_id: str, forward: Re
     tracker = PullProgress(progress, staged.sizes, lambda: forward.meter.down)
     try:
         for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
-            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker)
-        _host_pull(remote, temp, tracker)
+            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker, conn)
+        _host_pull(remote, temp, tracker, conn)
         found = remote.image(temp)
         if found is None or found.id != image_id:
             raise DeliveryError(f"the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
@@ -223,17 +229,24 @@ def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
 _PUSHING = threading.Lock()  # hosts deliver in parallel: one push at a time, so one's cleanup never untags another's push
 
 
-def _push(local: Engine, image_id: str, staged: str, progress: Progress) -> str:
+def _push(local: Engine, image_id: str, staged: str, progress: Progress, conn: Connection) -> str:
     """The image into the local registry under ``staged`` (the same image again: the engine finds every layer there).
 
     Its bytes go to ``progress`` as the engine uploads them; returns what it did ('3 of 9 layers uploaded (1.2 GB)').
+    An interrupted run stops the push at the engine's next progress event and takes the name off again.
     """
     tracker = PushProgress(progress)
+
+    def on_event(event: dict) -> None:
+        _checkpoint(conn)
+        tracker.feed(event)
+
     with _PUSHING:
+        _checkpoint(conn)
         try:
             local.tag(image_id, staged)
             try:
-                local.push(staged, tracker.feed)
+                local.push(staged, on_event)
             finally:
                 _untag(local, staged)
         except EngineError as err:
@@ -247,18 +260,23 @@ def _push(local: Engine, image_id: str, staged: str, progress: Progress) -> str:
 PULL_ATTEMPTS = 3
 
 
-def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
+def _host_pull(remote: Engine, source: str, tracker: PullProgress, conn: Connection) -> int:
     """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched.
 
     A stream to the engine that breaks off before the pull said it was done is asked again (a pull is
     idempotent, and the layers of completed stages stay). Seen once, on a loaded machine: the engine's
     answer ended mid-pull (its cause not found).
     """
+    def on_event(event: dict) -> None:
+        _checkpoint(conn)  # an interrupted run stops the pull at the next event
+        tracker.feed(event)
+
     for attempt in range(1, PULL_ATTEMPTS + 1):
         try:
-            remote.pull(source, tracker.feed)
+            remote.pull(source, on_event)
             return tracker.finish()
         except EngineLost as lost:
+            _checkpoint(conn)  # lost because the run was interrupted: not asked again
             if attempt == PULL_ATTEMPTS:
                 raise PullFailed(f"the connection to the engine broke off {PULL_ATTEMPTS} times: {lost.reason}") from None
         except EngineError as err:
@@ -269,18 +287,20 @@ def _host_pull(remote: Engine, source: str, tracker: PullProgress) -> int:
 # --- save | load ----------------------------------------------------------------------------------------
 
 
-def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int, progress: Progress, say) -> int:
+def _save_load(local: Engine, remote: Engine, conn: Connection, ref: str, image_id: str, size: int, progress: Progress, say) -> int:
     say(f"streaming {ref} by docker save | docker load")
     meter = Meter()
+    saved = local.save(ref)
 
     def counted(chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
+            _checkpoint(conn)  # an interrupted run stops sending: the host's docker load gets no complete image
             meter.add(down=len(chunk))
             progress(meter.down, max(size, meter.down))
             yield chunk
 
     try:
-        for event in remote.load(counted(local.save(ref))):
+        for event in remote.load(counted(saved)):
             if "error" in event:
                 message = last_line(str(event["error"]))
                 if "no space left on device" in message:
@@ -289,10 +309,13 @@ def _save_load(local: Engine, remote: Engine, ref: str, image_id: str, size: int
     except DeliveryError:
         raise
     except EngineError as err:  # either engine: this machine's save or the host's load
+        _checkpoint(conn)  # the host's load ended because the run was interrupted, not for its own reason
         message = err.reason
         if "no space left on device" in message:
             raise _disk_full(remote, message) from None
         raise DeliveryError(f"docker save | docker load of {ref} failed: {message}", "deploy again", host=remote.name) from None
+    finally:
+        saved.close()  # this machine's engine stops writing the tar
     found = remote.image(ref)
     if found is None or found.id != image_id:
         raise DeliveryError(f"after docker load, {ref} is {found.id[:19] if found else 'missing'}, not {image_id[:19]}", "deploy again", host=remote.name)
@@ -314,8 +337,15 @@ def _untag(engine: Engine, ref: str) -> None:
     """Remove the name ``ref`` only (never the layers another name still uses), if it exists."""
     try:
         engine.untag(ref)
-    except EngineError:
-        pass  # a leftover temporary name is cosmetic; the next delivery retags over it
+    except HostError:
+        pass  # a leftover temporary name (an interrupted run's, say) is cosmetic; the next delivery retags over it or removes it
+
+
+def _checkpoint(conn: Connection) -> None:
+    """Raise when the run was interrupted (Ctrl-C, SIGTERM): the phase under way stops here."""
+    if conn.interrupted:
+        raise DeliveryInterrupted("interrupted during the image's delivery; no half-moved image carries its name",
+                            "deploy again: it resumes, moving only what is still missing", host=conn.name)
 
 
 def _disk_full(remote: Engine, message: str) -> DeliveryError:

@@ -1,8 +1,11 @@
 """Package commands every step installs with (apt on Debian and Ubuntu), and Debian version comparison for plans.
 
 Each install first lets dpkg finish what a host lost mid-install left half
-done (``dpkg --configure -a``), waits for another apt holding the lock
-instead of failing, and never asks a question.
+done (``dpkg --configure -a``), waits (bounded, saying so) for another
+package manager holding dpkg's or apt's lock instead of failing, and never
+asks a question. dpkg runs without a pty of its own: with one it would lead
+a session apart from the command's, and an interrupted run could not stop it
+with the rest of the command's process group (``gpurig.connect.remotegroup``).
 """
 
 from __future__ import annotations
@@ -10,10 +13,24 @@ from __future__ import annotations
 import re
 import shlex
 
+from gpurig.steps.commands import NOTICE
+
 LOCK_WAIT_S = 120
-_APT = f"apt-get -q -y -o DPkg::Lock::Timeout={LOCK_WAIT_S} -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+_APT = ("apt-get -q -y -o Dpkg::Use-Pty=0 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 # A repository that cannot be reached fails fast, once, instead of retrying for minutes.
 _FETCH = "-o Acquire::Retries=0 -o Acquire::http::Timeout=20 -o Acquire::https::Timeout=20"
+# `locked CMD...` runs CMD; while it fails because another process holds dpkg's or apt's lock it is tried
+# again each second, up to LOCK_WAIT_S in all, after one line saying who holds the lock. Its output
+# passes through once it ran (a lock error is the whole output of a run that did nothing).
+_LOCKED = (
+    r"""locked() { waited=0; while :; do out=$("$@" 2>&1) && { [ -z "$out" ] || printf '%s\n' "$out"; return 0; }; rc=$?; """
+    r"""case $out in *'locked by another process'*|*'Could not get lock'*) ;; *) printf '%s\n' "$out" >&2; return $rc;; esac; """
+    r"""pid=$(printf '%s\n' "$out" | sed -n 's/.*with pid \([0-9][0-9]*\).*/\1/p; s/.*held by process \([0-9][0-9]*\).*/\1/p' | head -n 1); """
+    r"""who="another process"; [ -z "$pid" ] || who="$(cat /proc/$pid/comm 2>/dev/null || echo process) (pid $pid)"; """
+    r"""if [ $waited -ge @WAIT@ ]; then echo "E: the package lock is still held by $who after @WAIT@ s of waiting" >&2; return $rc; fi; """
+    r"""[ $waited -gt 0 ] || echo "@NOTICE@waiting up to @WAIT@ s for the package lock, held by $who" >&2; """
+    r"""sleep 1; waited=$((waited+1)); done; }"""
+).replace("@WAIT@", str(LOCK_WAIT_S)).replace("@NOTICE@", NOTICE)
 
 
 def install_command(*packages: str, update: bool = True, guard: str = "", optional: tuple[str, ...] = ()) -> str:
@@ -23,16 +40,16 @@ def install_command(*packages: str, update: bool = True, guard: str = "", option
     them (Debian 13 splits docker-cli out of docker.io; Debian 12 has none).
     """
     words = " ".join(shlex.quote(p) for p in packages)
-    steps = ["export DEBIAN_FRONTEND=noninteractive", "dpkg --configure -a"]
+    steps = ["export DEBIAN_FRONTEND=noninteractive", "locked dpkg --configure -a"]
     if update:
-        steps.append(f"{_APT} {_FETCH} update")
+        steps.append(f"locked {_APT} {_FETCH} update")
     if guard:
         steps.append(guard)
-    steps.append(f"{_APT} {_FETCH} install --no-install-recommends {words}")
+    steps.append(f"locked {_APT} {_FETCH} install --no-install-recommends {words}")
     for extra in optional:
         q = shlex.quote(extra)
-        steps.append(f"if apt-cache show {q} >/dev/null 2>&1; then {_APT} {_FETCH} install --no-install-recommends {q}; fi")
-    return " && ".join(steps)
+        steps.append(f"if apt-cache show {q} >/dev/null 2>&1; then locked {_APT} {_FETCH} install --no-install-recommends {q}; fi")
+    return _LOCKED + "; " + " && ".join(steps)
 
 
 def download_command(url: str, path: str) -> str:

@@ -7,19 +7,25 @@ installs it in place as the administrator with ``install_file_command``:
 its bytes never appear in a command line, where ``ps`` would show them.
 ``Call`` is for what a command line cannot say: waiting for a reboot,
 talking to a Docker engine. ``run_change`` runs a change's commands in
-order and turns any failure into one ``HostError`` naming the change.
+order and turns any failure into one ``HostError`` naming the change;
+a line a shell command prints on stderr after ``NOTICE`` is logged for the
+user as it comes (e.g. that it waits for another apt's lock).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpurig.connect.connection import CommandError, CommandTimeout, Connection, ConnectionLost
-from gpurig.errors import GpurigError, HostError, permission_denied
+from gpurig.connect.connection import CommandError, CommandInterrupted, CommandTimeout, Connection, ConnectionLost
+from gpurig.errors import GpurigError, HostError, error_line, permission_denied
+
+log = logging.getLogger(__name__)
+NOTICE = "gpurig-notice: "  # a command's stderr line that starts so is for the user to read while it runs
 
 # Installs the staged file $2 as $1, atomically: readers see the old file or the whole new one, never half.
 _INSTALL = r"""set -eu
@@ -120,15 +126,15 @@ def run_change(conn: Connection, summary: str, commands: tuple[Command, ...], *,
     for command in commands:
         try:
             if isinstance(command, Shell):
-                conn.admin(command.line, timeout=timeout)
+                conn.admin(command.line, timeout=timeout, on_output=_Notices(conn.name))
             elif isinstance(command, Upload):
                 _upload(conn, command, timeout)
             else:
                 command.fn(conn)
         except CommandError as err:
-            # The command line itself (a script, file content) means nothing to a reader: its last words do.
-            said = [line for line in (err.result.stderr.strip() or err.result.stdout.strip()).splitlines() if line.strip() not in _GENERIC]
-            why = f"exited {err.result.exited}" + (f": {said[-1][:300]}" if said else "")
+            # The command line itself (a script, file content) means nothing to a reader: its error line does, whole.
+            said = error_line(err.result.stderr.strip() or err.result.stdout.strip(), _GENERIC)
+            why = f"exited {err.result.exited}" + (f": {said}" if said else "")
             how = fix or err.fix
             if permission_denied(why) and not conn.become:
                 how = "set ansible_become: true for this host (the login user is not root)"
@@ -137,12 +143,32 @@ def run_change(conn: Connection, summary: str, commands: tuple[Command, ...], *,
             raise HostError(f"could not {summary}: no end within {timeout or 0:.0f} s; it was stopped on the host",
                             "look at the host (a hung apt or DKMS build?) and run again") from None
         except ConnectionLost:
+            if conn.interrupted:  # gpurig closed it on its way out
+                raise HostError(f"could not {summary}: interrupted", "run again: the steps pick up where this one stopped") from None
             raise HostError(f"could not {summary}: the connection to the host was lost mid-command",
                             "check that the host is up; run again and the steps pick up where this one stopped") from None
+        except CommandInterrupted as err:
+            raise HostError(f"could not {summary}: {err.problem}", err.fix) from None
         except HostError as err:
             if isinstance(command, Call):
                 raise  # a call's own error says what went wrong
             raise HostError(f"could not {summary}: {err.problem}", fix or err.fix) from None
+
+
+class _Notices:
+    """An output handler that logs each ``NOTICE`` line of stderr as a warning about ``host``."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._held = ""
+
+    def __call__(self, stream: str, text: str) -> None:
+        if stream != "stderr":
+            return
+        *lines, self._held = (self._held + text).split("\n")
+        for line in lines:
+            if line.startswith(NOTICE):
+                log.warning("%s: %s", self.host, line.removeprefix(NOTICE))
 
 
 def _upload(conn: Connection, upload: Upload, timeout: float | None) -> None:

@@ -14,9 +14,11 @@ that reaches for them fails at once and no traffic leaves for them.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,3 +194,25 @@ def inventory_for(path: Path, host, extra: dict | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"all": {"hosts": {host.name: entry}}}, sort_keys=False))
     return path
+
+
+def interrupt_when(proc, started: Callable[[], bool], what: str, sig: int = signal.SIGINT, deadline_s: float = 300) -> tuple[str, str, float]:
+    """Send ``sig`` to ``proc`` (a gpurig run) once ``started()`` holds, polled with a deadline.
+
+    Returns its stdout, stderr and the seconds from the signal to its end; a
+    run that will not end within two minutes is killed (and the test fails).
+    """
+    try:
+        end = time.monotonic() + deadline_s
+        while not started():
+            assert proc.poll() is None, f"gpurig ended before {what}: {proc.communicate()}"
+            assert time.monotonic() < end, f"{what} never happened"
+            time.sleep(0.1)  # polling interval while waiting for the event, not a synchronisation sleep
+        proc.send_signal(sig)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        return out, err, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)

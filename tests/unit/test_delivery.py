@@ -196,16 +196,35 @@ class PullingEngine:
             on_event(event)
 
 
+PULL_EVENTS = [{"id": "aaaa", "status": "Pulling fs layer"}, {"id": "aaaa", "status": "Downloading", "progressDetail": {"current": 5, "total": 10}}]
+
+
 def test_a_pull_whose_stream_breaks_off_is_asked_again_and_a_refusal_is_not():
+    from gpurig.connect.local import LocalConnection
     from gpurig.deploy.delivery import PULL_ATTEMPTS, _host_pull
 
-    events = [{"id": "aaaa", "status": "Pulling fs layer"}, {"id": "aaaa", "status": "Downloading", "progressDetail": {"current": 5, "total": 10}}]
+    conn, events = LocalConnection("gpu-01"), PULL_EVENTS
     engine = PullingEngine(events, lost=PULL_ATTEMPTS - 1)
-    assert _host_pull(engine, "127.0.0.1:5000/x:y", PullProgress(lambda done, total: None)) == 10
+    assert _host_pull(engine, "127.0.0.1:5000/x:y", PullProgress(lambda done, total: None), conn) == 10
     assert engine.pulls == PULL_ATTEMPTS
     with pytest.raises(PullFailed, match=f"broke off {PULL_ATTEMPTS} times: Connection broken"):
-        _host_pull(PullingEngine(events, lost=PULL_ATTEMPTS), "x:y", PullProgress(lambda done, total: None))
+        _host_pull(PullingEngine(events, lost=PULL_ATTEMPTS), "x:y", PullProgress(lambda done, total: None), conn)
     refusing = PullingEngine(events, refusal="write /var/lib/docker/x: no space left on device")
     with pytest.raises(PullFailed) as err:
-        _host_pull(refusing, "x:y", PullProgress(lambda done, total: None))
+        _host_pull(refusing, "x:y", PullProgress(lambda done, total: None), conn)
     assert refusing.pulls == 1 and err.value.disk_full and err.value.message == "write /var/lib/docker/x: no space left on device"
+
+
+def test_a_pull_of_an_interrupted_run_stops_at_once_and_is_not_asked_again():
+    from gpurig.connect.local import LocalConnection
+    from gpurig.deploy.delivery import DeliveryInterrupted, _host_pull
+
+    conn = LocalConnection("gpu-01")
+    conn.interrupt()  # what the fleet does on Ctrl-C; the engine stream it closed breaks off
+    broken = PullingEngine(PULL_EVENTS, lost=1)
+    with pytest.raises(DeliveryInterrupted, match="interrupted during the image's delivery"):
+        _host_pull(broken, "x:y", PullProgress(lambda done, total: None), conn)
+    assert broken.pulls == 1
+    streaming = PullingEngine(PULL_EVENTS)
+    with pytest.raises(DeliveryInterrupted, match="interrupted"):  # stopped at the first event, not at the pull's end
+        _host_pull(streaming, "x:y", PullProgress(lambda done, total: None), conn)

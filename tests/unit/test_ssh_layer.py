@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpurig.connect.ssh import _RemotePid
+from gpurig.connect.remotegroup import RemotePid
 from gpurig.report import configure_logging
 
 
@@ -36,11 +36,11 @@ def test_paramiko_never_falls_back_to_printing_on_stderr(capfd):
 
 
 def test_the_remote_pid_line_is_taken_off_stderr_wherever_it_arrives():
-    pid = _RemotePid()
+    pid = RemotePid()
     chunks = [b"motd from .profile\n@@gpu", b"rig-pid 4242\nreal ", b"stderr\n"]
     assert b"".join(pid.strip(c) for c in chunks) == b"motd from .profile\nreal stderr\n"
     assert pid.pid == 4242
-    silent = _RemotePid()  # a shell that never printed it: everything comes through at the end
+    silent = RemotePid()  # a shell that never printed it: everything comes through at the end
     assert silent.strip(b"no marker ") + silent.strip(b"", final=True) == b"no marker "
     assert silent.pid is None
 

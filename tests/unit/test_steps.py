@@ -217,3 +217,25 @@ def test_an_upload_whose_staging_folder_was_not_printed_is_refused_not_written_a
     with pytest.raises(HostError) as caught:
         run_change(conn, "write daemon.json", (Upload("/etc/docker/daemon.json", content="{}\n"),))
     assert "mktemp -d printed no folder" in caught.value.problem and len(conn.lines) == 1
+
+
+# dpkg 1.21's answer while apt holds its lock (recorded in a Debian 12 container): the error, then a note wrapped over two lines.
+DPKG_LOCKED = """dpkg: error: dpkg frontend lock was locked by another process with pid 16
+Note: removing the lock file is always wrong, can damage the locked area
+and the entire system. See <https://wiki.debian.org/Teams/Dpkg/FAQ#db-lock>.
+"""
+
+
+def test_a_failed_command_is_reported_by_its_whole_error_line_not_the_end_of_a_wrapped_note(conn, tmp_path):
+    said = tmp_path / "said"
+    said.write_text(DPKG_LOCKED)
+    with pytest.raises(HostError) as err:
+        run_change(conn, "install docker.io", (Shell(f"cat {said} >&2; exit 2"),))
+    assert err.value.problem == "could not install docker.io: exited 2: dpkg: error: dpkg frontend lock was locked by another process with pid 16"
+
+
+def test_a_commands_notice_reaches_the_user_while_it_runs(conn, caplog):
+    with caplog.at_level("WARNING", logger="gpurig"):
+        run_change(conn, "install docker.io", (Shell("echo 'gpurig-notice: waiting up to 120 s for the package lock, held by apt-get (pid 7)' >&2; "
+                                                     "echo 'other words' >&2"),))
+    assert [r.getMessage() for r in caplog.records] == ["local: waiting up to 120 s for the package lock, held by apt-get (pid 7)"]

@@ -9,6 +9,7 @@ not depend on each other's order.
 from __future__ import annotations
 
 import json
+import time
 import types
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from gpurig.connect.engine import open_engine
 from gpurig.connect.ssh import Connector, SSHSettings
-from gpurig.deploy.delivery import deliver, local_engine
+from gpurig.deploy.delivery import DeliveryInterrupted, deliver, local_engine
 from gpurig.inventory import load_inventory
 
 from .gpuhost import bare, host_images
@@ -252,3 +253,22 @@ def test_a_registry_holding_another_image_under_the_name_is_passed_over(spec_reg
     assert moved.method == "forward" and host.image_id(slim) == link.local.image(slim).id
     assert "holds another image" in moved.note and "push it again" in moved.note
     assert not [t for t in host_images(host) if t.startswith(spec_registry.outside)]  # the stale pull is not left behind
+
+
+@pytest.mark.parametrize("method", ["forward", "save-load"])
+def test_an_interrupt_mid_transfer_stops_it_within_seconds_and_names_nothing(link, clean_deploy_host, cpu_images, method):
+    host, slim = clean_deploy_host, cpu_images["slim"]
+    want = link.local.image(slim).id
+    bare(host)
+    interrupted: list[float] = []
+
+    def interrupt_midway(done: int, total: int) -> None:
+        if not interrupted and done > 0.3 * total:
+            interrupted.append(time.monotonic())
+            link.conn.interrupt()  # what the fleet does on Ctrl-C or SIGTERM, from another thread there
+
+    with pytest.raises(DeliveryInterrupted, match="interrupted during the image's delivery"):
+        link.deliver(slim, methods=(method,), progress=interrupt_midway)
+    assert interrupted and time.monotonic() - interrupted[0] < 5
+    names = host_images(host)
+    assert slim not in names and want not in names.values()  # a half-moved image never carries its name

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connect.connection import CommandTimeout, UnreachableError
+from gpurig.connect.connection import CommandInterrupted, CommandTimeout, UnreachableError
 from gpurig.connect.fleet import run_fleet
 from gpurig.connect.ssh import Connector
 from gpurig.facts import gather
@@ -93,3 +93,27 @@ def test_a_command_timeout_also_stops_the_remote_processes(connector, sshd, make
                 os.kill(pid, signal.SIGKILL)
         result = getattr(conn, how)("echo still-usable; exit 7", warn=True)
         assert (result.stdout, result.exited) == ("still-usable\n", 7)
+
+
+@pytest.mark.parametrize("how", ["run", "sudo"])
+def test_an_interrupt_stops_the_remote_command_with_what_it_started_and_says_so(connector, sshd, make_host, how):
+    seconds = 300 + secrets.randbelow(1000)
+    seen: dict[str, int] = {}
+    with connector.open(make_host(sshd.port)) as conn:
+        def on_output(stream: str, text: str) -> None:
+            if stream == "stdout" and "pid" not in seen:
+                seen["pid"] = int(text.split()[0])
+                conn.interrupt()  # what the fleet does on Ctrl-C, from another thread there
+
+        start = time.monotonic()
+        try:
+            with pytest.raises(CommandInterrupted) as err:
+                getattr(conn, how)(f"sleep {seconds} & echo $!; wait", on_output=on_output)
+            assert time.monotonic() - start < 15
+            assert err.value.problem == "interrupted; the command was stopped, with every process it started"
+            assert not _running(seen["pid"])  # gone before the error was raised, not merely signalled
+        finally:
+            if "pid" in seen and _running(seen["pid"]):  # the host is this machine: never leave the test's sleep behind
+                os.kill(seen["pid"], signal.SIGKILL)
+        with pytest.raises(CommandInterrupted, match="interrupted before the command started"):
+            conn.run("true")  # nothing new starts on an interrupted connection
