@@ -106,7 +106,7 @@ def main() -> None:
             "- hosts: all\n  gather_facts: true\n  tasks:\n"
             f"    - name: gpu facts\n      ansible.builtin.shell: {json.dumps(RAW_GPU_PROBE)}\n      changed_when: false\n"
         )
-        env = {**os.environ, "HOME": str(work), "COLUMNS": "200"}
+        env = {**os.environ, "HOME": str(work), "COLUMNS": "200", "PYTHONPATH": str(REPO)}  # this checkout, not whichever gpurig pip installed
         env.pop("SSH_AUTH_SOCK", None)
         commands = {
             "gpurig": [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts",

@@ -47,7 +47,7 @@ def main() -> None:
             "    - name: packages\n      ansible.builtin.package_facts: {manager: apt}\n"
             f"    - name: gpu, docker, toolkit, services\n      ansible.builtin.shell: {json.dumps(CHECKS)}\n      changed_when: false\n"
         )
-        env = {**os.environ, "HOME": str(work), "COLUMNS": "200"}
+        env = {**os.environ, "HOME": str(work), "COLUMNS": "200", "PYTHONPATH": str(REPO)}  # this checkout, not whichever gpurig pip installed
         env.pop("SSH_AUTH_SOCK", None)
         gpurig = [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)"]
         common = ["--inventory", str(yaml_inv), "--forks", "100", "--host-key-policy", "strict"]

@@ -98,7 +98,7 @@ class GpuHostFacts:
 
     dev_char: DevChar | None = None
     fabric: Fabric | None = None
-    held: tuple[str, ...] | None = None  # apt-mark showhold
+    held: tuple[str, ...] | None = None  # packages on hold (dpkg selection state, as apt-mark showhold lists them)
     upgrades: UpgradePolicy | None = None
     gpu_modes: tuple[GpuMode, ...] | None = None
     mig_devices: tuple[MigDevice, ...] = ()
@@ -161,13 +161,16 @@ FABRIC = Probe("fabric", "n=0; for d in $(grep -lsx 0x068000 /sys/bus/pci/device
 
 
 def parse_held(s: Section) -> tuple[str, ...] | None:
-    """Package names from ``apt-mark showhold``; None when apt-mark is missing or failed."""
+    """Names of the packages on hold (what ``apt-mark showhold`` lists); None when dpkg-query is missing or failed."""
     if not s.ok:
         return None
     return tuple(line.strip() for line in s.text.splitlines() if re.fullmatch(r"[a-z0-9][a-z0-9+.:-]*", line.strip()))
 
 
-HELD = Probe("held", "apt-mark showhold", parse_held)
+# dpkg's own selection state (db:Status-Abbrev 'h.' = hold), not apt-mark showhold: apt-mark builds apt's whole
+# cache first, about 0.5 s of CPU per host as a non-root user, which took facts of 20 loopback hosts from 1.2 s to 7.8 s
+HELD = Probe("held", "q=$(dpkg-query -W -f='${Package}\\t${db:Status-Abbrev}\\t${Version}\\n') || exit $?; "
+             "printf '%s\\n' \"$q\" | awk -F'\\t' '$2 ~ /^h/' | cut -f1", parse_held)
 
 _APT_VALUE = re.compile(r'^(?P<key>[A-Za-z:-]+?)(?P<item>::)? "(?P<value>.*)";$')
 

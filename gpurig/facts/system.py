@@ -145,8 +145,8 @@ def parse_host_ids(s: Section) -> tuple[str | None, str | None, bool]:
 
 
 def parse_python3(s: Section) -> str | None:
-    """The version python3 printed; None where there is none (``sh: N: python3: not found``, rc 127)."""
-    m = re.fullmatch(r"(\d+\.\d+\.\d+)\S*", s.text.strip()) if s.ok else None
+    """The version ``python3 --version`` printed (``Python 3.11.2``); None where there is none (``sh: N: python3: not found``, rc 127)."""
+    m = re.fullmatch(r"Python (\d+\.\d+\.\d+)\S*", s.text.strip()) if s.ok else None
     return m.group(1) if m else None
 
 
@@ -169,8 +169,9 @@ SYSTEM_PROBES: tuple[Probe, ...] = (
           + ")' /etc/apt/sources.list /etc/apt/sources.list.d/", parse_repositories),
     Probe("host_ids", "cat /etc/machine-id /proc/sys/kernel/random/boot_id; [ -e /var/run/reboot-required ] && echo reboot-required; true",
           parse_host_ids),
-    # verify's host probe and monitor's sampler are Python files handed to this python3 (gpurig/connect/launcher.py)
-    Probe("python3", "python3 -c 'import sys; print(sys.version.split()[0])'", parse_python3),
+    # verify's host probe and monitor's sampler are Python files handed to this python3 (gpurig/connect/launcher.py);
+    # --version answers without starting the interpreter's runtime (1 ms, against 30 ms for -c 'import sys')
+    Probe("python3", "python3 --version", parse_python3),
 )
 
 

@@ -130,8 +130,8 @@ class DriverHoldStep(Step):
             return Plan.skip("no NVIDIA driver package installed: nothing to hold")
         held, policy = facts.gpuhost.held, facts.gpuhost.upgrades
         if held is None or policy is None:
-            return Plan.fail("apt-mark showhold or apt-config gave no answer: what apt may upgrade is not known",
-                             "run apt-mark showhold on the host and run again")
+            return Plan.fail("dpkg-query (held packages) or apt-config gave no answer: what apt may upgrade is not known",
+                             "run apt-mark showhold and apt-config dump on the host to see why, and run again")
         unheld = [p for p in packages if p not in held]
         exposed = [p for p in packages if not policy.blacklisted(p)]
         changes = []

@@ -132,7 +132,7 @@ def driver_hold(facts: Facts) -> Record:
         return Record("host", rid, "skip", detail="no NVIDIA driver package installed through dpkg")
     held, policy = facts.gpuhost.held, facts.gpuhost.upgrades
     if held is None or policy is None:
-        return _record(rid, "fail", "apt-mark showhold or apt-config gave no answer: what apt may upgrade is not known")
+        return _record(rid, "fail", "dpkg-query (held packages) or apt-config gave no answer: what apt may upgrade is not known")
     unheld = [p for p in packages if p not in held]
     exposed = [p for p in unheld if not policy.blacklisted(p)]
     if exposed and policy.enabled and "unattended-upgrades" in facts.system.installed:
