@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_facts import ansible_ssh_env, bench_args, bench_hosts, run_interleaved, write_inventories  # noqa: E402
+from bench_facts import REPO, ansible_ssh_env, bench_args, bench_hosts, run_interleaved, write_inventories  # noqa: E402
 
 from gpurig.facts import PROBES  # noqa: E402
 
