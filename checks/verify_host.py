@@ -530,9 +530,9 @@ def xid_record(args, snap):
                   "; ".join(dict.fromkeys(fix for _, _, status, fix in found if status == worst)))
 
 
-def probe(args):
+def probe(args, on_pci):
     snap = gather(args)
-    records = [driver_record(snap, nvidia_gpus_on_pci(args.pci_devices))]
+    records = [driver_record(snap, on_pci)]
     if records[0]["status"] == "fail":
         why = f"skipped: {why_skipped(snap)}"
         records += [record("host.gpu_count", "skip", None, args.expect_gpus, "GPUs", why),
@@ -571,7 +571,8 @@ def parse_args(argv):
         epilog="record ids: host.driver, host.gpu_count, host.gpu_model, host.gpuN.{persistence, ecc_uncorrected, "
                "retired_pages, remapped_rows, throttle, pcie, temperature, processes}, host.xid")
     out = parser.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help='print {"probe": "host", "version": 1, "records": [...]} (default)')
+    out.add_argument("--json", action="store_true",
+                     help='print {"probe": "host", "version": 1, "records": [...], "nvidia_gpus_on_pci": N} (default)')
     out.add_argument("--text", action="store_true", help="print an aligned table for people")
     parser.add_argument("--expect-gpus", type=int, metavar="N", help="GPUs the inventory expects (gpurig_gpus.count)")
     parser.add_argument("--expect-model", metavar="SUBSTRING", help="GPU model the inventory expects (gpurig_gpus.model)")
@@ -592,11 +593,12 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    records = probe(args)
+    on_pci = nvidia_gpus_on_pci(args.pci_devices)
+    records = probe(args, on_pci)
     if args.text:
         print(text_table(records))
-    else:
-        print(json.dumps({"probe": "host", "version": 1, "records": records}))
+    else:  # the PCI count lets gpurig skip what only a GPU host needs (the traps' facts); null: sysfs unreadable
+        print(json.dumps({"probe": "host", "version": 1, "records": records, "nvidia_gpus_on_pci": on_pci}))
     return 0
 
 

@@ -28,7 +28,7 @@ from gpurig.facts.probes import Section
 from gpurig.skeleton import shipped_text
 from gpurig.strict.validate import whole_number
 from gpurig.verify.records import HostVerdict, Record, unchecked
-from gpurig.verify.traps import trap_records
+from gpurig.verify.traps import trap_records, trap_records_without_gpu
 
 HOST_PROBE = "checks/verify_host.py"  # as shipped (gpurig.skeleton.shipped finds them in a wheel as in a checkout)
 TORCH_PROBE = "checks/verify_torch.py"
@@ -90,9 +90,10 @@ def verify_host(conn: Connection, plan: VerifyPlan, expect_gpus: int | None = No
     """
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    records = host_records(conn, plan, expect_gpus, expect_model)
+    records, on_pci = host_records(conn, plan, expect_gpus, expect_model)
     if plan.traps and not any(r.id == "host.probe" for r in records):  # a host probe that could not run already failed the host
-        records += host_trap_records(conn, expect_mig)
+        # the traps are a GPU host's: where the probe counted no NVIDIA GPU on the PCI bus, no second round trip asks for them
+        records += trap_records_without_gpu() if on_pci == 0 else host_trap_records(conn, expect_mig)
     seconds["host"] = time.monotonic() - t0
     if plan.container or plan.image:
         t0 = time.monotonic()
@@ -120,6 +121,15 @@ def host_trap_records(conn: Connection, expect_mig: bool | None) -> list[Record]
 
 def parse_document(result: Result, probe: str) -> list[Record] | None:
     """The records of a probe's JSON document on stdout (the whole output, else its last JSON line), or None."""
+    doc = probe_document(result)
+    raw = doc.get("records") if doc is not None else None
+    if not isinstance(raw, list):
+        return None
+    return [Record.from_probe(probe, r) for r in raw if isinstance(r, dict)]
+
+
+def probe_document(result: Result) -> dict | None:
+    """A probe's JSON document on stdout (the whole output, else its last JSON line), or None."""
     doc = None
     try:
         doc = json.loads(result.stdout)
@@ -131,16 +141,15 @@ def parse_document(result: Result, probe: str) -> list[Record] | None:
                 except ValueError:
                     pass
                 break
-    raw = doc.get("records") if isinstance(doc, dict) else None
-    if not isinstance(raw, list):
-        return None
-    return [Record.from_probe(probe, r) for r in raw if isinstance(r, dict)]
+    return doc if isinstance(doc, dict) else None
 
 
-def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, expect_model: str | None) -> list[Record]:
+def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None,
+                 expect_model: str | None) -> tuple[list[Record], int | None]:
+    """(the host probe's records, the NVIDIA GPUs it counted on the PCI bus: None where not known)."""
     if plan.host_probe is None:
         why = plan.host_probe_error or f"{HOST_PROBE} is not in this gpurig"
-        return [Record("host", "host.probe", "fail", detail=f"the host could not be checked: {why}", fix=REINSTALL)]
+        return [Record("host", "host.probe", "fail", detail=f"the host could not be checked: {why}", fix=REINSTALL)], None
     args = ["--json"]
     if expect_gpus is not None:
         args += ["--expect-gpus", str(expect_gpus)]
@@ -150,14 +159,15 @@ def host_records(conn: Connection, plan: VerifyPlan, expect_gpus: int | None, ex
         result = conn.admin(embedded(plan.host_probe, "verify_host.py", args), warn=True, timeout=120)
     except CommandTimeout:
         return [Record("host", "host.probe", "fail", detail="the host probe did not finish within 120 s (a hung nvidia-smi or NVML?)",
-                       fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")]
+                       fix="run nvidia-smi on the host; a GPU that hangs it needs a reset or a reboot")], None
     records = parse_document(result, "host")
     if records:
-        return records
+        on_pci = (probe_document(result) or {}).get("nvidia_gpus_on_pci")
+        return records, on_pci if isinstance(on_pci, int) and not isinstance(on_pci, bool) and on_pci >= 0 else None
     if result.exited == 127:
         return [Record("host", "host.probe", "fail", detail="no python3 on the host to run the host probe",
-                       fix="install python3 on the host (apt-get install python3)")]
-    return [silent_probe(result, "host", "run checks/verify_host.py --text on the host to see why", records)]
+                       fix="install python3 on the host (apt-get install python3)")], None
+    return [silent_probe(result, "host", "run checks/verify_host.py --text on the host to see why", records)], None
 
 
 def silent_probe(result: Result, probe: str, fix: str, records: list[Record] | None) -> Record:

@@ -51,8 +51,13 @@ def _record(rid: str, status: str, detail: str, measured=None, expected=None) ->
 def trap_records(facts: Facts, mig_wanted: bool | None = None) -> list[Record]:
     """One record per trap (persistence is checked per GPU by checks/verify_host.py); all ``skip`` on a host without NVIDIA GPUs."""
     if not facts.pci_gpus and not facts.gpus:
-        return [Record("host", rid, "skip", detail="no NVIDIA GPU on this host") for rid in TRAPS if rid != "host.gpuN.persistence"]
+        return trap_records_without_gpu()
     return [daemon_reload(facts), fabric_manager(facts), driver_libraries(facts), driver_hold(facts), mig(facts, mig_wanted)]
+
+
+def trap_records_without_gpu() -> list[Record]:
+    """The traps' records of a host without an NVIDIA GPU: each ``skip``, none of them applies."""
+    return [Record("host", rid, "skip", detail="no NVIDIA GPU on this host") for rid in TRAPS if rid != "host.gpuN.persistence"]
 
 
 def daemon_reload(facts: Facts) -> Record:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedConnection
 
 from gpurig.errors import InventoryError
 from gpurig.facts import parse_facts
@@ -29,6 +30,7 @@ from gpurig.facts.system import parse_packages
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
 from gpurig.steps import STEPS
+from gpurig.verify.runner import VerifyPlan, verify_host
 from gpurig.verify.traps import TRAPS, trap_records
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
@@ -156,3 +158,17 @@ def test_verify_a_pending_reboot_with_equal_versions_is_a_warning():
 
 def test_a_cpu_host_skips_every_trap():
     assert {r.status for r in trap_records(facts_of("debian13-systemd-docker"))} == {"skip"}
+
+
+@pytest.mark.parametrize(("on_pci", "rounds"), [(0, 1), (2, 2), (None, 2)])
+def test_verify_asks_for_the_traps_facts_only_where_the_probe_did_not_count_zero_gpus(on_pci, rounds):
+    """No NVIDIA GPU on the PCI bus: the traps' records skip without the second round trip (it doubled verify's time
+    on 20 GPU-less hosts); a GPU counted, or a count not known, still asks."""
+    probe_doc = json.dumps({"probe": "host", "version": 1, "nvidia_gpus_on_pci": on_pci,
+                            "records": [{"id": "host.driver", "status": "fail", "detail": "no driver"}]})
+    recorded = (FIXTURES / "debian13-systemd-docker.txt").read_text()
+    conn = ScriptedConnection("h", lambda line: (0, recorded, "") if "@@gpurig-fact" in line else (0, probe_doc, ""))
+    verdict = verify_host(conn, dataclasses.replace(VerifyPlan.from_checks(), traps=True))
+    assert len(conn.lines) == rounds
+    traps = [r for r in verdict.records if r.id in TRAPS]
+    assert traps and {r.status for r in traps} == {"skip"}  # this recorded host has no GPU either way
