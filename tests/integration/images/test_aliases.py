@@ -17,7 +17,8 @@ def spec_with(project, default: str):
     text = text.replace(f"name: {SPEC_NAME}", f"name: {NAME}").replace('aliases: ["{variant}-{cuda_tag}"]', 'aliases: ["{variant}"]')
     if default == "cuda":
         text = text.replace('cuda: "cpu", default: true}', 'cuda: "cpu"}').replace(f'cuda: "{CUDA}"}}', f'cuda: "{CUDA}", default: true}}')
-    path = project / "images" / f"aliases-{default}.yaml"
+    # beside images/, not in it: the session's other tests read every spec in images/ (render --all, images, lint)
+    path = project / f"aliases-{default}.yaml"
     path.write_text(text)
     return path
 

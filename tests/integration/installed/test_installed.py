@@ -145,7 +145,7 @@ def test_verify_of_a_gpu_less_host_fails_with_the_driver_reason(installed):
     doc = json.loads((installed.project / "verify.json").read_text())
     assert doc["passed"] is False
     [host] = doc["hosts"]
-    assert host["status"] == "failed" and host["reason"].startswith("host.driver: no NVIDIA driver loaded"), host["reason"]
+    assert host["status"] == "failed" and host["reason"].startswith("host.driver: no NVIDIA GPU on this host: none on its PCI bus"), host["reason"]
     records = {r["id"]: r for r in host["data"]["records"]}
     assert records["host.driver"]["status"] == "fail"  # the probe ran on the host: not 'skip', not a missing probe
     row = next(line for line in proc.stdout.splitlines() if line.startswith(HOST))
