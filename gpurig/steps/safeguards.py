@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from gpurig.errors import counted
 from gpurig.facts import Facts
 from gpurig.facts.gpuhost import DEV_CHAR_RULE, GpuMode
 from gpurig.inventory.profile import HostProfile
@@ -27,11 +28,11 @@ from gpurig.steps.plan import Change, Plan, Step
 
 NO_DRIVER = "no NVIDIA driver loaded yet"
 RULE_PATH = f"/lib/udev/rules.d/{DEV_CHAR_RULE}"
+CREATE_LINKS = "nvidia-ctk system create-dev-char-symlinks --create-all"
 # NVIDIA Container Toolkit's documented rule (troubleshooting: "Failed to initialize NVML: Unknown Error").
 RULE_TEXT = ("# Written by gpurig: /dev/char links to the NVIDIA device nodes, made again each time the driver binds,\n"
              "# so that containers keep their GPUs across systemctl daemon-reload (systemd cgroup driver).\n"
-             'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
-CREATE_LINKS = "nvidia-ctk system create-dev-char-symlinks --create-all"
+             f'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", RUN+="/usr/bin/{CREATE_LINKS}"\n')
 CGROUPFS = "native.cgroupdriver=cgroupfs"
 TRAP = ("a systemctl daemon-reload takes the GPUs from running containers "
         "('Failed to initialize NVML: Unknown Error' inside them)")
@@ -151,6 +152,11 @@ class DriverHoldStep(Step):
 FABRIC_PACKAGE = re.compile(r"nvidia-fabricmanager(-\d+)?")
 
 
+def installed_fabric_manager(facts: Facts) -> tuple[str, str] | None:
+    """(package, version) of the installed nvidia-fabricmanager, whatever its branch suffix; None where none is."""
+    return next(((p, v) for p, v in sorted(facts.system.installed.items()) if FABRIC_PACKAGE.fullmatch(p)), None)
+
+
 class FabricManagerStep(Step):
     """nvidia-fabricmanager of the loaded driver's own version, enabled and running, where NVSwitches are."""
 
@@ -168,7 +174,7 @@ class FabricManagerStep(Step):
         if not module:
             return Plan.skip(f"{NO_DRIVER}: the fabric manager must match its version")
         branch = module.split(".")[0]
-        have = next(((p, v) for p, v in sorted(facts.system.installed.items()) if FABRIC_PACKAGE.fullmatch(p)), None)
+        have = installed_fabric_manager(facts)
         if have and upstream(have[1]) != upstream(module):
             return Plan.fail(f"{have[0]} {have[1]} is installed, the loaded driver is {module}: the fabric manager must be the driver's "
                              "own version (else CUDA says 'system not yet initialized')",
@@ -183,7 +189,7 @@ class FabricManagerStep(Step):
         service = facts.system.service("nvidia-fabricmanager")
         if not have or service.enabled != "enabled" or not service.running:
             changes.append(Change("enable and start nvidia-fabricmanager", (Shell("systemctl enable --now nvidia-fabricmanager"),)))
-        switches = f"{len(fabric.nvswitches)} NVSwitch{'es' if len(fabric.nvswitches) != 1 else ''}"
+        switches = counted(len(fabric.nvswitches), "NVSwitch", "NVSwitches")
         if not changes:
             return Plan.ok(f"{have[0] if have else package} {module} enabled and running for {switches}")
         state = "not installed" if not have else f"{service.enabled or 'no unit'}, {service.active or 'inactive'}"

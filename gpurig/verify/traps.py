@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpurig.errors import counted
 from gpurig.facts import Facts
 from gpurig.steps.apt import upstream
-from gpurig.steps.safeguards import FABRIC_PACKAGE, driver_packages
+from gpurig.steps.safeguards import driver_packages, installed_fabric_manager
 from gpurig.verify.records import Record
 
 
@@ -95,8 +96,8 @@ def fabric_manager(facts: Facts) -> Record:
     if not fabric.nvswitches:
         return Record("host", rid, "skip", detail="no NVSwitch on the PCI bus: no fabric manager needed")
     module = facts.driver_version
-    have = next(((p, v) for p, v in sorted(facts.system.installed.items()) if FABRIC_PACKAGE.fullmatch(p)), None)
-    switches = f"{len(fabric.nvswitches)} NVSwitches"
+    have = installed_fabric_manager(facts)
+    switches = counted(len(fabric.nvswitches), "NVSwitch", "NVSwitches")
     states = sorted(set(fabric.states))
     said = f"; fabric state: {', '.join(states)}" if states else ""
     if have is None:
@@ -167,6 +168,6 @@ def mig(facts: Facts, wanted: bool | None) -> Record:
         asked = "gpurig_gpus.mig is false" if wanted is False else "the inventory does not ask for MIG (gpurig_gpus.mig)"
         return _record(rid, "fail" if wanted is False else "warn",
                        f"MIG is on for GPU {', '.join(map(str, on))} and {asked}: a container asking for those GPU indexes gets "
-                       f"{len(devices)} MIG device{'s' if len(devices) != 1 else ''} instead, and whole-GPU utilisation is absent{later}",
+                       f"{counted(len(devices), 'MIG device')} instead, and whole-GPU utilisation is absent{later}",
                        len(on), 0)
     return _record(rid, "pass", f"MIG off on all {len(modes)} GPUs{later}", 0, 0)
