@@ -32,17 +32,33 @@ class PullFailed(Exception):
         self.disk_full = "no space left on device" in message
 
 
-class PullProgress:
-    def __init__(self, progress: Progress, sizes: dict[str, int] | None = None, moved: Callable[[], int | None] = lambda: None) -> None:
+class _LayerProgress:
+    """Per-layer [done, total] byte counts, told to ``progress`` whenever their sum changes."""
+
+    def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.sizes = sizes or {}  # short id -> compressed size, known before the pull says it
-        self.moved = moved
-        self.layers: dict[str, list[int]] = {}  # short id -> [done, total], for the layers fetched
+        self.layers: dict[str, list[int]] = {}  # short id -> [done, total], for the layers moved
         self._last: tuple[int, int] | None = None
+
+    @property
+    def done(self) -> int:
+        return sum(d for d, _ in self.layers.values())
 
     @property
     def total(self) -> int:
         return sum(t for _, t in self.layers.values())
+
+    def _say(self, done: int, total: int) -> None:
+        if (done, total) != self._last:
+            self._last = (done, total)
+            self.progress(done, total)
+
+
+class PullProgress(_LayerProgress):
+    def __init__(self, progress: Progress, sizes: dict[str, int] | None = None, moved: Callable[[], int | None] = lambda: None) -> None:
+        super().__init__(progress)
+        self.sizes = sizes or {}  # short id -> compressed size, known before the pull says it
+        self.moved = moved
 
     def feed(self, event: dict) -> None:
         """One event of the pull; PullFailed for an error event."""
@@ -69,23 +85,16 @@ class PullProgress:
     def _report(self) -> None:
         total = self.total
         wire = self.moved()
-        done = sum(d for d, _ in self.layers.values()) if wire is None else wire
+        done = self.done if wire is None else wire
         self._say(min(done, total) if total else done, total)
 
-    def _say(self, done: int, total: int) -> None:
-        if (done, total) != self._last:
-            self._last = (done, total)
-            self.progress(done, total)
 
-
-class PushProgress:
+class PushProgress(_LayerProgress):
     """(bytes done, bytes in all) of a push, over the layers it uploads; the layers the registry has already count as done."""
 
     def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.layers: dict[str, list[int]] = {}  # short id -> [done, total] for the layers uploaded
+        super().__init__(progress)
         self.present: set[str] = set()  # layers the registry already held
-        self._last: tuple[int, int] | None = None
 
     def feed(self, event: dict) -> None:
         layer, status = event.get("id"), str(event.get("status", ""))
@@ -102,17 +111,14 @@ class PushProgress:
             self.present.add(layer)
         else:
             return
-        done, total = sum(d for d, _ in self.layers.values()), sum(t for _, t in self.layers.values())
-        if (done, total) != self._last:
-            self._last = (done, total)
-            self.progress(done, total)
+        self._say(self.done, self.total)
 
     def summary(self) -> str:
         """'3 of 9 layers uploaded (1.2 GB)' once the push is done."""
         from gpurig.image.build import human_size
 
         uploaded = len(self.layers)
-        return f"{uploaded} of {uploaded + len(self.present)} layers uploaded ({human_size(sum(t for _, t in self.layers.values()))})"
+        return f"{uploaded} of {uploaded + len(self.present)} layers uploaded ({human_size(self.total)})"
 
 
 class CountPace:
