@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.steps",),
     ("gpurig.deploy",),
     ("gpurig.verify", "gpurig.monitor"),
+    ("gpurig.jobs",),
     ("gpurig.report",),
     ("gpurig.cli",),
 ]
