@@ -1,0 +1,328 @@
+"""Whether a path is ignored by a tree's gitignore-syntax files, with git's semantics (https://git-scm.com/docs/gitignore).
+
+Each pattern is compiled once into a regex over bytes, because git's wildmatch
+compares bytes: ``?`` is one byte, so it does not match a two-byte ``é``, and
+names that are not UTF-8 still match as git would. A path's subject is the
+path relative to the ignore file's directory with a NUL byte appended when the
+path is a directory (NUL cannot occur in a name), so "directories only" is part
+of the regex instead of a test in Python. Each file's patterns are combined
+into two alternations, last pattern first, one matched against the base name
+(patterns without a slash) and one against the relative path; the lowest
+alternative that matches is the last matching pattern, which decides.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_BACKSLASH, _SLASH, _STAR, _QUESTION, _LBRACKET, _RBRACKET = (ord(c) for c in "\\/*?[]")
+_NUL = b"\x00"
+_DIR_MARK = {True: _NUL, False: b""}
+_FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's, without its per-call overhead: matching calls it for every path
+
+
+def _ascii(test) -> frozenset[int]:
+    return frozenset(c for c in range(128) if test(chr(c)))
+
+
+# wildmatch's classes use git's own ASCII-only ctype, whose space is tab, newline, CR and space (no \v, \f).
+_SPACE = frozenset(b"\t\n\r ")
+_PRINT = frozenset(range(0x20, 0x7F))
+_NAMED: dict[bytes, frozenset[int]] = {
+    b"alnum": _ascii(lambda c: c.isascii() and c.isalnum()),
+    b"alpha": _ascii(lambda c: c.isascii() and c.isalpha()),
+    b"blank": frozenset(b" \t"),
+    b"cntrl": frozenset(range(0x20)) | {0x7F},
+    b"digit": frozenset(b"0123456789"),
+    b"graph": _PRINT - _SPACE,
+    b"lower": frozenset(b"abcdefghijklmnopqrstuvwxyz"),
+    b"print": _PRINT,
+    b"punct": frozenset(b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
+    b"space": _SPACE,
+    b"upper": frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
+    b"xdigit": frozenset(b"0123456789abcdefABCDEF"),
+}
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One line of an ignore file, compiled: where it came from, how it reads, and what it matches."""
+
+    source: str  # the ignore file, as a user names it (e.g. "sub/.gitignore")
+    line: int
+    text: str  # the line after trailing-space trimming, as written (with its "!" and slashes)
+    negated: bool
+    dir_only: bool
+    basename: bool  # no slash other than a trailing one: matches the name at any depth below the file's directory
+    regex: bytes  # over the subject (see the module's docstring), anchored at both ends
+
+
+def parse(text: str | bytes, source: str = "") -> tuple[Pattern, ...]:
+    """The patterns of one ignore file, in file order; lines that can never match anything are left out."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # git skips a UTF-8 byte order mark
+    patterns = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if not raw or raw.startswith(b"#"):
+            continue
+        line = _trim_trailing_spaces(line)
+        pattern = _compile(line, source, number)
+        if pattern is not None:
+            patterns.append(pattern)
+    return tuple(patterns)
+
+
+def _trim_trailing_spaces(line: bytes) -> bytes:
+    """git's trim_trailing_spaces: unescaped trailing spaces go, a backslash keeps the space after it."""
+    last_space = -1
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == 0x20:
+            if last_space < 0:
+                last_space = i
+        elif c == _BACKSLASH:
+            i += 1
+            if i == len(line):
+                return line
+            last_space = -1
+        else:
+            last_space = -1
+        i += 1
+    return line[:last_space] if last_space >= 0 else line
+
+
+def _compile(line: bytes, source: str, number: int) -> Pattern | None:
+    written = line.decode("utf-8", "backslashreplace")
+    negated = line.startswith(b"!")
+    body = line[1:] if negated else line
+    dir_only = body.endswith(b"/")
+    if dir_only:
+        body = body[:-1]
+    basename = b"/" not in body
+    if not basename and body.startswith(b"/"):
+        body = body[1:]  # a leading slash only anchors, which every pattern with a slash is anyway
+    # git compares a path pattern's literal head (up to the first of *?[\) as a string and wildmatches only the rest, so
+    # a "**" right after that head counts as at the start: "a**/b" matches "a/x/b" and "ab". Replicated, being what git does.
+    head = 0 if basename else next((k for k, c in enumerate(body) if c in b"*?[\\"), len(body))
+    glob = _glob(body, head) if body else None
+    if glob is None:
+        return None
+    regex = glob + (_NUL if dir_only else _NUL + b"?") + rb"\Z"
+    return Pattern(source, number, written, negated, dir_only, basename, regex)
+
+
+def _glob(pattern: bytes, start: int = 0) -> bytes | None:
+    """wildmatch(pattern[start:], WM_PATHNAME) after a literal pattern[:start], as a regex; None for a pattern git can never match
+    (an unclosed class, an unknown [:name:], a lone trailing backslash)."""
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == _STAR:
+            j = i
+            while j < n and pattern[j] == _STAR:
+                j += 1
+            after_slash = i == start or pattern[i - 1] == _SLASH
+            before_slash = j == n or pattern[j] == _SLASH or (pattern[j] == _BACKSLASH and j + 1 < n and pattern[j + 1] == _SLASH)
+            if j - i >= 2 and after_slash and before_slash:
+                if j < n and pattern[j] == _SLASH:
+                    out.append(b"(?:[^\\x00]*/)?")  # "**/": zero or more whole directories
+                    i = j + 1
+                    continue
+                out.append(b"[^\\x00]*")  # "/**" at the end, or a "**" before an escaped slash: anything, slashes included
+            else:
+                out.append(b"[^/\\x00]*")  # "*", and any other run of stars
+            i = j
+        elif c == _QUESTION:
+            out.append(b"[^/\\x00]")
+            i += 1
+        elif c == _LBRACKET:
+            parsed = _char_class(pattern, i + 1)
+            if parsed is None:
+                return None
+            members, i = parsed
+            out.append(_byte_set(members))
+        elif c == _BACKSLASH:
+            if i + 1 == n:
+                return None
+            out.append(re.escape(pattern[i + 1:i + 2]))
+            i += 2
+        else:
+            out.append(re.escape(pattern[i:i + 1]))
+            i += 1
+    return b"".join(out)
+
+
+def _char_class(pattern: bytes, i: int) -> tuple[frozenset[int], int] | None:
+    """The bytes a ``[...]`` starting at ``i`` (just after the ``[``) matches, and where it ends; a port of wildmatch's loop."""
+    n = len(pattern)
+    if i >= n:
+        return None
+    ch = pattern[i]
+    negated = ch in b"!^"
+    if negated:
+        i += 1
+        if i >= n:
+            return None
+        ch = pattern[i]
+    members: set[int] = set()
+    prev = 0
+    while True:
+        if ch == _BACKSLASH:
+            i += 1
+            if i >= n:
+                return None
+            ch = pattern[i]
+            members.add(ch)
+        elif ch == ord("-") and prev and i + 1 < n and pattern[i + 1] != _RBRACKET:
+            i += 1
+            ch = pattern[i]
+            if ch == _BACKSLASH:
+                i += 1
+                if i >= n:
+                    return None
+                ch = pattern[i]
+            members.update(range(prev, ch + 1))  # a reversed range is empty, as in git
+            ch = 0  # a range cannot start a range
+        elif ch == _LBRACKET and i + 1 < n and pattern[i + 1] == ord(":"):
+            start = i + 2
+            end = pattern.find(b"]", start)
+            if end < 0:
+                return None
+            if end - start - 1 < 0 or pattern[end - 1] != ord(":"):
+                members.add(_LBRACKET)  # no ":]": the "[" is an ordinary member and the scan goes on after it
+            else:
+                named = _NAMED.get(pattern[start:end - 1])
+                if named is None:
+                    return None  # git gives up on the whole pattern for an unknown [:name:]
+                members |= named
+                i = end
+                ch = 0
+        else:
+            members.add(ch)
+        prev = ch
+        i += 1
+        if i >= n:
+            return None
+        ch = pattern[i]
+        if ch == _RBRACKET:
+            break
+    chosen = frozenset(range(256)) - members if negated else frozenset(members)
+    return chosen - {_SLASH, 0}, i + 1
+
+
+def _byte_set(members: frozenset[int]) -> bytes:
+    if not members:
+        return b"(?!)"
+    ranges: list[tuple[int, int]] = []
+    run: list[int] = []
+    for c in sorted(members):
+        if run and c == run[-1] + 1:
+            run.append(c)
+        else:
+            if run:
+                ranges.append((run[0], run[-1]))
+            run = [c]
+    ranges.append((run[0], run[-1]))
+    parts = (f"\\x{a:02x}" if a == b else f"\\x{a:02x}-\\x{b:02x}" for a, b in ranges)
+    return ("[" + "".join(parts) + "]").encode()
+
+
+class IgnoreFile:
+    """One ignore file's patterns, compiled into two alternations (names, paths) tried last pattern first."""
+
+    def __init__(self, directory: str, patterns: tuple[Pattern, ...]) -> None:
+        self.directory = directory
+        self.patterns = patterns
+        self._names = self._alternation([k for k, p in enumerate(patterns) if p.basename])
+        self._paths = self._alternation([k for k, p in enumerate(patterns) if not p.basename])
+
+    def _alternation(self, indexes: list[int]) -> tuple[re.Pattern[bytes], tuple[int, ...]] | None:
+        if not indexes:
+            return None
+        order = tuple(reversed(indexes))
+        return re.compile(b"|".join(b"(" + self.patterns[k].regex + b")" for k in order)), order
+
+    def last_match(self, name: bytes, relative: bytes) -> Pattern | None:
+        """The last pattern matching a path, given its subjects: base name and path relative to this file's directory."""
+        best = -1
+        for compiled, subject in ((self._names, name), (self._paths, relative)):
+            if compiled is not None and (m := compiled[0].match(subject)) is not None and m.lastindex is not None:
+                best = max(best, compiled[1][m.lastindex - 1])
+        return self.patterns[best] if best >= 0 else None
+
+
+class IgnoreRules:
+    """Every ignore file of a tree by its directory: which pattern decides a path, and whether the path is ignored.
+
+    Paths are posix, relative to the tree's root, without a leading "./".
+    Files in deeper directories take precedence; of two files for one
+    directory, the one added later does (add .git/info/exclude before the
+    root .gitignore, as git ranks them).
+    """
+
+    def __init__(self, files: Iterable[tuple[str, str | bytes]] = ()) -> None:
+        self._files: dict[str, list[IgnoreFile]] = {}
+        self._chains: dict[str, tuple[tuple[int, IgnoreFile], ...]] = {}
+        for directory, text in files:
+            self.add(directory, text)
+
+    def add(self, directory: str, text: str | bytes, source: str = "") -> None:
+        """Take one more ignore file, whose patterns are relative to ``directory`` ("" for the root)."""
+        directory = directory.strip("/")
+        directory = "" if directory == "." else directory.removeprefix("./")
+        named = source or (f"{directory}/.gitignore" if directory else ".gitignore")
+        patterns = parse(text, named)
+        if patterns:
+            self._files.setdefault(directory, []).append(IgnoreFile(directory, patterns))
+            self._chains.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._files)
+
+    def _chain(self, parent: str) -> tuple[tuple[int, IgnoreFile], ...]:
+        """The files that apply inside ``parent``, deepest first, each with the byte length of its directory's prefix."""
+        chain = self._chains.get(parent)
+        if chain is None:
+            found: list[tuple[int, IgnoreFile]] = []
+            directory = parent
+            while True:
+                cut = len(os.fsencode(directory)) + 1 if directory else 0
+                found.extend((cut, f) for f in reversed(self._files.get(directory, ())))
+                if not directory:
+                    break
+                directory = directory.rpartition("/")[0]
+            chain = self._chains[parent] = tuple(found)
+        return chain
+
+    def match(self, path: str, is_dir: bool) -> Pattern | None:
+        """The pattern that decides ``path`` itself (possibly a negation), or None; its parent directories are not looked at."""
+        parent, _, _ = path.rpartition("/")
+        chain = self._chain(parent)
+        if not chain:
+            return None
+        mark = _DIR_MARK[is_dir]
+        whole = path.encode(_FS_ENCODING, "surrogateescape")
+        name = whole[whole.rfind(b"/") + 1:] + mark
+        for cut, ignore_file in chain:
+            found = ignore_file.last_match(name, whole[cut:] + mark)
+            if found is not None:
+                return found
+        return None
+
+    def excluded(self, path: str, is_dir: bool) -> bool:
+        """Whether ``path``'s own last matching pattern excludes it; for a walk that never enters excluded directories."""
+        found = self.match(path, is_dir)
+        return found is not None and not found.negated
+
+    def ignored(self, path: str, is_dir: bool) -> bool:
+        """Whether git would ignore ``path``: it is excluded, or a directory above it is (which no "!" pattern can undo)."""
+        parts = path.split("/")
+        return any(self.excluded("/".join(parts[:k]), True) for k in range(1, len(parts))) or self.excluded(path, is_dir)
