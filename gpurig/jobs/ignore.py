@@ -7,8 +7,8 @@ path relative to the ignore file's directory with a NUL byte appended when the
 path is a directory (NUL cannot occur in a name), so "directories only" is part
 of the regex instead of a test in Python. Each file's patterns are combined
 into two alternations, last pattern first, one matched against the base name
-(patterns without a slash) and one against the relative path; the lowest
-alternative that matches is the last matching pattern, which decides.
+(patterns without a slash) and one against the relative path; the first
+alternative to match is the last matching pattern, which decides.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 _BACKSLASH, _SLASH, _STAR, _QUESTION, _LBRACKET, _RBRACKET = (ord(c) for c in "\\/*?[]")
@@ -25,7 +25,7 @@ _DIR_MARK = {True: _NUL, False: b""}
 _FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's, without its per-call overhead: matching calls it for every path
 
 
-def _ascii(test) -> frozenset[int]:
+def _ascii(test: Callable[[str], bool]) -> frozenset[int]:
     return frozenset(c for c in range(128) if test(chr(c)))
 
 
@@ -68,10 +68,9 @@ def parse(text: str | bytes, source: str = "") -> tuple[Pattern, ...]:
         data = data[3:]  # git skips a UTF-8 byte order mark
     patterns = []
     for number, raw in enumerate(data.split(b"\n"), 1):
-        line = raw[:-1] if raw.endswith(b"\r") else raw
         if not raw or raw.startswith(b"#"):
-            continue
-        line = _trim_trailing_spaces(line)
+            continue  # before the CR goes, as in git: a line of one CR is no blank line, but it matches nothing either
+        line = _trim_trailing_spaces(raw[:-1] if raw.endswith(b"\r") else raw)
         pattern = _compile(line, source, number)
         if pattern is not None:
             patterns.append(pattern)
