@@ -37,7 +37,7 @@ class ScriptedConnection(Connection):
         self.lines: list[str] = []
         self.closed = False
 
-    def _execute(self, line: str, shown: str, *, timeout: float | None, on_output: Any, watcher: Any = None) -> Result:
+    def _execute(self, line: str, shown: str, *, timeout: float | None, on_output: Any, watcher: Any = None, streams: Any = None) -> Result:
         self.lines.append(line)
         if self._script is not None:
             answer = self._script(line)

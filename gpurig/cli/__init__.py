@@ -21,10 +21,10 @@ from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
 def build_collection() -> Collection:
     """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig.cli import deploy, hosts, images, inventory, monitor, project, provision, verify
+    from gpurig.cli import deploy, hosts, images, inventory, jobqueue, monitor, project, provision, run, verify
 
     ns = Collection()
-    for module in (project, images, hosts, inventory, provision, deploy, verify, monitor):
+    for module in (project, images, hosts, inventory, provision, deploy, verify, monitor, run, jobqueue):
         for name in module.__all__:
             ns.add_task(getattr(module, name))
     return ns
@@ -32,6 +32,12 @@ def build_collection() -> Collection:
 
 class GpurigProgram(Program):
     """Invoke's Program reading gpurig.yaml files and GPURIG_* variables, from any directory of a project."""
+
+    def run(self, argv=None, exit: bool = True) -> None:
+        from gpurig.cli import base
+
+        base.PROGRAM_ARGV[:] = argv.split() if isinstance(argv, str) else list(argv if argv is not None else sys.argv)
+        super().run(argv, exit)
 
     def core_args(self):
         args = whole_number_flags(super().core_args())

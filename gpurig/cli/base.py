@@ -136,6 +136,27 @@ def print_task_help(made: Task) -> None:
     program.print_task_help(name)
 
 
+# The argv the program was run with (GpurigProgram records it; under Invoke's own program, sys.argv is it).
+PROGRAM_ARGV: list[str] = []
+
+
+def remainder_argv(c) -> tuple[str, ...]:
+    """The words after ``--`` as the shell gave them: Invoke joins its remainder with spaces, which loses "a b" and ''.
+
+    Taken from the program's own argv when it agrees with Invoke's remainder;
+    else (a remainder given some other way) split as a shell would.
+    """
+    import shlex
+
+    text = c.remainder or ""
+    raw = PROGRAM_ARGV or sys.argv
+    if "--" in raw:
+        words = raw[raw.index("--") + 1:]
+        if " ".join(words) == text:
+            return tuple(words)
+    return tuple(shlex.split(text)) if text.strip() else ()
+
+
 def project_root(c) -> Path:
     """The project gpurig acts on: the configured root, else found from the working directory upwards."""
     return root_of(c.config) or Path.cwd()

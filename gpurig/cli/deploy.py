@@ -219,13 +219,21 @@ def uptime(ci) -> str:
     return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-@host_task(help={"name": "the container (as in gpurig status)", "follow": "keep printing new lines until Ctrl-C",
-                 "tail": "how many lines from the end (default 100; 0 = all)"},
+@host_task(help={"name": "the container (as in gpurig status), or with --job the job's id (or a unique start of it)",
+                 "follow": "keep printing new lines until Ctrl-C (a job's: until it ends)",
+                 "tail": "how many lines from the end (default 100 for a container, a job's whole log; 0 = all)",
+                 "job": "NAME is a job: its log, from whichever host runs it (every host is searched unless -l narrows)"},
            positional=["name"])
-def logs(c, opts: HostOptions, name=None, follow=False, tail=100):
-    """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected."""
+def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
+    """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
+    if job:
+        from gpurig.cli.jobqueue import job_logs
+
+        job_logs(opts, name, bool(follow), max(int(tail), 0))
+        return
+    tail = 100 if int(tail) < 0 else tail
     if not name:
-        raise ConfigError("which container? `gpurig logs -l HOST NAME`", "see the names with `gpurig status`")
+        raise ConfigError("which container? `gpurig logs -l HOST NAME` (or a job: `gpurig logs --job ID`)", "see the names with `gpurig status`")
     _names(name)  # checked before any host is contacted
     chosen = select_hosts(opts)
     prefix = len(chosen) > 1

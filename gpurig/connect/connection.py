@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpurig.connect.streams import Streams
 from gpurig.errors import HostError, error_line
 
 SUDO_PASSWORD_ENV = "GPURIG_SUDO_PASSWORD"
@@ -30,6 +31,7 @@ _SUDO_SHELL = 'trap "kill -s KILL 0" TERM; sh -c "$1" & wait $!'
 
 Command = str | Sequence[str]
 OutputHandler = Callable[[str, str], None]  # (stream name "stdout"|"stderr", text chunk)
+
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -193,6 +195,7 @@ class Connection:
         warn: bool = False,
         timeout: float | None = None,
         on_output: OutputHandler | None = None,
+        streams: Streams | None = None,
     ) -> Result:
         """Run a shell line (or an argv list, quoted) and return its Result.
 
@@ -202,7 +205,7 @@ class Connection:
         line = to_shell(command)
         if self.interrupted:
             raise self._interrupted_error(started=False)
-        result = self._execute(line, line, timeout=self._timeout(timeout), on_output=on_output)
+        result = self._execute(line, line, timeout=self._timeout(timeout), on_output=on_output, streams=streams)
         return self._checked(result, warn)
 
     def sudo(
@@ -213,6 +216,7 @@ class Connection:
         warn: bool = False,
         timeout: float | None = None,
         on_output: OutputHandler | None = None,
+        streams: Streams | None = None,
     ) -> Result:
         """Run a command through sudo, answering its password prompt when a password is configured.
 
@@ -233,9 +237,11 @@ class Connection:
             inner = "exec </dev/null; " + _SUDO_SHELL
             wrapped = shlex.join(["sudo", "-S", "-k", "-p", prompt, *as_user, "--", "sh", "-c", inner, "sh", line])
         watcher = SudoPrompt(prompt, password) if prompt and password is not None else None
+        if watcher and streams and streams.feed:
+            raise ValueError("sudo with a password reads it on stdin: no stdin can be fed to its command")
         if self.interrupted:
             raise self._interrupted_error(started=False)
-        result = self._execute(wrapped, f"sudo {line}", timeout=self._timeout(timeout), on_output=on_output, watcher=watcher)
+        result = self._execute(wrapped, f"sudo {line}", timeout=self._timeout(timeout), on_output=on_output, watcher=watcher, streams=streams)
         if watcher:
             result = _replace_stderr(result, watcher.clean(result.stderr))
             if watcher.asked > 1:
@@ -258,11 +264,11 @@ class Connection:
         return self.become and self._user_name() != "root"
 
     def admin(self, command: Command, *, warn: bool = False, timeout: float | None = None,
-              on_output: OutputHandler | None = None) -> Result:
+              on_output: OutputHandler | None = None, streams: Streams | None = None) -> Result:
         """Run with the rights the inventory grants: through sudo when ``needs_sudo``, else as the login user."""
         if self.needs_sudo:
-            return self.sudo(command, warn=warn, timeout=timeout, on_output=on_output)
-        return self.run(command, warn=warn, timeout=timeout, on_output=on_output)
+            return self.sudo(command, warn=warn, timeout=timeout, on_output=on_output, streams=streams)
+        return self.run(command, warn=warn, timeout=timeout, on_output=on_output, streams=streams)
 
     def stream_opener(self, line: str) -> Callable[[float | None], object] | None:
         """A callable that starts ``line`` on the host and gives its stdin/stdout as one socket-like stream.
@@ -288,6 +294,7 @@ class Connection:
         timeout: float | None,
         on_output: OutputHandler | None,
         watcher: SudoPrompt | None = None,
+        streams: Streams | None = None,
     ) -> Result:
         raise NotImplementedError
 

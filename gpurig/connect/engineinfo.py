@@ -42,6 +42,7 @@ class ImageInfo:
     labels: dict
     size: int
     digests: tuple[str, ...] = ()  # repository@sha256:... of the registries it was pushed to or pulled from
+    user: str = ""  # the image's USER ("1000", "gpurig:gpurig", "" for root)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def image_info(data: dict) -> ImageInfo:
         labels=dict((data.get("Config") or {}).get("Labels") or {}),
         size=int(data.get("Size") or 0),
         digests=tuple(data.get("RepoDigests") or ()),
+        user=str((data.get("Config") or {}).get("User") or ""),
     )
 
 

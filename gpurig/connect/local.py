@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from gpurig.connect.connection import Connection, OutputCollector, Result
+from gpurig.connect.streams import Feeder
 from gpurig.errors import HostError
 from gpurig.process import stop
 
@@ -18,7 +19,7 @@ from gpurig.process import stop
 class LocalConnection(Connection):
     """Commands run in their own process group, so a timeout or an interrupt ends everything they started."""
 
-    def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
+    def _execute(self, line, shown, *, timeout, on_output, watcher=None, streams=None) -> Result:
         started = time.monotonic()
         proc = subprocess.Popen(
             ["/bin/sh", "-c", line],
@@ -30,7 +31,14 @@ class LocalConnection(Connection):
         stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
         assert stdin and stdout and stderr  # all three are PIPEs
         collect = OutputCollector(on_output, watcher)
-        if watcher is None:
+        on_bytes = streams.on_bytes if streams else None
+        feeder = None
+        if streams and streams.feed:
+            def write(data: bytes) -> None:
+                stdin.write(data)
+                stdin.flush()
+            feeder = Feeder(streams.feed, write, stdin.close)
+        elif watcher is None:
             stdin.close()
         sel = selectors.DefaultSelector()
         sel.register(stdout, selectors.EVENT_READ, "stdout")
@@ -51,6 +59,9 @@ class LocalConnection(Connection):
                         sel.unregister(key.fileobj)
                         collect.add(key.data, b"", final=True)
                         continue
+                    if key.data == "stdout" and on_bytes is not None:
+                        on_bytes(data)
+                        continue
                     send, close = collect.add(key.data, data)
                     if send and not stdin.closed:
                         stdin.write(send)
@@ -58,10 +69,14 @@ class LocalConnection(Connection):
                     if close and not stdin.closed:
                         stdin.close()
             exited = proc.wait()
+            if feeder is not None:
+                feeder.join()
         except BaseException:
             stop(proc)
             raise
         finally:
+            if feeder is not None:
+                feeder.stop()
             sel.close()
             for f in (proc.stdin, proc.stdout, proc.stderr):
                 if f and not f.closed:

@@ -35,6 +35,7 @@ from gpurig.connect.connection import (
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, marked, stop_line
+from gpurig.connect.streams import Feeder
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
 from gpurig.errors import HostError
@@ -166,7 +167,7 @@ class SSHConnection(Connection):
         """Each call opens a new channel running ``line`` (``open_stream``)."""
         return lambda timeout: self.open_stream(line, timeout)
 
-    def _execute(self, line, shown, *, timeout, on_output, watcher=None) -> Result:
+    def _execute(self, line, shown, *, timeout, on_output, watcher=None, streams=None) -> Result:
         self.connect()
         transport = self._transport  # close() from another thread (Ctrl-C) may set the attribute to None meanwhile
         if transport is None:
@@ -179,7 +180,10 @@ class SSHConnection(Connection):
             raise ConnectionLost(f"could not start a command: {err or type(err).__name__}", "check that the host is up and retry", host=self.name) from None
         collect = OutputCollector(on_output, watcher)
         pid = RemotePid()
-        if watcher is None:
+        feed = streams.feed if streams else None
+        on_bytes = streams.on_bytes if streams else None
+        feeder = Feeder(feed, chan.sendall, chan.shutdown_write) if feed else None
+        if watcher is None and feeder is None:
             chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
         deadline = started + timeout if timeout else None
         exited_at: float | None = None
@@ -190,7 +194,11 @@ class SSHConnection(Connection):
                 got = False
                 while chan.recv_ready():
                     got = True
-                    self._answer(chan, collect.add("stdout", chan.recv(65536)))
+                    data = chan.recv(65536)
+                    if on_bytes is not None:
+                        on_bytes(data)
+                    else:
+                        self._answer(chan, collect.add("stdout", data))
                 while chan.recv_stderr_ready():
                     got = True
                     self._answer(chan, collect.add("stderr", pid.strip(chan.recv_stderr(65536))))
@@ -218,7 +226,8 @@ class SSHConnection(Connection):
                         raise ConnectionLost("connection closed while a command ran", "", host=self.name)
             # Drain what arrived together with the exit status.
             while chan.recv_ready():
-                collect.add("stdout", chan.recv(65536))
+                data = chan.recv(65536)
+                on_bytes(data) if on_bytes is not None else collect.add("stdout", data)
             while chan.recv_stderr_ready():
                 collect.add("stderr", pid.strip(chan.recv_stderr(65536)))
             collect.add("stderr", pid.strip(b"", final=True))
@@ -231,6 +240,10 @@ class SSHConnection(Connection):
         finally:
             sel.close()
             chan.close()
+            if feeder is not None:
+                feeder.stop()
+        if feeder is not None:
+            feeder.join()
         if exited == -1:
             # The channel closed without an exit status: the session or the host went away.
             raise ConnectionLost(

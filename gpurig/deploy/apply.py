@@ -26,8 +26,8 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, open_engine
 from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
 from gpurig.deploy import access
-from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL, old_settings, plan
-from gpurig.deploy.hoststate import HostState, check_memlock, make_workspaces, read_host
+from gpurig.deploy.compare import IMAGE_LABEL, JOB_LABEL, JOB_SHARE_LABEL, NAME_LABEL, old_settings, plan
+from gpurig.deploy.hoststate import HostState, check_fits_host, make_workspaces, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_mig, check_ports, check_runtime
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import gather_complete as gather
@@ -70,7 +70,8 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
         facts = gather(conn)
         state = read_host(conn, [v.source for t in targets for v in t.spec.volumes if not v.create])
         ours = engine.containers(label=NAME_LABEL)
-        refusals, devices = preflight(engine, targets, facts, info, state, ours, job)
+        jobs = [c for c in engine.containers(label=JOB_LABEL) if c.running and c.device_ids]
+        refusals, devices = preflight(engine, targets, facts, info, state, ours, job, jobs)
         if refusals:
             return [refused(t, refusals) for t in targets]
         moved: dict[str, Any] = {}
@@ -152,12 +153,14 @@ def container_doc(r: StepResult) -> dict[str, Any]:
             "reason": r.reason, "fix": r.fix, "logs": d.get("logs", ""), "exit_code": d.get("exit_code")}
 
 
-def preflight(engine: Engine, targets: list[Target], facts, info, state: HostState, ours, job: DeployJob):
+def preflight(engine: Engine, targets: list[Target], facts, info, state: HostState, ours, job: DeployJob, jobs=()):
+    """Refusals, and each container's GPUs; ``jobs``: the running job containers (gpurig run), whose GPUs are held too."""
     specs = [t.spec for t in targets]
     refusals: list[Refusal] = []
     devices: dict = {}
     names = {s.name for s in specs}
     held = {c.name: (c.device_ids or (), bool(old_settings(c).get("share"))) for c in ours if c.name not in names and c.device_ids}
+    held.update({f"job {c.labels[JOB_LABEL]}": (c.device_ids or (), c.labels.get(JOB_SHARE_LABEL) == "true") for c in jobs})
     current = {c.name: c.device_ids for c in ours if c.name in names and c.device_ids}
     try:
         devices = job.assign_gpus(specs, [(g.index, g.uuid) for g in facts.gpus], held=held, current=current)
@@ -169,13 +172,7 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
         if other is not None and NAME_LABEL not in other.labels:
             refusals.append(Refusal(t.spec.name, f"a container named {t.spec.name} exists and was not made by gpurig",
                                     "remove or rename it, or give this one another name in gpurig_containers"))
-        for v in t.spec.volumes:
-            if not v.create and not state.exists.get(v.source, True):
-                refusals.append(Refusal(t.spec.name, f"the volume source {v.source!r} does not exist on the host",
-                                        "create it there (datasets are mounted read-only, never made), or fix the path"))
-        refusals += check_memlock(t.spec, state)
-        if t.spec.cpus and info.cpus and t.spec.cpus > info.cpus:
-            refusals.append(Refusal(t.spec.name, f"cpus: {t.spec.cpus:g} but the host has {info.cpus}", f"set cpus to at most {info.cpus}"))
+        refusals += check_fits_host(t.spec, state, info.cpus)
     for p in planned:
         refusals += check_driver(p, facts, job.matrix_cudas)
         if p.wants_gpus and p.name in devices:

@@ -22,6 +22,9 @@ NAME_LABEL = "io.gpurig.deploy.name"
 HASH_LABEL = "io.gpurig.deploy.hash"
 SETTINGS_LABEL = "io.gpurig.deploy.settings"
 IMAGE_LABEL = "io.gpurig.deploy.image"
+# A job's container (gpurig run): never deploy's to adopt, but the GPUs it holds are taken.
+JOB_LABEL = "io.gpurig.job.id"
+JOB_SHARE_LABEL = "io.gpurig.job.share"
 
 Setting = tuple[str, Any, Any]  # (key, old, new); None: absent on that side
 

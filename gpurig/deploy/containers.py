@@ -117,12 +117,13 @@ class ContainerSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def create_body(
-        self, image_ref: str, device_ids: tuple[str, ...] | None = None, labels: Mapping[str, str] | None = None
+        self, image_ref: str, device_ids: tuple[str, ...] | None = None, labels: Mapping[str, str] | None = None, *, deployed: bool = True
     ) -> dict[str, Any]:
         """The JSON body of ``POST /containers/create?name=<self.name>`` (Engine API v1.41+).
 
         ``device_ids``: what ``assign_gpus`` gave this container (None for gpus: all
-        or none; an explicit id list is used as written when None).
+        or none; an explicit id list is used as written when None). ``deployed``: it
+        carries deploy's labels (a job's container does not: deploy never adopts it).
         """
         # ssh_keys are not here: deploy puts them at the image's secrets path (/run/secrets/authorized_keys) before start.
         env = [f"{name}={value}" for name, value in self.env]
@@ -132,7 +133,7 @@ class ContainerSpec:
             f"{LABEL}.user": self.user or "",
             f"{LABEL}.variant": self.variant,
             f"{LABEL}.settings": json.dumps(self.settings(), sort_keys=True, separators=(",", ":")),
-        }
+        } if deployed else {}
         bindings: dict[str, list[dict[str, str]]] = {}
         for port in sorted(self.ports, key=lambda p: (p.container, p.host, p.bind)):
             bindings.setdefault(f"{port.container}/tcp", []).append({"HostIp": port.bind, "HostPort": str(port.host)})

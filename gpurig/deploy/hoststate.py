@@ -82,6 +82,17 @@ def check_memlock(spec, state: HostState) -> list[Refusal]:
     return []
 
 
+def check_fits_host(spec, state: HostState, cpus: int | None) -> list[Refusal]:
+    """What the host must have for the container: its volume sources (datasets are never made), dockerd's limits, the CPUs asked for."""
+    refusals = [Refusal(spec.name, f"the volume source {v.source!r} does not exist on the host",
+                        "create it there (datasets are mounted read-only, never made), or fix the path")
+                for v in spec.volumes if not v.create and not state.exists.get(v.source, True)]
+    refusals += check_memlock(spec, state)
+    if spec.cpus and cpus and spec.cpus > cpus:
+        refusals.append(Refusal(spec.name, f"cpus: {spec.cpus:g} but the host has {cpus}", f"set cpus to at most {cpus}"))
+    return refusals
+
+
 def make_workspaces(conn: Connection, target) -> None:
     """The default workspace folders, made once and handed to the image's user (the user's own volumes must exist already)."""
     made = [v.source for v in target.spec.volumes if v.create]

@@ -59,7 +59,7 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
 
     ``host_gpus``: the host's (index, UUID) pairs from its facts. None means every
     GPU (gpus: all), () none. ``held``: the host's other gpurig containers (not in
-    this run) -> (their device ids, ``("all",)`` for every GPU; their share flag):
+    this run) and its running jobs (``"job ID"``) -> (their device ids, ``("all",)`` for every GPU; their share flag):
     their GPUs are taken like those of this run's. ``current``: the devices this
     run's containers hold now; a count keeps them when they are still free, so a
     redeploy does not move a container to other GPUs. Refused: an id or UUID the
@@ -134,8 +134,9 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
             common = used[spec.name] & gpus
             if common and not (spec.share and share):
                 devices = ", ".join(map(str, sorted(common)))
-                raise InventoryError(
-                    f"host {host}: container {spec.name} would get GPU {devices}, which the running gpurig container {name} holds",
-                    f"give {spec.name} other GPUs, remove {name} (gpurig rm), or set share: true on both",
-                )
+                job = name.removeprefix("job ") if name.startswith("job ") else None
+                holder, free_it = (f"job {job}", f"wait for it or cancel it (gpurig cancel {job})") if job else (
+                    f"the running gpurig container {name}", f"remove {name} (gpurig rm)")
+                raise InventoryError(f"host {host}: container {spec.name} would get GPU {devices}, which {holder} holds",
+                                     f"give {spec.name} other GPUs, {free_it}, or set share: true on both")
     return result

@@ -40,7 +40,7 @@ def _suite(result: HostResult, started: str) -> ET.Element:
     verdict = result.data if isinstance(result.data, HostVerdict) else None
     if verdict is None:
         case = ET.SubElement(suite, "testcase", classname=f"{result.host}.verify", name="verify", time=f"{result.duration_s:.3f}")
-        ET.SubElement(case, "error", message=_clean(result.reason or result.status), type=result.status).text = _clean(result.reason)
+        ET.SubElement(case, "error", message=xml_text(result.reason or result.status), type=result.status).text = xml_text(result.reason)
         _count(suite, tests=1, errors=1)
         return suite
     seconds = verdict.seconds or {}
@@ -61,15 +61,15 @@ def _share(seconds: dict[str, float], probe: str, records: Iterable[Record]) -> 
 
 
 def _case(host: str, r: Record, seconds: float) -> ET.Element:
-    case = ET.Element("testcase", classname=_clean(f"{host}.{r.probe}"), name=_clean(r.id), time=f"{seconds:.3f}")
+    case = ET.Element("testcase", classname=xml_text(f"{host}.{r.probe}"), name=xml_text(r.id), time=f"{seconds:.3f}")
     text = f"measured: {r.shown('measured')}\nexpected: {r.shown('expected')}\n{r.detail}"
     if r.status == "fail":
-        failure = ET.SubElement(case, "failure", message=_clean(r.detail or r.id), type="fail")
-        failure.text = _clean(text + (f"\nfix: {r.fix}" if r.fix else ""))
+        failure = ET.SubElement(case, "failure", message=xml_text(r.detail or r.id), type="fail")
+        failure.text = xml_text(text + (f"\nfix: {r.fix}" if r.fix else ""))
     elif r.status == "skip":
-        ET.SubElement(case, "skipped", message=_clean(r.detail or "skipped"))
+        ET.SubElement(case, "skipped", message=xml_text(r.detail or "skipped"))
     else:
-        ET.SubElement(case, "system-out").text = _clean(f"{r.status}: {text}" + (f"\nfix: {r.fix}" if r.fix else ""))
+        ET.SubElement(case, "system-out").text = xml_text(f"{r.status}: {text}" + (f"\nfix: {r.fix}" if r.fix else ""))
     return case
 
 
@@ -77,7 +77,7 @@ def _case(host: str, r: Record, seconds: float) -> ET.Element:
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def _clean(text: str) -> str:
+def xml_text(text: str) -> str:
     return _NOT_XML.sub("?", text)
 
 

@@ -1,0 +1,200 @@
+"""The ``jobs``, ``attach``, ``cancel`` and ``fetch`` tasks, and ``logs --job``: jobs read from the hosts, found by id.
+
+Thin: a job's state lives on its host, so each task asks the selected hosts
+(every host of the inventory unless narrowed with -l) through the job agent,
+finds the job by its id or a unique prefix of it, and acts on that host.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import Path
+
+from invoke.exceptions import Exit
+
+from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, make_connector, run_hosts, select_hosts
+from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import FleetReport, Outcome, run_fleet
+from gpurig.errors import ConfigError, GpurigError, counted
+from gpurig.files import write_text_report
+from gpurig.jobs.artifacts import RUNS, fetch
+from gpurig.jobs.remote import JobAgent
+from gpurig.jobs.views import STATES, JobView, check_job_id, duration_text, job_view, pick
+from gpurig.report import err_console, outside
+from gpurig.report.fleetrun import STATUS_STYLE
+from gpurig.report.tables import Column
+from gpurig.status import Status
+from gpurig.verify.junit import xml_text
+
+__all__ = ["jobs", "attach", "cancel", "fetch_"]
+
+JOBS_SCHEMA = "gpurig.jobs/1"
+
+
+def views_of(rep: FleetReport) -> list[JobView]:
+    return [v for r in rep.results if isinstance(r.data, tuple) for v in r.data]
+
+
+def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
+    agent_text = None
+
+    def work(conn: Connection) -> Outcome:
+        nonlocal agent_text
+        agent = JobAgent(conn, agent_text)
+        agent_text = agent.source
+        return Outcome(data=tuple(job_view(conn.name, d) for d in agent.jobs(ids)))
+
+    return run_hosts(opts, select_hosts(opts), work, label=label, schema=JOBS_SCHEMA,
+                     annotate=lambda rep: {"jobs": [v.to_dict() for v in views_of(rep)]})
+
+
+@host_task(help={"state": "only jobs in these states, comma-separated (pending, running, succeeded, failed, cancelled)",
+                 "job": "only this job (its id, or a unique start of it)"})
+def jobs(c, opts: HostOptions, state=None, job=None):
+    """The jobs on the selected hosts (default: all): state (with why it waits or failed), GPUs, runtime, command."""
+    wanted = [s.strip() for s in (state or "").split(",") if s.strip()]
+    for s in wanted:
+        if s not in STATES:
+            raise ConfigError(f"--state {s!r} is not a job state", f"use {', '.join(STATES)}")
+    report = list_jobs(opts, (check_job_id(job),) if job else ())
+    found = sorted(views_of(report), key=lambda v: (v.submitted_at or 0, v.host, v.id))
+    shown = [v for v in found if not wanted or v.state in wanted]
+    columns = [Column("host"), Column("job"), Column("name", drop=3), Column("state"), Column("gpus", drop=2), Column("runtime", drop=1),
+               Column("command", drop=4)]
+    rows = [[v.host, v.id, v.name, v.state_text, v.gpu_text, duration_text(v.runtime_s), " ".join(v.argv)] for v in shown]
+    for r in report.results:
+        if r.status not in (Status.OK, Status.CHANGED):
+            rows.append([r.host, "-", "", f"{r.status}: {r.reason}", "", "", ""])
+    opts.show(columns, rows, doc=fleet_document(opts, report, JOBS_SCHEMA, jobs=[v.to_dict() for v in shown]))
+    exit_for(report)
+
+
+def find_job(opts: HostOptions, wanted: str) -> JobView:
+    """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
+    hosts = select_hosts(opts)
+    connector = make_connector(opts)
+    try:
+        report = run_fleet(hosts, lambda conn: Outcome(data=tuple(job_view(conn.name, d) for d in JobAgent(conn).jobs((wanted,)))),
+                           connector=connector, forks=opts.settings.forks, label="find")
+    finally:
+        connector.close()
+    views = views_of(report)
+    try:
+        return pick(views, wanted, len(hosts))
+    except GpurigError as err:
+        unasked = [r for r in report.results if r.status not in (Status.OK, Status.CHANGED)]
+        if unasked and not views:
+            said = "; ".join(f"{r.host}: {r.reason}" for r in unasked[:3])
+            raise ConfigError(f"{err.problem}; {counted(len(unasked), 'host')} could not be asked ({said})", err.fix) from None
+        raise
+
+
+def on_job_host(opts: HostOptions, view: JobView, label: str, work) -> FleetReport:
+    chosen = [h for h in select_hosts(opts) if h.name == view.host]
+    return run_hosts(opts, chosen, work, label=label, schema=f"gpurig.{label}/1")
+
+
+def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
+    def work(conn: Connection) -> Outcome:
+        end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
+        return Outcome(data=end)
+
+    return on_job_host(opts, view, label, work)
+
+
+def print_now(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
+    """``gpurig logs --job ID``: the whole log (or its last ``tail`` lines), with --follow until the job ends."""
+    view = find_job(opts, check_job_id(job))
+    exit_for(stream_log(opts, view, follow=follow, tail=tail, label="logs"))
+
+
+@host_task(help={"job": "the job (its id, or a unique start of it)", "tail": "lines of the log already written to show first (default 20; 0 = all)"},
+           positional=["job"])
+def attach(c, opts: HostOptions, job=None, tail=20):
+    """Follow a job's output until it ends, then exit with its exit code; Ctrl-C detaches (the job goes on)."""
+    view = find_job(opts, check_job_id(job))
+    try:
+        report = stream_log(opts, view, follow=True, tail=int(tail), label="attach")
+    except KeyboardInterrupt:
+        err_console.print(f"detached from job {view.id}; it goes on (gpurig cancel {view.id} stops it)", highlight=False)
+        raise
+    exit_for(report)
+    end = next((r.data for r in report.results if r.data is not None), None)
+    after = find_job(opts, view.id)
+    err_console.print(f"job {after.id} on {outside(after.host)}: {outside(after.state_text)}", highlight=False)
+    if end is not None and after.ended:
+        raise Exit(code=after.exit_status)
+
+
+@host_task(help={"job": "the job (its id, or a unique start of it)", "grace": "seconds between TERM and KILL (default 10)"},
+           positional=["job"], changes=True)
+def cancel(c, opts: HostOptions, job=None, grace=10):
+    """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
+    view = find_job(opts, check_job_id(job))
+    seconds = float(grace)
+
+    def work(conn: Connection) -> Outcome:
+        if opts.check:
+            return Outcome(status=Status.SKIPPED, detail=f"would cancel job {view.id} ({view.state_text})")
+        said = JobAgent(conn).cancel(view.id, seconds)
+        changed = bool(said.get("changed"))
+        detail = f"job {view.id}: {said.get('state')}" + ("" if changed else f" already ({said.get('reason') or 'ended'})")
+        return Outcome(status=Status.CHANGED if changed else Status.OK, detail=detail, data=said)
+
+    report = on_job_host(opts, view, "cancel", work)
+    rows = [[r.host, view.id, r.status, r.reason] for r in report.results]
+    opts.show([Column("host"), Column("job"), Column("status", styles=STATUS_STYLE), Column("reason")], rows,
+              doc=fleet_document(opts, report, "gpurig.cancel/1"))
+    exit_for(report)
+
+
+@host_task(help={"job": "the job (its id, or a unique start of it)", "into": f"where to put them (default: ./{RUNS}/JOB)"},
+           positional=["job"], name="fetch")
+def fetch_(c, opts: HostOptions, job=None, into=None):
+    """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
+    view = find_job(opts, check_job_id(job))
+    if not view.artifacts:
+        raise ConfigError(f"job {view.id} names no artifacts", "give run --artifacts PATH (e.g. checkpoints/) for the next job")
+    dest = Path(into).resolve() if into else Path.cwd() / RUNS / view.id
+
+    def work(conn: Connection) -> Outcome:
+        return Outcome(data=fetch(JobAgent(conn), view.id, dest))
+
+    report = on_job_host(opts, view, "fetch", work)
+    for r in report.results:
+        if r.data is not None:
+            err_console.print(f"{outside(r.host)}: job {view.id}: {outside(r.data.line())}", highlight=False)
+    exit_for(report)
+    if not view.ended:
+        err_console.print(f"job {view.id} is still {view.state}: fetch again when it ends for the rest", highlight=False)
+
+
+def job_junit(views: Iterable[JobView]) -> str:
+    """Jobs as JUnit XML: one testcase per job, a failure when it did not succeed (with its exit code and why)."""
+    views = list(views)
+    root = ET.Element("testsuites", name="gpurig run")
+    suite = ET.SubElement(root, "testsuite", name="gpurig run", tests=str(len(views)),
+                          failures=str(sum(v.state != "succeeded" for v in views)), errors="0", skipped="0")
+    for v in views:
+        case = ET.SubElement(suite, "testcase", classname=xml_text(f"{v.host}.run"), name=xml_text(f"{v.name} ({v.id})"),
+                             time=f"{v.runtime_s or 0:.3f}")
+        text = f"command: {' '.join(v.argv)}\nstate: {v.state_text}\nexit code: {v.exit_status}\nattempts: {len(v.attempts)}"
+        if v.state == "succeeded":
+            ET.SubElement(case, "system-out").text = xml_text(text)
+        else:
+            failure = ET.SubElement(case, "failure", message=xml_text(v.state_text), type=v.state)
+            failure.text = xml_text(text + f"\nlogs: gpurig logs --job {v.id}")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_junit(target: str, views: list[JobView]) -> None:
+    write_text_report(target, job_junit(views), "--junit")
+

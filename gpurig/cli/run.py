@@ -1,0 +1,240 @@
+"""The ``run`` task: a script on a host's GPUs, detached, with ``--wait`` for CI (the log streamed, the script's exit code).
+
+Thin: every flag checked and the working directory scanned before any host is
+contacted; the job's container resolved here (deploy's settings for the
+variant, or an explicit image, or a deployed container), then
+``gpurig.jobs.submit.submit_job`` on the one selected host. Without ``--wait``
+it prints the job's id and returns; the job goes on without this process.
+With ``--wait`` it streams the log, fetches the artifacts, prints the summary
+(exit code, wall time, GPU use, the diagnosis) on stderr and exits with the
+script's exit code; Ctrl-C then detaches, leaving the job running.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from invoke.exceptions import Exit
+
+from gpurig.cli.base import remainder_argv
+from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import FleetInterrupted, FleetReport, Outcome
+from gpurig.errors import ConfigError, GpurigError, InventoryError
+from gpurig.jobs import request as jobspec
+from gpurig.jobs.artifacts import RUNS
+from gpurig.jobs.submit import Submitted
+from gpurig.jobs.sync import sync_key
+from gpurig.jobs.tree import scan
+from gpurig.jobs.views import duration_text
+from gpurig.report import err_console, outside
+from gpurig.report.tables import Column
+from gpurig.status import Status
+
+if TYPE_CHECKING:
+    from gpurig.jobs.artifacts import Fetched
+    from gpurig.jobs.summary import GpuUse
+    from gpurig.jobs.views import JobView
+
+__all__ = ["run"]
+
+SCHEMA = "gpurig.run/1"
+# git's own folders (nested repositories' too: git never sends their contents), and where fetched artifacts land
+ALWAYS_IGNORED = (".git", f"/{RUNS}")
+
+RUN_HELP = {
+    "variant": "run in a fresh container of this variant of the project's image (default slim), with deploy's settings for it",
+    "image": "run in a fresh container of this image instead (name:tag, on this machine or the host)",
+    "container": "run inside this deployed container (docker exec) instead of a fresh one; it stays up after the job",
+    "gpus": "GPUs to give the job: a count (2), all, none, or ids (0,1 / GPU-uuid); default 1 for a CUDA image on a GPU host",
+    "share": "may run on GPUs another container or job holds, where that one shares too",
+    "workdir": "the folder synced to the host and used as the job's /workspace, its cwd (default: .)",
+    "name": "the job's name in `gpurig jobs` (default: the script's name)",
+    "artifacts": "a path in the working directory to bring back when the job ends (repeatable), e.g. checkpoints/",
+    "keep": "how many ended jobs of this working directory the host keeps (default 10; older ones are removed)",
+    "retry": "run again this many times when the script exits non-zero (never after cancel)",
+    "timeout": "stop the job (TERM, then KILL after --grace) when an attempt runs longer: 90, 30m, 2h, 1d",
+    "grace": "seconds between TERM and KILL when the job is stopped (default 10)",
+    "env": "NAME=VALUE for the job's environment (repeatable); the value reaches the script byte for byte",
+    "ulimit": "NAME=N or NAME=SOFT:HARD over the container's ulimits (repeatable; -1 unlimited), e.g. memlock=-1",
+    "shm_size": "the job's /dev/shm (default: the container's, 16g unless gpurig_shm_size or its gpurig_containers entry says)",
+    "wait": "stream the log until the job ends, fetch its artifacts, exit with its exit code (for CI)",
+    "junit": "with --wait, also write the result as JUnit XML to this file (- = stdout)",
+    "into": f"where --wait puts the artifacts (default: WORKDIR/{RUNS}/JOB)",
+    "spec": "image spec file (default: the one in images/)",
+}
+
+
+@dataclass(frozen=True)
+class Waited:
+    """What --wait saw after the submission: how the job ended, its artifacts, its GPU use."""
+
+    view: JobView
+    fetched: Fetched | None
+    use: GpuUse | None
+    error: GpurigError | None = None  # fetching the artifacts or the samples failed: the job's result stands, the host fails
+
+
+@host_task(help=RUN_HELP, changes=True, iterable=["artifacts", "env", "ulimit"])
+def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
+        artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
+        spec=None):
+    """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
+    argv = remainder_argv(c)
+    if not argv:
+        raise ConfigError("no command given", "gpurig run -l HOST -- python train.py --epochs 3")
+    if any("\0" in a for a in argv):
+        raise ConfigError("the command holds a NUL byte", "remove it: no process can receive one")
+    if sum(bool(x) for x in (variant, image, container)) > 1:
+        raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
+    if junit and not wait:
+        raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
+    request = jobspec.RunRequest(
+        argv=argv, workdir=Path(workdir or ".").resolve(), variant=None if image or container else (variant or "slim"),
+        image=image, container=container, gpus=jobspec.gpus_flag(gpus), share=bool(share), name=jobspec.job_name(argv, name),
+        artifacts=jobspec.artifact_flags(artifacts), keep=jobspec.whole(keep, "--keep", 0, jobspec.MAX_KEEP, "10"),
+        retry=jobspec.whole(retry, "--retry", 0, jobspec.MAX_RETRY, "2"),
+        timeout=jobspec.duration(timeout, "--timeout") if timeout is not None else None,
+        grace=float(jobspec.whole(grace, "--grace", 0, 3600, "30")), env=jobspec.env_flags(env),
+        ulimits=jobspec.ulimit_flags(ulimit), shm_size=jobspec.shm_flag(shm_size),
+    )
+    chosen = select_hosts(opts)
+    if len(chosen) != 1:
+        raise InventoryError(f"run puts a job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
+    host = chosen[0]
+    tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
+    for skipped in tree.skipped:
+        err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
+    from gpurig.cli.jobtarget import resolve_target
+
+    job = jobspec.new_job_id()
+    target = resolve_target(c, opts, host, request, job, sync_key(request.workdir), tree, spec)
+    into_dir = Path(into).resolve() if into else request.workdir / RUNS / job
+
+    def work(conn: Connection) -> Outcome:
+        from gpurig.jobs.submit import submit_job
+
+        submitted = submit_job(conn, target)
+        if opts.check or not wait:
+            return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
+        done = follow(conn, submitted.job, request, into_dir)
+        if done.error is not None:
+            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
+        return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
+
+    try:
+        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep)})
+    except FleetInterrupted:
+        if wait:
+            err_console.print(f"detached from job {job}; it goes on: `gpurig attach {job}`, `gpurig cancel {job}`")
+        raise
+    show_run(opts, report, wait)
+    if junit:
+        from gpurig.cli.jobqueue import write_junit
+
+        write_junit(junit, [w.view for w in waited(report)])
+    exit_for(report)
+    done = waited(report)
+    if done:
+        raise Exit(code=done[0].view.exit_status)
+
+
+def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path) -> Waited:
+    """--wait: the log to stdout until the job ends, then its artifacts and its GPU use."""
+    from gpurig.jobs.artifacts import fetch
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.summary import gpu_use
+    from gpurig.jobs.views import job_view
+
+    agent = JobAgent(conn)
+
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    agent.logs(job, out, follow=True)
+    found = agent.jobs((job,))
+    view = job_view(conn.name, found[0]) if found else None
+    if view is None:
+        raise ConfigError(f"job {job} is gone from {conn.name}", "see `gpurig jobs`")
+    try:
+        fetched = fetch(agent, job, into) if request.artifacts else None
+        return Waited(view, fetched, gpu_use(view, agent.samples(job)))
+    except GpurigError as err:
+        return Waited(view, None, None, err)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A host's data in the fleet report: the submission, and with --wait how the job ended."""
+
+    submitted: Submitted
+    waited: Waited | None = None
+
+    def to_dict(self) -> dict:
+        """The JSON report's job: no env value (the body stays on the host), no file list (the counts)."""
+        s = self.submitted
+        doc = {"id": s.job, "state": s.state, "gpus": s.gpus, "supervisor": s.supervisor, "image_delivery": s.delivery,
+               "bytes_moved": s.bytes_moved, "sync": {"files": s.plan.files, "bytes": s.plan.bytes, "deleted": len(s.plan.delete),
+                                                      "unchanged": s.plan.unchanged, "wire_bytes": s.sync.sent_bytes if s.sync else 0}}
+        w = self.waited
+        if w is not None:
+            view = w.view
+            doc.update(state=view.state, reason=view.reason, exit_code=view.exit_code, exit_status=view.exit_status,
+                       runtime_s=view.runtime_s, attempts=list(view.attempts),
+                       artifacts=({"into": str(w.fetched.into), "fetched": list(w.fetched.files), "unchanged": w.fetched.unchanged}
+                                  if w.fetched else None),
+                       gpu_use=w.use.to_dict() if w.use else None, error=w.error.problem if w.error else None)
+        return doc
+
+
+def results_of(rep: FleetReport) -> list[RunResult]:
+    return [r.data for r in rep.results if isinstance(r.data, RunResult)]
+
+
+def waited(rep: FleetReport) -> list[Waited]:
+    return [r.waited for r in results_of(rep) if r.waited is not None]
+
+
+def job_doc(rep: FleetReport) -> dict | None:
+    found = results_of(rep)
+    return found[0].to_dict() if found else None
+
+
+def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
+    columns = [Column("host"), Column("job"), Column("state"), Column("gpus", drop=2), Column("synced", drop=1), Column("reason")]
+    rows = []
+    for r in report.results:
+        if not isinstance(r.data, RunResult):
+            rows.append([r.host, "-", r.status, "", "", r.reason])
+            continue
+        s = r.data.submitted
+        synced = f"{s.plan.files} changed ({s.plan.bytes} bytes), {s.plan.unchanged} unchanged" + (f", {len(s.plan.delete)} deleted" if s.plan.delete else "")
+        state = "would submit" if opts.check else s.state
+        rows.append([r.host, s.job, state, str(s.gpus or "none"), synced, r.reason])
+    out = err_console if wait or opts.json == "-" else None
+    if wait:
+        for w in waited(report):
+            summary_lines(w, out or err_console)
+        return
+    opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, job=job_doc(report)))
+    if not opts.check:
+        for s in (x.submitted for x in results_of(report)):
+            err_console.print(f"follow it: gpurig logs --job {s.job} --follow  (or gpurig attach {s.job}); stop it: gpurig cancel {s.job}",
+                              highlight=False)
+
+
+def summary_lines(w: Waited, out) -> None:
+    view = w.view
+    out.print(f"job {view.id} on {outside(view.host)}: {outside(view.state_text)}, exit code {view.exit_status}, "
+              f"wall time {duration_text(view.runtime_s)}" + (f", {len(view.attempts)} attempts" if len(view.attempts) > 1 else ""),
+              highlight=False)
+    if w.use is not None:
+        out.print(f"  GPUs: {outside(w.use.line())}", highlight=False)
+        for f in w.use.findings:
+            out.print(f"  {outside(f.title)}: {outside(f.evidence)}; fix: {outside(f.fix)}", highlight=False)
+    if w.fetched is not None:
+        out.print(f"  artifacts: {outside(w.fetched.line())}", highlight=False)

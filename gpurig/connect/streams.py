@@ -1,0 +1,78 @@
+"""A command's stdin and stdout as bytes (``Streams``), and the thread that feeds its stdin (``Feeder``).
+
+For what is not text: a tar sent to a host (``gpurig run``'s sync) or
+received from it (a job's artifacts). Both connection kinds take them
+(``Connection.run(..., streams=Streams(...))``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Feed = Callable[[Callable[[bytes], None]], None]  # writes the command's stdin through the function it is given, then returns
+
+
+@dataclass(frozen=True)
+class Streams:
+    """A command's stdin and stdout as bytes, for what is not text: a tar sent (``feed``) or received (``on_bytes``).
+
+    ``feed`` runs in a thread of its own while the command runs; stdin is
+    closed when it returns. Stdout given to ``on_bytes`` is neither decoded
+    nor kept in the Result (a stream of gigabytes costs no memory).
+    """
+
+    feed: Feed | None = None
+    on_bytes: Callable[[bytes], None] | None = None
+
+
+class Feeder:
+    """Runs a ``Streams.feed`` in a thread, writing through ``write`` and calling ``done`` (EOF) after it; its error kept for ``join``.
+
+    A write that fails because the command has gone (it exited, or was
+    stopped) ends the feed quietly: the command's own status says why.
+    """
+
+    def __init__(self, feed: Feed, write: Callable[[bytes], None], done: Callable[[], None]) -> None:
+        self.error: BaseException | None = None
+        self._stopped = threading.Event()
+
+        def run() -> None:
+            try:
+                feed(self._write(write))
+                done()
+            except _FeedStopped:
+                pass
+            except BaseException as err:  # noqa: B036 - kept for join(), which raises it in the command's thread
+                self.error = err
+                try:
+                    done()
+                except OSError:
+                    pass
+
+        self._thread = threading.Thread(target=run, name="gpurig-feed", daemon=True)
+        self._thread.start()
+
+    def _write(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        def checked(data: bytes) -> None:
+            if self._stopped.is_set():
+                raise _FeedStopped()
+            try:
+                write(data)
+            except OSError as err:
+                raise _FeedStopped() from err
+        return checked
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for the feed to end; an error it raised (reading the files it sends, say) is raised here."""
+        self._thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+class _FeedStopped(Exception):
+    """The command stopped reading (it exited, or was stopped): the feed ends."""
