@@ -288,8 +288,13 @@ class Engine:
         return found
 
     def stream(self, method, path, body, sink):
-        """A multiplexed stdout/stderr stream (logs, exec) to ``sink(bytes)`` until it ends."""
-        conn, response = self.call(method, path, body, timeout=None, stream=True)
+        """A multiplexed stdout/stderr stream (attach, exec) to ``sink(bytes)`` until it ends."""
+        self.pump(self.call(method, path, body, timeout=None, stream=True), sink)
+
+    @staticmethod
+    def pump(opened, sink):
+        """The frames of an opened stream (``call(..., stream=True)``) to ``sink`` until it ends; then it is closed."""
+        conn, response = opened
         try:
             while True:
                 head = read_exact(response, 8)
@@ -719,6 +724,7 @@ class Job:
         self.timed_out = threading.Event()
         self.engine = Engine()
         self.container = None  # the running container's id, or the exec's id
+        self.output = None  # the attached stream of the container's stdout and stderr
         self.exec_pid = None
 
     def state(self):
@@ -840,6 +846,9 @@ def start_container(job, devices):
     job.engine.call("DELETE", "/containers/%s?force=1" % name)
     created = job.engine.call("POST", "/containers/create?name=%s" % name, body)
     job.container = created["Id"]
+    # Attached before it starts, as `docker run` attaches: every byte it writes comes through, the last line without a
+    # newline too (following the log file misses what is written as the container exits).
+    job.output = job.engine.call("POST", "/containers/%s/attach?stream=1&stdout=1&stderr=1" % job.container, timeout=None, stream=True)
     job.engine.call("POST", "/containers/%s/start" % job.container)
 
 
@@ -864,7 +873,7 @@ def run_attempt(job, attempt, attempts, devices):
         if spec.get("exec"):
             code = run_exec(job, log)
         else:
-            job.engine.stream("GET", "/containers/%s/logs?follow=1&stdout=1&stderr=1" % job.container, None, log.write)
+            job.engine.pump(job.output, log.write)
             waited = job.engine.call("POST", "/containers/%s/wait" % job.container, timeout=None) or {}
             code = waited.get("StatusCode")
     except Refusal as err:
@@ -901,7 +910,9 @@ def remove_container(job):
             job.engine.call("DELETE", "/containers/%s?force=1" % job.container)
         except Refusal:
             pass
-    job.container = None
+    if job.output is not None:
+        job.output[0].close()
+    job.container = job.output = None
 
 
 def seconds_text(s):

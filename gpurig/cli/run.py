@@ -49,7 +49,7 @@ RUN_HELP = {
     "variant": "run in a fresh container of this variant of the project's image (default slim), with deploy's settings for it",
     "image": "run in a fresh container of this image instead (name:tag, on this machine or the host)",
     "container": "run inside this deployed container (docker exec) instead of a fresh one; it stays up after the job",
-    "gpus": "GPUs to give the job: a count (2), all, none, or ids (0,1 / GPU-uuid); default 1 for a CUDA image on a GPU host",
+    "gpus": "GPUs for the job: a count (2), all, none, or devices (device=0, 0,1, GPU-uuid); default 1 for a CUDA image on a GPU host",
     "share": "may run on GPUs another container or job holds, where that one shares too",
     "workdir": "the folder synced to the host and used as the job's /workspace, its cwd (default: .)",
     "name": "the job's name in `gpurig jobs` (default: the script's name)",

@@ -35,7 +35,7 @@ from gpurig.connect.connection import (
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, marked, stop_line
-from gpurig.connect.streams import Feeder
+from gpurig.connect.streams import Feeder, SinkFailed, guarded_sink
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
 from gpurig.errors import HostError
@@ -181,7 +181,7 @@ class SSHConnection(Connection):
         collect = OutputCollector(on_output, watcher)
         pid = RemotePid()
         feed = streams.feed if streams else None
-        on_bytes = streams.on_bytes if streams else None
+        on_bytes = guarded_sink(streams.on_bytes) if streams and streams.on_bytes else None
         feeder = Feeder(feed, chan.sendall, chan.shutdown_write) if feed else None
         if watcher is None and feeder is None:
             chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
@@ -234,6 +234,9 @@ class SSHConnection(Connection):
             collect.add("stdout", b"", final=True)
             collect.add("stderr", b"", final=True)
             exited = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except SinkFailed as failed:  # writing what came failed here, not the connection
+            self._kill(transport, pid.pid)
+            raise failed.error from None
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise ConnectionLost(f"connection lost during {short_command(shown)}: {err or type(err).__name__}",
                 "check that the host and its sshd are up", host=self.name) from None

@@ -27,6 +27,24 @@ class Streams:
     on_bytes: Callable[[bytes], None] | None = None
 
 
+class SinkFailed(Exception):
+    """``Streams.on_bytes`` raised OSError (this machine's disk is full, say): the command is stopped and that error raised as it is,
+    never taken for the connection's failing."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def guarded_sink(on_bytes: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def sink(data: bytes) -> None:
+        try:
+            on_bytes(data)
+        except OSError as err:
+            raise SinkFailed(err) from err
+    return sink
+
+
 class Feeder:
     """Runs a ``Streams.feed`` in a thread, writing through ``write`` and calling ``done`` (EOF) after it; its error kept for ``join``.
 

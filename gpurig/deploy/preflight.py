@@ -42,12 +42,17 @@ class Planned:
 
 
 def check_driver(p: Planned, facts: Facts, matrix_cudas: tuple[str, ...] = ()) -> list[Refusal]:
-    """The host driver against the image's io.gpurig.min-driver label (only for containers that use GPUs)."""
+    """The host driver against the image's io.gpurig.min-driver label (only for containers that use GPUs).
+
+    An image gpurig did not build carries no such label: its CUDA is not known, so nothing is checked.
+    """
     if not p.wants_gpus or p.image is None:
         return []
     need = p.image.labels.get(MIN_DRIVER_LABEL)
     cuda = p.image.labels.get(CUDA_LABEL, "?")
-    if not need or need == "none":
+    if not need:
+        return []
+    if need == "none":
         return [Refusal(p.name, f"GPUs asked for, but {p.image_ref} is a CPU image", "set gpus: none, or deploy an image built for CUDA")]
     have = facts.driver_version
     if have is None:

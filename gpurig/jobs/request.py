@@ -82,15 +82,16 @@ def check_name(name: str) -> str:
 
 
 def gpus_flag(text: str | None) -> Gpus | None:
-    """``--gpus``: a count, all, none, or device ids / GPU UUIDs separated by commas (deploy's grammar)."""
+    """``--gpus``: a count, all, none, or device ids / GPU UUIDs separated by commas, ``device=0`` for one (docker run's spelling)."""
     if text is None:
         return None
     value: Any
-    words = [w.strip() for w in str(text).split(",")]
+    ids = str(text).startswith("device=")
+    words = [w.strip() for w in str(text).removeprefix("device=").split(",")]
     numbers = [validate.whole_number(w) for w in words]  # bounded: a 5,000-digit "count" is not a number
     if str(text).strip() in ("all", "none"):
         value = str(text).strip()
-    elif len(words) == 1 and numbers[0] is not None:
+    elif len(words) == 1 and numbers[0] is not None and not ids:
         value = numbers[0]
     else:
         value = [n if n is not None else w for n, w in zip(numbers, words)]

@@ -2,7 +2,7 @@
 
 ``deploy_host`` boots a fresh systemd host (tests/integration/systemd_kit.py;
 its inner engine keeps images on an anonymous volume, removed with the host)
-and runs `gpurig provision --only docker,daemon` on it over SSH, so Provision
+and runs `gpurig provision --only docker,daemon,python3` on it over SSH, so Provision
 is the real thing under test. No GPU can exist here, so the test then puts
 stand-ins in through its own `docker exec` (never through gpurig), written
 to replay real output (tests/integration/deploy/gpuhost.py): `nvidia-smi`

@@ -1,6 +1,6 @@
 """A provisioned systemd host made to look like a GPU host: `gpurig provision`, then stand-ins put in by docker exec.
 
-``prepare_host`` runs `gpurig provision --only docker,daemon` on a fresh
+``prepare_host`` runs `gpurig provision --only docker,daemon,python3` on a fresh
 systemd host (tests/integration/systemd_kit.py), then puts in the stand-ins
 for what a GPU host has and this machine cannot: nvidia-smi, the container
 toolkit's hook and runtime, the nvidia runtime in daemon.json. They go in
@@ -199,9 +199,10 @@ def restart_docker(host, deadline_s: float = 60) -> None:
 
 
 def prepare_host(host, work: Path) -> None:
-    """`gpurig provision --only docker,daemon` over SSH, then the GPU stand-ins and the nvidia runtime through docker exec."""
+    """`gpurig provision --only docker,daemon,python3` over SSH (python3: the job agent's), then the GPU stand-ins and the nvidia
+    runtime through docker exec."""
     inventory = inventory_for(work / "provision" / "hosts.yaml", host, PROVISION_VARS)
-    proc = gpurig(inventory.parent, "provision", "--inventory", str(inventory), "--only", "docker,daemon")
+    proc = gpurig(inventory.parent, "provision", "--inventory", str(inventory), "--only", "docker,daemon,python3")
     assert proc.returncode == 0, f"gpurig provision failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     install_standins(host)
     host.write("/etc/docker/daemon.json", nvidia_runtime_json(host.read("/etc/docker/daemon.json") or ""))

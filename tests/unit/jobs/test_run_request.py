@@ -28,7 +28,8 @@ def test_gpus_flag_reads_deploys_grammar():
     assert jobspec.gpus_flag(None) is None
     assert jobspec.gpus_flag("2") == Gpus(count=2)
     assert jobspec.gpus_flag("all") == ALL_GPUS and jobspec.gpus_flag("none") == NO_GPUS and jobspec.gpus_flag("0") == NO_GPUS
-    assert jobspec.gpus_flag("0,1") == Gpus(ids=("0", "1"))
+    assert jobspec.gpus_flag("0,1") == Gpus(ids=("0", "1")) == jobspec.gpus_flag("device=0,1")
+    assert jobspec.gpus_flag("device=0") == Gpus(ids=("0",))
     assert jobspec.gpus_flag("GPU-4f6a1c2e-8b3d-4e5f-9a0b-1c2d3e4f5a6b").ids == ("GPU-4f6a1c2e-8b3d-4e5f-9a0b-1c2d3e4f5a6b",)
 
 
