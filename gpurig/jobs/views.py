@@ -65,7 +65,7 @@ class JobView:
         if self.state == "pending" and self.queue_position:
             place = f"{ordinal(self.queue_position)} in the queue"
             return f"pending ({place}: {self.reason})" if self.reason else f"pending ({place})"
-        if self.state == "succeeded" or not self.reason:
+        if self.state == "succeeded" or self.reason in ("", self.state):
             return self.state
         return f"{self.state} ({self.reason})"
 

@@ -145,24 +145,30 @@ def nvidia_runtime_json(current: str) -> str:
     return render(merge(json.loads(current or "{}"), NVIDIA_RUNTIME), current)
 
 
-PROBE_SCRIPT = r"""
+# $1: the image's name; the rest: the binaries it holds (with their libraries), dash as /bin/sh.
+IMAGE_SCRIPT = r"""
 set -e
+ref=$1; shift
 root=$(mktemp -d)
 mkdir -p "$root/tmp" "$root/etc"
-for bin in /usr/bin/sleep /usr/bin/dash /usr/bin/cat /usr/bin/env; do
+chmod 1777 "$root/tmp"
+for bin in "$@"; do
     cp --parents "$bin" "$root"
     for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do cp --parents -L "$lib" "$root"; done
 done
 ln -s dash "$root/usr/bin/sh"
 ln -s usr/bin "$root/bin"
-tar -C "$root" -c . | docker import -c 'CMD ["/usr/bin/sleep", "infinity"]' - "$1" >/dev/null
+tar -C "$root" -c . | docker import -c 'CMD ["/usr/bin/sleep", "infinity"]' - "$ref" >/dev/null
 rm -rf "$root"
 """
+PROBE_BINARIES = ("/usr/bin/sleep", "/usr/bin/dash", "/usr/bin/cat", "/usr/bin/env")
+# what the jobs tests' scripts use besides: folders, files of random bytes, listings
+JOB_BINARIES = (*PROBE_BINARIES, "/usr/bin/mkdir", "/usr/bin/head", "/usr/bin/ls", "/usr/bin/rm", "/usr/bin/sha256sum", "/usr/bin/true")
 
 
-def make_probe_image(host, ref: str) -> None:
-    """A few-MB image in the host's own engine, made from its own sleep/sh/cat (no registry needed)."""
-    host.sh(f"sh -s -- {ref}", input=PROBE_SCRIPT)
+def make_probe_image(host, ref: str, binaries: tuple[str, ...] = PROBE_BINARIES) -> None:
+    """A few-MB image in the host's own engine, made from its own binaries (no registry needed)."""
+    host.sh(f"sh -s -- {ref} {' '.join(binaries)}", input=IMAGE_SCRIPT)
 
 
 def host_images(host) -> dict[str, str]:

@@ -19,30 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from .gpuhost import REPO
+from .gpuhost import IMAGE_SCRIPT, JOB_BINARIES, REPO, make_probe_image
 
 JOB_IMAGE = "gpurig-test-jobs:1"
-JOB_IMAGE_SCRIPT = r"""
-set -e
-docker image inspect "$1" >/dev/null 2>&1 && exit 0
-root=$(mktemp -d)
-mkdir -p "$root/tmp" "$root/etc" "$root/dev"
-chmod 1777 "$root/tmp"
-for bin in /usr/bin/sleep /usr/bin/dash /usr/bin/cat /usr/bin/env /usr/bin/mkdir /usr/bin/head /usr/bin/ls /usr/bin/rm /usr/bin/sha256sum /usr/bin/true; do
-    cp --parents "$bin" "$root"
-    for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do cp --parents -L "$lib" "$root"; done
-done
-ln -s dash "$root/usr/bin/sh"
-ln -s usr/bin "$root/bin"
-tar -C "$root" -c . | docker import -c 'CMD ["/usr/bin/sleep", "infinity"]' - "$1" >/dev/null
-rm -rf "$root"
-"""
 HOST_ULIMIT = ("--ulimit", "memlock=8388608")  # dockerd here may not raise RLIMIT_MEMLOCK (no CAP_SYS_RESOURCE)
 
 
 @pytest.fixture(scope="module")
 def job_image(deploy_host) -> str:
-    deploy_host.sh(f"sh -s -- {JOB_IMAGE}", input=JOB_IMAGE_SCRIPT)
+    if deploy_host.image_id(JOB_IMAGE) is None:
+        make_probe_image(deploy_host, JOB_IMAGE, JOB_BINARIES)
     return JOB_IMAGE
 
 
@@ -208,7 +194,7 @@ def test_two_jobs_asking_for_the_one_gpu_run_one_after_the_other(job_host, job_c
 def box_image(docker_engine, container_kit):
     """The job image made on this machine too (deploy moves images from where they were built), removed afterwards."""
     ref = f"gpurig-test-jobbox:{container_kit.session}"
-    subprocess.run(["sh", "-s", "--", ref], input=JOB_IMAGE_SCRIPT, text=True, check=True, capture_output=True,
+    subprocess.run(["sh", "-s", "--", ref, *JOB_BINARIES], input=IMAGE_SCRIPT, text=True, check=True, capture_output=True,
                    env={**os.environ, "PATH": f"{Path(docker_engine.path).parent}:{os.environ.get('PATH', '')}"})
     try:
         yield ref
@@ -298,3 +284,29 @@ def test_a_full_disk_while_fetching_is_one_line_and_nothing_is_half_written(job_
         assert left == []
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_retry_runs_a_failing_script_again_and_timeout_stops_a_long_one(job_host, job_cli, tmp_path):
+    work = workdir(tmp_path, {"flaky.sh": "if [ -e tried ]; then echo second try; else : > tried; echo first try; exit 1; fi\n"})
+    proc = job_cli("run", "--image", JOB_IMAGE, *HOST_ULIMIT, "--gpus", "none", "--workdir", str(work), "--retry", "2", "--wait",
+                   "--json", "-", "--", "sh", "flaky.sh")
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    out = proc.stdout.decode()
+    assert out.startswith("first try\ngpurig: attempt 1 of 3 exited 1; retrying\nsecond try\n"), out
+    doc = json.loads(out[out.index("{"):])["job"]
+    assert doc["state"] == "succeeded" and [a["exit_code"] for a in doc["attempts"]] == [1, 0]
+    slow = job_cli("run", "--image", JOB_IMAGE, *HOST_ULIMIT, "--gpus", "none", "--workdir", str(work), "--timeout", "2", "--grace", "1",
+                   "--retry", "1", "--wait", "--", "sleep", "60")
+    assert slow.returncode in (137, 143), slow.stderr.decode()[-2000:]  # sleep as PID 1's child: TERM, or KILL after the grace
+    assert "timed out after 2s" in slow.stderr.decode() and "2 attempts" in slow.stderr.decode()
+
+
+def test_attach_follows_a_running_job_and_exits_with_its_code(job_host, job_cli, tmp_path):
+    work = workdir(tmp_path, {"late.sh": "echo early; sleep 3; echo late; exit 5\n"})
+    ident = submit(job_cli, work, "sh", "late.sh", flags=("--gpus", "none"))["id"]
+    until(job_cli, ident, lambda j: j["state"] == "running", "started")
+    attached = job_cli("attach", ident)
+    assert attached.returncode == 5, attached.stderr.decode()[-2000:]
+    assert attached.stdout.decode().endswith("late\n") and b"failed (exited 5)" in attached.stderr
+    cancel_none = job_cli("cancel", "zzzzzz")
+    assert cancel_none.returncode != 0 and b"no job zzzzzz" in cancel_none.stderr
