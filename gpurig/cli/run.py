@@ -138,7 +138,7 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         write_junit(junit, [w.view for w in waited(report)])
     exit_for(report)
     done = waited(report)
-    if done:
+    if done and done[0].view.exit_status:
         raise Exit(code=done[0].view.exit_status)
 
 

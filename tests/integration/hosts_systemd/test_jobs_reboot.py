@@ -34,6 +34,7 @@ def test_a_job_whose_host_rebooted_is_failed_with_that_reason(systemd_hosts, pro
         listed = gpurig(tmp_path, "jobs", "-i", str(inventory), "--json", "-")
         assert listed.returncode == 0, listed.stderr[-2000:]
         [found] = json.loads(listed.stdout)["jobs"]
+        assert found["id"] == ident
         return found
 
     end = time.monotonic() + 120
