@@ -175,6 +175,39 @@ def test_deploy_check_plans_without_changing_the_host(installed):
     assert not Path("/srv/gpurig/gpurig-slim-inst").exists()
 
 
+@pytest.fixture
+def job_image(installed):
+    """A few-MB image in this machine's engine (the loopback host's), from this machine's own binaries; removed afterwards."""
+    from deploy.gpuhost import IMAGE_SCRIPT, JOB_BINARIES
+
+    ref = f"gpurig-installed-job:{installed.kind}"
+    docker = shutil.which("docker") or "docker"
+    env = {**os.environ, "PATH": f"{Path(docker).parent}:{os.environ.get('PATH', '')}"}
+    subprocess.run(["sh", "-s", "--", ref, *JOB_BINARIES], input=IMAGE_SCRIPT, text=True, check=True, capture_output=True, env=env, timeout=120)
+    try:
+        yield ref
+    finally:
+        subprocess.run([docker, "image", "rm", "-f", ref], capture_output=True)
+
+
+def test_run_jobs_and_logs_with_the_shipped_job_agent(installed, job_image):
+    work = installed.project / "work"
+    work.mkdir(exist_ok=True)
+    (work / "job.sh").write_text("mkdir -p out; echo \"args: $*\" > out/args.txt; echo from the job\n")
+    proc = installed.gpurig("run", "-l", HOST, "--image", job_image, "--gpus", "none", "--ulimit", "memlock=65536", "--workdir", str(work),
+                            "--artifacts", "out", "--wait", "--json", "run.json", "--", "sh", "job.sh", "a b")
+    doc = json.loads((installed.project / "run.json").read_text())["job"]
+    try:
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert proc.stdout == "from the job\n" and doc["state"] == "succeeded"
+        assert (work / "gpurig-runs" / doc["id"] / "out" / "args.txt").read_text() == "args: a b\n"
+        listed = json.loads(ok(installed.gpurig("jobs", "-l", HOST, "--json", "-")).stdout)["jobs"]
+        assert [j["id"] for j in listed if j["id"] == doc["id"]] == [doc["id"]]
+        assert ok(installed.gpurig("logs", "--job", doc["id"])).stdout == "from the job\n"
+    finally:
+        shutil.rmtree(f"/srv/gpurig/jobs/{doc['id']}", ignore_errors=True)
+
+
 def test_invoke_runs_gpurigs_tasks_in_the_new_project(installed):
     # init writes tasks.py: `invoke TASK` works in the project as `gpurig TASK` does, with the installed gpurig
     def invoke(*args: str) -> subprocess.CompletedProcess:
@@ -200,6 +233,13 @@ ELSEWHERE = {
     "verify": "test_verify_of_a_gpu_less_host_fails_with_the_driver_reason",
     "monitor": "test_monitor_writes_its_csv_and_plot",
     "deploy": "test_deploy_check_plans_without_changing_the_host",
+    "run": "test_run_jobs_and_logs_with_the_shipped_job_agent (an image made here); tests/integration/deploy/test_jobs.py for the rest",
+    "jobs": "test_run_jobs_and_logs_with_the_shipped_job_agent",
+    "logs": "test_run_jobs_and_logs_with_the_shipped_job_agent (--job); tests/integration/deploy/test_deploy.py (containers)",
+    "attach": "tests/integration/deploy/test_jobs.py",
+    "fetch": "tests/integration/deploy/test_jobs.py",
+    "cancel": "tests/integration/deploy/test_jobs.py",
+    "ci": "tests/integration/deploy/test_ci_chain.py",
 }
 
 
