@@ -5,7 +5,8 @@ for each verb, and a job's own copy (in the job's folder) supervises that job
 once it is submitted. Everything about a job lives on the host, so any machine
 with the inventory sees the same queue:
 
-    /srv/gpurig/sync/<login>/<key>/       the synced working directory (files read-only, see below)
+    /srv/gpurig/sync/<login>/<key>/tree/  the synced working directory (files read-only, see below); beside it the
+                                          folder's lock, the uploads being staged and the job bundles not yet submitted
     /srv/gpurig/jobs/<id>/job.json        what to run: the container body (env values: 0600, root's)
                          meta.json        what anyone may read: command, image, GPUs asked for, times asked
                          state.json       pending | running | succeeded | failed | cancelled, attempts, exit code
@@ -16,7 +17,7 @@ with the inventory sees the same queue:
 Verbs (each prints one JSON document on stdout, or streams; a refusal is one
 line ``gpurig-agent-error: {"problem": ..., "fix": ...}`` on stderr, exit 3):
 
-    manifest --cache DIR              make the sync folder (owned by the login user) and list what it holds
+    manifest --cache DIR              make the sync folder (owned by the login user) and list what it holds (zlib, base64)
     apply --cache DIR                 stdin: a tar of what changed (code/...), the job's files (job/...) and
                                       gpurig-sync.json (what to delete); staged, then moved into place
     submit --root R --cache DIR --id ID   the job's folder from the pending bundle, its work/ copy, its supervisor
@@ -37,6 +38,7 @@ synced file another job also sees (a write in place fails; root in a
 container is the exception, and the next sync notices it by size and mtime).
 """
 
+import base64
 import errno
 import fcntl
 import hashlib
@@ -54,6 +56,7 @@ import sys
 import tarfile
 import threading
 import time
+import zlib
 
 ERROR = "gpurig-agent-error: "
 REFUSED = 3
@@ -61,7 +64,7 @@ ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FINAL = ("succeeded", "failed", "cancelled")
 BOOT_TOKEN = "/run/gpurig/boot-token"
-INTERNAL = ".gpurig-"  # names the agent keeps beside the synced files: never synced, never deleted by a sync
+TREE = "tree"  # the synced files, in a folder of their own: the agent's lock, stages and bundles never share a name with them
 JOB_LABEL = "io.gpurig.job.id"
 SHARE_LABEL = "io.gpurig.job.share"
 DEPLOY_SETTINGS = "io.gpurig.deploy.settings"
@@ -409,7 +412,7 @@ def ensure_dir(path, mode, owner=None):
 
 
 def walk(top):
-    """(relative posix path, lstat) of everything under ``top``, without following links, internal names left out."""
+    """(relative posix path, lstat) of everything under ``top``, without following links."""
     todo = [""]
     while todo:
         rel = todo.pop()
@@ -419,8 +422,6 @@ def walk(top):
         except OSError:
             continue
         for name in names:
-            if not rel and name.startswith(INTERNAL):
-                continue
             path = rel + "/" + name if rel else name
             try:
                 st = os.lstat(os.path.join(top, path))
@@ -445,13 +446,16 @@ def manifest(cache):
 
 def cmd_manifest(args):
     cache = cache_path(args)
-    if "--no-create" in args:  # check mode: what is there, making nothing
-        say({"cache": cache, "entries": manifest(cache) if os.path.isdir(cache) else {}})
-        return
-    login = login_ids()
-    ensure_dir(os.path.dirname(cache), 0o700, login)
-    ensure_dir(cache, 0o755, login)
-    say({"cache": cache, "entries": manifest(cache)})
+    tree = os.path.join(cache, TREE)
+    if "--no-create" not in args:  # check mode: what is there, making nothing
+        login = login_ids()
+        ensure_dir(os.path.dirname(cache), 0o700, login)
+        ensure_dir(cache, 0o755, login)
+        ensure_dir(tree, 0o755, login)
+    entries = manifest(tree) if os.path.isdir(tree) else {}
+    # a listing of 6,000 files is 450 kB of JSON and about a sixth of that compressed: it crosses the wire at every sync
+    packed = base64.b64encode(zlib.compress(json.dumps(entries).encode(), 6)).decode()
+    say({"cache": cache, "z": packed})
 
 
 def safe_member(name, prefix):
@@ -483,12 +487,12 @@ def cmd_apply(args):
     cache = cache_path(args)
     if not os.path.isdir(cache):
         raise Refusal("the sync folder %s is missing" % cache, "run again: gpurig makes it first")
-    stage = os.path.join(cache, INTERNAL + "stage-" + secrets.token_hex(4))
-    with Locked(os.path.join(cache, INTERNAL + "lock")):
+    stage = os.path.join(cache, "stage-" + secrets.token_hex(4))
+    with Locked(os.path.join(cache, "lock")):
         os.mkdir(stage, 0o700)
         try:
             control, files, sent = extract(stage)
-            moved = commit(cache, stage, files, control.get("delete") or ())
+            moved = commit(os.path.join(cache, TREE), stage, files, control.get("delete") or ())
             job = control.get("job")
             if job:
                 bundle(cache, stage, job)
@@ -504,7 +508,7 @@ def cmd_apply(args):
 def extract(stage):
     """Every member into ``stage`` (code/ and job/), checked; (control document, [(kind, rel)], bytes)."""
     control, files, sent = {}, [], 0
-    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
+    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|", bufsize=1 << 20) as tar:
         for member in tar:
             if member.name == "gpurig-sync.json":
                 control = json.loads(tar.extractfile(member).read().decode())
@@ -580,7 +584,7 @@ def commit(cache, stage, files, delete):
 def bundle(cache, stage, job):
     if not ID_RE.match(job):
         raise Refusal("%r is not a job id" % job, "report this as a gpurig bug")
-    pending = os.path.join(cache, INTERNAL + "pending")
+    pending = os.path.join(cache, "pending")
     os.makedirs(pending, mode=0o700, exist_ok=True)
     dest = os.path.join(pending, job)
     remove(dest)
@@ -617,10 +621,11 @@ def job_dir(args):
 
 def snapshot(cache, work, uid):
     """``work`` as hard links to the synced files (a copy across filesystems); its folders handed to ``uid``."""
-    with Locked(os.path.join(cache, INTERNAL + "lock")):
+    tree = os.path.join(cache, TREE)
+    with Locked(os.path.join(cache, "lock")):
         os.mkdir(work, 0o755)
-        for path, st in walk(cache):
-            src, dest = os.path.join(cache, path), os.path.join(work, path)
+        for path, st in walk(tree):
+            src, dest = os.path.join(tree, path), os.path.join(work, path)
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(dest, 0o755)
             elif stat.S_ISLNK(st.st_mode):
@@ -643,7 +648,7 @@ def cmd_submit(args):
     directory = job_dir(args)
     ident = os.path.basename(directory)
     cache = cache_path(args)
-    pending = os.path.join(cache, INTERNAL + "pending", ident)
+    pending = os.path.join(cache, "pending", ident)
     if not os.path.isdir(pending):
         raise Refusal("job %s was not uploaded to %s" % (ident, cache), "run again")
     ensure_dir(root, 0o755)
@@ -1162,7 +1167,7 @@ def cmd_pack(args):
     directory = job_dir(args)
     _, files = artifact_files(directory)
     wanted = args[args.index("--") + 1:] if "--" in args else sorted(files)
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tar:
         for rel in wanted:
             if rel in files:
                 tar.add(files[rel], arcname=rel, recursive=False)

@@ -11,7 +11,9 @@ its problem and fix; an agent that could not even start (no python3) says so.
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +65,13 @@ class JobAgent:
 
     def manifest(self, key: str, create: bool = True) -> dict[str, list]:
         """What the host's sync folder ``key`` holds: path -> [kind, size, mtime, mode(, link target)]; made when missing (``create``)."""
-        return self._json("manifest", "--cache", key, *([] if create else ["--no-create"])).get("entries") or {}
+        said = self._json("manifest", "--cache", key, *([] if create else ["--no-create"]))
+        try:
+            entries = json.loads(zlib.decompress(base64.b64decode(said.get("z") or "")))
+        except (ValueError, zlib.error):
+            raise JobError("the job agent's listing of the sync folder is unreadable", "run again; report it with -vv if it persists",
+                           host=self.conn.name) from None
+        return entries if isinstance(entries, dict) else {}
 
     def apply(self, key: str, feed: Feed, timeout: float | None = None) -> dict[str, Any]:
         """Send the tar ``feed`` writes: the host stages it and moves it into place (files, bytes, deleted)."""

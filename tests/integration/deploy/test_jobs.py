@@ -261,9 +261,9 @@ def test_a_full_disk_while_syncing_is_one_line_and_the_last_copy_stays(job_host,
     assert proc.returncode == 1
     err = proc.stderr.decode()
     assert "disk is full" in err and "df -h" in err and "Traceback" not in err
-    copy = job_host.sh("find /srv/gpurig/sync -path '*.gpurig-*' -prune -o -type f -print").stdout.split()
-    assert [p.rsplit("/", 1)[1] for p in copy] == ["small.txt"]  # no half-written big.bin, no stage left
-    assert job_host.sh("cat /srv/gpurig/sync/*/*/small.txt").stdout == "v1\n"
+    copy = job_host.sh("find /srv/gpurig/sync -type f ! -name lock -print").stdout.split()
+    assert [p.split("/")[-2:] for p in copy] == [["tree", "small.txt"]]  # no half-written big.bin, no stage left
+    assert job_host.sh("cat /srv/gpurig/sync/*/*/tree/small.txt").stdout == "v1\n"
 
 
 def test_a_full_disk_while_fetching_is_one_line_and_nothing_is_half_written(job_host, job_cli, tmp_path):

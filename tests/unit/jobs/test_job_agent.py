@@ -8,6 +8,7 @@ tests/integration/jobs and tests/integration/deploy/test_jobs.py.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import io
 import json
@@ -15,6 +16,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,10 @@ def call(tmp_path: Path, *args: str, stdin: bytes | None = None) -> tuple[int, d
     proc = subprocess.run([sys.executable, str(AGENT), *args, "--sync-root", str(tmp_path / "sync")], input=stdin,
                           capture_output=True, timeout=60)
     out = proc.stdout.decode().strip()
-    return proc.returncode, json.loads(out.splitlines()[-1]) if out else None, proc.stderr.decode()
+    doc = json.loads(out.splitlines()[-1]) if out else None
+    if doc and "z" in doc:  # the manifest's listing travels compressed
+        doc["entries"] = json.loads(zlib.decompress(base64.b64decode(doc.pop("z"))))
+    return proc.returncode, doc, proc.stderr.decode()
 
 
 def upload(members: list[tuple[str, bytes | None, int, str | None]], control: dict) -> bytes:
@@ -96,8 +101,19 @@ def test_an_upload_that_would_leave_the_folder_is_refused_and_nothing_lands(tmp_
     assert rc == agent.REFUSED and said is None
     line = err.strip().splitlines()[-1]
     assert line.startswith(agent.ERROR) and "outside" in json.loads(line[len(agent.ERROR):])["problem"]
-    cache = tmp_path / "sync"
-    assert [p.name for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".gpurig-")] == []  # staged, never moved in
+    [tree] = (tmp_path / "sync").rglob("tree")
+    assert [p.name for p in tree.rglob("*")] == []  # staged, never moved in
+
+
+def test_files_named_like_the_agents_own_are_synced_as_any_other(tmp_path):
+    call(tmp_path, "manifest", "--cache", "p")
+    names = ["pending", "lock", "stage-x", ".gpurig-pending"]
+    members = [(f"code/{n}", n.encode(), 0o644, None) for n in names]
+    rc, _, err = call(tmp_path, "apply", "--cache", "p", stdin=upload(members, {"delete": []}))
+    assert rc == 0, err
+    assert sorted(call(tmp_path, "manifest", "--cache", "p")[1]["entries"]) == sorted(names)
+    rc, said, err = call(tmp_path, "apply", "--cache", "p", stdin=upload([], {"delete": names}))
+    assert rc == 0 and call(tmp_path, "manifest", "--cache", "p")[1]["entries"] == {}
 
 
 def test_the_pending_bundle_is_private(tmp_path):
