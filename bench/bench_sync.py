@@ -21,7 +21,7 @@ each edit touches a file no earlier edit touched.
   (``gpurig.jobs.tree.scan``), opens gpurig's SSH connection from an
   inventory (``ansible_become: true``: the ``manifest`` verb goes through
   sudo, ``apply`` runs as the login user, as for `gpurig run`) and calls
-  ``gpurig.jobs.sync.sync`` into ``/srv/gpurig/sync/<user>/<key>/``: what
+  ``gpurig.jobs.sync.sync`` into ``/srv/gpurig/sync/<user>/<key>/tree/``: what
   `gpurig run` does before it starts a job, without the job's bundle (its
   size is printed: `gpurig run` adds it to every sync's tar).
 - rsync: ``rsync -a --delete --stats -e 'ssh ...'`` (OpenSSH's client,
@@ -431,7 +431,7 @@ def run_bench(args, tools, work: Path, key: Path, host, proxy: CountingProxy, lo
 
     from gpurig.jobs.sync import sync_key
 
-    gpurig_dest = SYNC_ROOT / BENCH_USER / sync_key(tree)
+    gpurig_dest = SYNC_ROOT / BENCH_USER / sync_key(tree) / "tree"  # the synced files; their lock and stages sit beside it
     rsync_dest = Path(f"/home/{BENCH_USER}/rsync-dest")
     env = {**os.environ, "HOME": str(work), "PYTHONPATH": str(REPO), "LC_ALL": "C"}
     env.pop("SSH_AUTH_SOCK", None)
