@@ -38,13 +38,20 @@ def views_of(rep: FleetReport) -> list[JobView]:
 
 
 def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
+    """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
     agent_text = None
+    controller = slurm_controller(opts)
 
     def work(conn: Connection) -> Outcome:
         nonlocal agent_text
         agent = JobAgent(conn, agent_text)
         agent_text = agent.source
-        return Outcome(data=tuple(job_view(conn.name, d) for d in agent.jobs(ids)))
+        views = [job_view(conn.name, d) for d in agent.jobs(ids)]
+        if conn.name == controller:
+            from gpurig.cli.slurmrun import slurm_jobs
+
+            views += [v for v in slurm_jobs(conn) if not ids or v.id in ids]
+        return Outcome(data=tuple(views))
 
     return run_hosts(opts, select_hosts(opts), work, label=label, schema=JOBS_SCHEMA,
                      annotate=lambda rep: {"jobs": [v.to_dict() for v in views_of(rep)]})
@@ -71,8 +78,21 @@ def jobs(c, opts: HostOptions, state=None, job=None):
     exit_for(report)
 
 
+def slurm_controller(opts: HostOptions) -> str | None:
+    """The inventory's Slurm controller, when it has a cluster (its gpurig jobs are listed from there)."""
+    from gpurig.inventory import load_inventory
+    from gpurig.steps.cluster import cluster_hosts
+
+    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
+    return found.controller.name if found else None
+
+
 def find_job(opts: HostOptions, wanted: str) -> JobView:
     """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
+    if wanted.isdecimal():  # Slurm's
+        from gpurig.cli.slurmrun import find, the_cluster
+
+        return find(opts, the_cluster(opts), wanted)
     hosts = select_hosts(opts)
     connector = make_connector(opts)
     try:
@@ -112,6 +132,12 @@ def print_now(text: str) -> None:
 def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
     """``gpurig logs --job ID``: the whole log (or its last ``tail`` lines), with --follow until the job ends."""
     view = find_job(opts, check_job_id(job))
+    if view.mode == "slurm":
+        from gpurig.cli.slurmrun import follow as follow_slurm
+        from gpurig.cli.slurmrun import the_cluster
+
+        follow_slurm(opts, the_cluster(opts), view, follow_it=follow)
+        return
     exit_for(stream_log(opts, view, follow=follow, tail=tail, label="logs"))
 
 
@@ -120,6 +146,11 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
 def attach(c, opts: HostOptions, job=None, tail=20):
     """Follow a job's output until it ends, then exit with its exit code; Ctrl-C detaches (the job goes on)."""
     view = find_job(opts, check_job_id(job))
+    if view.mode == "slurm":
+        from gpurig.cli import slurmrun
+
+        slurmrun.exit_with(slurmrun.follow(opts, slurmrun.the_cluster(opts), view))
+        return
     try:
         report = stream_log(opts, view, follow=True, tail=int(tail), label="attach")
     except KeyboardInterrupt:
@@ -139,6 +170,15 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
     view = find_job(opts, check_job_id(job))
     seconds = float(grace)
+    if view.mode == "slurm":
+        from gpurig.cli import slurmrun
+
+        if opts.check:
+            err_console.print(f"would scancel slurm job {view.id} ({view.state_text})", highlight=False)
+            return
+        after = slurmrun.cancel(opts, slurmrun.the_cluster(opts), view.id)
+        opts.show([Column("job"), Column("state")], [[after.id, after.state_text]])
+        return
 
     def work(conn: Connection) -> Outcome:
         if opts.check:
@@ -160,6 +200,9 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
     view = find_job(opts, check_job_id(job))
+    if view.mode == "slurm":
+        raise ConfigError(f"job {view.id} ran through Slurm, whose jobs' artifacts gpurig does not fetch yet",
+                          "write them to a shared folder the nodes mount (a dataset volume)")
     if not view.artifacts:
         raise ConfigError(f"job {view.id} names no artifacts", "give run --artifacts PATH (e.g. checkpoints/) for the next job")
     dest = Path(into).resolve() if into else Path.cwd() / RUNS / view.id

@@ -176,10 +176,12 @@ def run_hosts(
     label: str,
     schema: str,
     annotate: Callable[[FleetReport], dict[str, Any]] | None = None,
+    finished: bool = True,
 ) -> FleetReport:
     """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
 
-    ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict).
+    ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict). ``finished=False``:
+    more work follows (provision's cluster phase), so the report and the recap wait for ``finish``.
     """
     connector = make_connector(opts)
     events = FleetProgress(err_console) if err_console.is_terminal else None
@@ -191,9 +193,15 @@ def run_hosts(
         raise
     finally:
         connector.close()
+    if finished:
+        finish(opts, report, schema, annotate)
+    return report
+
+
+def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callable[[FleetReport], dict[str, Any]] | None = None) -> None:
+    """The JSON report if asked, and the recap."""
     _write(opts, report, schema, annotate)
     print_recap(report, err_console)
-    return report
 
 
 def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra: Any) -> dict[str, Any]:

@@ -8,10 +8,12 @@ the diffs when asked, and the recap.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from gpurig.cli.images import project_spec_files
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.connect.connection import Connection
 from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
@@ -22,14 +24,18 @@ from gpurig.report.changes import host_documents, outcome, print_diffs, reason_t
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.steps import STEPS, DriverStep, RebootStep, Step, converge_rebooting
+from gpurig.steps.plan import StepResult
 
 __all__ = ["provision"]
 
 SCHEMA = "gpurig.provision/1"
 
 
+SLURM = "slurm"  # the cluster's steps (gpurig.steps.cluster), run where the inventory has slurm_controller / slurm_nodes groups
+STEP_NAMES = (*STEPS, SLURM)
+
 HELP = {
-    "only": "run only these steps, comma-separated (" + ", ".join(STEPS) + ")",
+    "only": "run only these steps, comma-separated (" + ", ".join(STEP_NAMES) + ")",
     "skip": "leave out these steps, comma-separated",
     "reboot": "let the reboot step reboot hosts that need it (never the machine gpurig runs on), then plan again",
 }
@@ -41,17 +47,22 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
-    steps = make_steps(names, default_cuda(c) if "driver" in names else None, bool(reboot))
+    cluster = slurm_cluster(opts, chosen) if SLURM in names else None
+    steps = make_steps([n for n in names if n != SLURM], default_cuda(c) if "driver" in names else None, bool(reboot))
 
     def work(conn: Connection) -> Outcome:
-        results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff)
+        results = converge_rebooting(conn, steps, profiles[conn.name], check=opts.check, diff=opts.diff) if steps else []
         return outcome(results, lambda r: f"step {r.step} failed: {r.reason}")
 
     def annotate(rep: FleetReport) -> dict:
         return {"converged": rep.exit_code == 0,
                 "hosts": host_documents(rep, "steps", lambda s: s.to_dict(opts.diff), durations=True)}
 
-    report = run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, annotate=annotate)
+    if cluster is None:
+        report = run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, annotate=annotate)
+    else:
+        report = with_cluster(opts, run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, finished=False), cluster)
+        finish(opts, report, SCHEMA, annotate)
     columns = [Column("host"), Column("step"), Column("status", styles=STATUS_STYLE), Column("reason")]
     opts.show(columns, result_rows(report, lambda s: [reason_text(s)], 1), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     if opts.diff and opts.format == "table":
@@ -64,15 +75,66 @@ def pick_steps(only: str | None, skip: str | None) -> list[str]:
     def names(flag: str, value: str | None) -> list[str]:
         given = [n.strip() for n in (value or "").split(",") if n.strip()]
         for n in given:
-            if n not in STEPS:
-                raise ConfigError(f"{flag} {n}: no such step{did_you_mean(n, STEPS)}", f"steps: {', '.join(STEPS)}")
+            if n not in STEP_NAMES:
+                raise ConfigError(f"{flag} {n}: no such step{did_you_mean(n, STEP_NAMES)}", f"steps: {', '.join(STEP_NAMES)}")
         return given
 
     wanted, left_out = names("--only", only), names("--skip", skip)
-    picked = [n for n in STEPS if (not wanted or n in wanted) and n not in left_out]
+    picked = [n for n in STEP_NAMES if (not wanted or n in wanted) and n not in left_out]
     if not picked:
-        raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(STEPS)}")
+        raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(STEP_NAMES)}")
     return picked
+
+
+def slurm_cluster(opts: HostOptions, chosen: list) -> Any:
+    """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None."""
+    from gpurig.inventory import load_inventory
+    from gpurig.steps.cluster import cluster_hosts
+
+    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
+    if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:
+        return None
+    left = [h.name for h in found.hosts if h.name not in {c.name for c in chosen}]
+    if left:
+        err_console.print(f"slurm: the cluster is provisioned whole: its hosts {', '.join(left)} too", highlight=False)
+    for h in found.hosts:
+        host_profile(h, opts.settings.inventory)  # every error before any host is touched
+    return found
+
+
+def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport:
+    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
+    from gpurig.cli.options import make_connector
+    from gpurig.connect.fleet import HostResult
+    from gpurig.report.changes import host_results
+    from gpurig.status import Status, worst
+    from gpurig.steps.cluster import ClusterRun
+
+    by_host = report.by_host()
+    failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
+    if any(h.name in failed for h in cluster.hosts):
+        extra = {h.name: [StepResult("slurm", Status.SKIPPED, "not run: a host of the cluster failed its own steps")] for h in cluster.hosts}
+    else:
+        connector = make_connector(opts)
+        try:
+            extra = ClusterRun(cluster, connector, check=opts.check, diff=opts.diff, forks=opts.settings.forks).run()
+        finally:
+            connector.close()
+    results = list(report.results)
+    for name, steps in extra.items():
+        old = by_host.get(name)
+        mine = tuple(host_results(old)) if old else ()
+        merged = (*mine, *steps)
+        done = outcome(merged, lambda r: f"step {r.step} failed: {r.reason}")
+        status = worst([old.status] if old and old.status == Status.UNREACHABLE else [done.resolved])
+        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), old.duration_s if old else 0.0, done.fix)
+        if old:
+            results[results.index(old)] = made
+        else:
+            results.append(made)
+    counts = {k: sum(1 for r in results if r.status == k) for k in report.summary}
+    return dataclasses.replace(report, results=tuple(results), summary=counts)
+
 
 
 def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:

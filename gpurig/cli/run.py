@@ -30,7 +30,7 @@ from gpurig.jobs.submit import Submitted
 from gpurig.jobs.sync import sync_key
 from gpurig.jobs.tree import scan
 from gpurig.jobs.views import duration_text
-from gpurig.report import err_console, outside
+from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import Status
 
@@ -65,7 +65,13 @@ RUN_HELP = {
     "junit": "with --wait, also write the result as JUnit XML to this file (- = stdout)",
     "into": f"where --wait puts the artifacts (default: WORKDIR/{RUNS}/JOB)",
     "spec": "image spec file (default: the one in images/)",
+    "scheduler": "gpurig (default: the host's own queue, gpurig's job agent) or slurm (the inventory's Slurm cluster: sbatch on its controller)",
+    "nodes": "with --scheduler slurm: how many nodes the job spans (one task a node; MASTER_ADDR, NODE_RANK, NNODES set)",
+    "partition": "with --scheduler slurm: the partition (default: the cluster's default)",
+    "launcher": "with --scheduler slurm: none (the command on each node) or torchrun (it starts the command with Slurm's rendezvous); "
+                "default torchrun for --nodes 2 or more",
 }
+SCHEDULERS = ("gpurig", "slurm")
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Waited:
 @host_task(help=RUN_HELP, changes=True, iterable=["artifacts", "env", "ulimit"])
 def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
-        spec=None):
+        spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
     argv = remainder_argv(c)
     if not argv:
@@ -101,6 +107,11 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         grace=float(jobspec.whole(grace, "--grace", 0, 3600, "30")), env=jobspec.env_flags(env),
         ulimits=jobspec.ulimit_flags(ulimit), shm_size=jobspec.shm_flag(shm_size),
     )
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"--scheduler {scheduler!r} is not one gpurig knows", f"use {' or '.join(SCHEDULERS)}")
+    if scheduler == "slurm":
+        return run_slurm(c, opts, request, nodes=jobspec.whole(nodes, "--nodes", 1, 10_000, "2"), partition=partition, launcher=launcher,
+                         wait=bool(wait), junit=junit, spec=spec)
     chosen = select_hosts(opts)
     if len(chosen) != 1:
         raise InventoryError(f"run puts a job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
@@ -140,6 +151,52 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     done = waited(report)
     if done and done[0].view.exit_status:
         raise Exit(code=done[0].view.exit_status)
+
+
+def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec) -> None:
+    """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
+    from gpurig.cli import slurmrun
+    from gpurig.cli.jobtarget import resolve_target
+    from gpurig.jobs.slurmjobs import LAUNCHERS, SlurmRequest
+    from gpurig.steps.slurmconf import name_problem
+
+    cluster = slurmrun.the_cluster(opts)
+    chosen = launcher or ("torchrun" if nodes > 1 else "none")
+    if chosen not in LAUNCHERS:
+        raise ConfigError(f"--launcher {chosen!r} is not one gpurig knows", f"use {' or '.join(LAUNCHERS)}")
+    if partition and name_problem(partition):
+        raise ConfigError(f"--partition {partition!r} is not a partition name", "give it as `sinfo` lists it")
+    if request.gpus is not None and (request.gpus.all or request.gpus.ids):
+        raise ConfigError("with --scheduler slurm, --gpus is a count per node: Slurm chooses which GPUs", "write e.g. --gpus 1")
+    if request.artifacts:
+        raise ConfigError("--artifacts is not fetched from Slurm jobs yet",
+                          "write them to a shared folder (a dataset volume), or run without --scheduler slurm")
+    tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
+    for skipped in tree.skipped:
+        err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
+    target = resolve_target(c, opts, cluster.nodes[0], request, "slurm", sync_key(request.workdir), tree, spec)
+    per_node = request.gpus.count if request.gpus is not None else (1 if target.cuda else 0)
+    submitted = slurmrun.submit(opts, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node))
+    if opts.check:
+        err_console.print(f"would sync {request.workdir} to {', '.join(submitted.nodes)} and submit to Slurm on {cluster.controller.name}:",
+                          highlight=False)
+        console.print(outside(submitted.script), highlight=False, soft_wrap=True)
+        return
+    err_console.print(f"slurm job {submitted.job} on {cluster.controller.name}: follow it with gpurig logs --job {submitted.job} --follow; "
+                      f"stop it with gpurig cancel {submitted.job}", highlight=False)
+    if opts.json:
+        from gpurig.files import write_report
+        from gpurig.report.tables import document
+
+        write_report(opts.json, document(SCHEMA, {"job": {"id": submitted.job, "scheduler": "slurm", "nodes": list(submitted.nodes)}}))
+    if not wait:
+        return
+    view = slurmrun.follow(opts, cluster, slurmrun.find(opts, cluster, submitted.job))
+    if junit:
+        from gpurig.cli.jobqueue import write_junit
+
+        write_junit(junit, [view])
+    slurmrun.exit_with(view)
 
 
 def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path) -> Waited:

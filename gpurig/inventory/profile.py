@@ -28,6 +28,7 @@ DOCKER_SOURCES = ("distro", "docker")  # docker.io from the OS, or Docker's own 
 
 _SHM = re.compile(r"[0-9]+(?:\.[0-9]+)?[bkmgBKMG]?")
 _RUNTIME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_CLUSTER = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # slurm.conf's ClusterName: lower case (Slurm folds it), no spaces
 _BRANCH = re.compile(r"[0-9]{3}")
 _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.~]+)?")
 
@@ -62,6 +63,16 @@ class ToolkitSettings:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """``gpurig_slurm``: the cluster's settings (read from the controller's vars; the groups say who is what)."""
+
+    cluster: str = "gpurig"
+    def_mem_per_cpu: int = 1024  # MiB a job gets per CPU unless it asks: without it one job takes a node's whole memory
+    health_interval: int = 60  # seconds between two runs of gpurig's host probe on each node (HealthCheckInterval)
+    min_job_age: int = 300  # seconds an ended job stays in slurmctld's memory (MinJobAge)
+
+
+@dataclass(frozen=True)
 class HostProfile:
     """Everything the inventory asks of one host, typed. Steps plan from this and the host's facts."""
 
@@ -76,6 +87,7 @@ class HostProfile:
     toolkit: ToolkitSettings = ToolkitSettings()
     daemon: Mapping[str, Any] = field(default_factory=dict)  # keys merged into /etc/docker/daemon.json
     containers: tuple[Mapping[str, Any], ...] = ()  # validated by deploy
+    slurm: SlurmSettings = SlurmSettings()
 
 
 class _Reader:
@@ -232,6 +244,24 @@ def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
     return tuple(value)
 
 
+def _slurm(r: _Reader, value: Any) -> SlurmSettings:
+    m = r.mapping("gpurig_slurm", value, ("cluster", "def_mem_per_cpu", "health_interval", "min_job_age"))
+
+    def bounded(key: str, low: int, high: int, default: int) -> int:
+        if key not in m:
+            return default
+        number = r.count(f"gpurig_slurm.{key}", m[key])
+        if not low <= number <= high:
+            raise r.fail(f"gpurig_slurm.{key}", f"must be from {low} to {high}, not {number}", f"write e.g. {key}: {default}")
+        return number
+
+    return SlurmSettings(
+        cluster=r.text("gpurig_slurm.cluster", m["cluster"], _CLUSTER, "gpurig") if "cluster" in m else "gpurig",
+        def_mem_per_cpu=bounded("def_mem_per_cpu", 1, 1 << 30, 1024), health_interval=bounded("health_interval", 1, 86400, 60),
+        min_job_age=bounded("min_job_age", 2, 86400 * 30, 300),
+    )
+
+
 # key -> reader of its value; the order is the one users read in errors.
 # Each reader returns its own HostProfile field's type; host_profile passes them by name.
 _READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
@@ -246,6 +276,7 @@ _READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
     "gpurig_toolkit": _toolkit,
     "gpurig_daemon": _daemon,
     "gpurig_containers": _containers,
+    "gpurig_slurm": _slurm,
 }
 PROFILE_KEYS = tuple(_READERS)
 

@@ -61,8 +61,9 @@ class RunRequest:
 
 
 def new_job_id() -> str:
-    """Eight hex digits: short to type (a unique prefix will do), random enough that two hosts never draw the same."""
-    return secrets.token_hex(4)
+    """Eight hex digits, the first a letter: short to type (a unique prefix will do), random enough that two hosts never
+    draw the same, and never all digits, which are Slurm's job ids (``gpurig run --scheduler slurm``)."""
+    return "abcdef"[secrets.randbelow(6)] + secrets.token_hex(4)[1:]
 
 
 def job_name(argv: tuple[str, ...], name: str | None) -> str:

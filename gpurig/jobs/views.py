@@ -123,6 +123,8 @@ def duration_text(seconds: float | None) -> str:
 def check_job_id(text: str | None) -> str:
     """A job id (or a prefix of one, at least 3 characters) as `gpurig run` printed it."""
     value = (text or "").strip()
+    if value.isdecimal() and value.isascii() and len(value) <= 12:
+        return value  # a Slurm job's id (gpurig's own ids are never all digits)
     if not validate.matches(_ID, value):
         raise ConfigError(f"{validate.excerpt(text) if text else 'no job id'} is not a job id",
                           "give the id `gpurig run` printed, or at least its first 3 characters (`gpurig jobs` lists them)")

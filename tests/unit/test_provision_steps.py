@@ -29,7 +29,7 @@ def facts(name: str):
 def test_only_and_skip_keep_the_run_order():
     assert pick_steps("daemon,docker", None) == ["docker", "daemon"]
     assert pick_steps(None, "reboot,driver") == ["gpus", "nouveau", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold",
-                                                 "fabric-manager", "mig", "persistence", "python3"]
+                                                 "fabric-manager", "mig", "persistence", "python3", "slurm"]
     with pytest.raises(ConfigError, match="--skip dockr: no such step"):
         pick_steps(None, "dockr")
     with pytest.raises(ConfigError, match="leave no step"):

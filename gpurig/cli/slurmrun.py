@@ -1,0 +1,179 @@
+"""``gpurig run --scheduler slurm``: the same job through the inventory's Slurm cluster, and Slurm's jobs for jobs/logs/cancel/attach.
+
+Thin: the nodes get the working directory and the image over the fleet (as
+``run`` gives one host), the controller ``sbatch``, and with ``--wait`` the
+log is followed on the batch host until Slurm says the job ended; the exit
+code is Slurm's (``squeue --json``). Jobs are Slurm's by their ids (numbers,
+which gpurig's own job ids never are).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from invoke.exceptions import Exit
+
+from gpurig.cli.options import HostOptions, make_connector
+from gpurig.connect.connection import Connection
+from gpurig.connect.fleet import Outcome, run_fleet
+from gpurig.connect.streams import Streams
+from gpurig.errors import ConfigError, HostError, InventoryError
+from gpurig.inventory import load_inventory
+from gpurig.jobs import slurmjobs
+from gpurig.jobs.remote import JobAgent
+from gpurig.jobs.sync import sync
+from gpurig.jobs.views import JobView
+from gpurig.report import err_console, outside
+from gpurig.steps.cluster import ClusterHosts, cluster_hosts
+
+POLL_S = 1.0
+
+
+def the_cluster(opts: HostOptions) -> ClusterHosts:
+    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
+    if found is None:
+        raise InventoryError(f"{opts.settings.inventory} has no Slurm cluster (groups slurm_controller and slurm_nodes)",
+                             "put the controller in slurm_controller and the nodes in slurm_nodes, then gpurig provision them")
+    users = {h.user for h in found.hosts}
+    if len(users) > 1:
+        raise InventoryError(f"the cluster's hosts log in as different users ({', '.join(sorted(str(u) for u in users))})",
+                             "log in to every host of the cluster as the same user: its jobs run as that user on the nodes")
+    return found
+
+
+def fleet(opts: HostOptions, hosts, work):
+    connector = make_connector(opts)
+    try:
+        return run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, label="slurm")
+    finally:
+        connector.close()
+
+
+def hostnames(opts: HostOptions, cluster: ClusterHosts) -> dict[str, str]:
+    """Slurm's NodeName (the host's hostname) -> the inventory's name, for finding a job's batch host."""
+    report = fleet(opts, cluster.nodes, lambda conn: Outcome(data=conn.run("hostname -s", timeout=30).stdout.strip()))
+    return {r.data: r.host for r in report.results if isinstance(r.data, str) and r.data}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: str
+    nodes: tuple[str, ...]
+    script: str  # for --check
+
+
+def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slurmjobs.SlurmRequest) -> Submitted:
+    """Every node gets the tree and the image, then the controller queues the job; its Slurm id."""
+    if target.container is None:
+        raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
+    login = cluster.controller.user or "root"
+    script = slurmjobs.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
+    if opts.check:
+        return Submitted("", tuple(h.name for h in cluster.nodes), script)
+
+    def prepare(conn: Connection) -> Outcome:
+        from gpurig.connect.engine import open_engine
+
+        with open_engine(conn) as engine:
+            if engine.image(target.image_ref) is None:
+                if target.deliver is None:
+                    raise HostError(f"{target.image_ref} is not on the node", "build it here or push it to the spec's registry", host=conn.name)
+                target.deliver(engine, conn, target.image_ref)
+        agent = JobAgent(conn)
+        synced = sync(agent, target.key, target.tree)
+        conn.run(["mkdir", "-p", "--", f"{slurmjobs.folder(login, target.key)}/runs"], timeout=30)
+        return Outcome(changed=synced.moved > 0)
+
+    ready = fleet(opts, cluster.nodes, prepare)
+    bad = [r for r in ready.results if not r.succeeded]
+    if bad:
+        raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
+    comment = f"gpurig:{target.key} {' '.join(request.argv)}"[:900]
+
+    def queue(conn: Connection) -> Outcome:
+        said = conn.run(slurmjobs.submit_line(comment), timeout=60, warn=True, streams=Streams(feed=lambda write: write(script.encode())))
+        if said.failed:
+            raise HostError(f"sbatch refused the job: {(said.stderr or said.stdout).strip()[-300:]}", "see what it says; `sinfo` on the controller",
+                            host=conn.name)
+        return Outcome(data=slurmjobs.parse_submitted(said.stdout, conn.name))
+
+    queued = fleet(opts, [cluster.controller], queue).results[0]
+    if not queued.succeeded:
+        raise HostError(queued.reason, queued.fix, host=queued.host)
+    return Submitted(str(queued.data), tuple(h.name for h in cluster.nodes), script)
+
+
+def slurm_jobs(conn: Connection) -> list[JobView]:
+    said = conn.run(["squeue", "--json"], timeout=60, warn=True)
+    if said.failed:
+        raise HostError(f"squeue --json failed: {(said.stderr or said.stdout).strip()[-200:]}", "check slurmctld on the controller", host=conn.name)
+    return slurmjobs.gpurig_jobs(said.stdout, conn.name)
+
+
+def find(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
+    report = fleet(opts, [cluster.controller], lambda conn: Outcome(data=tuple(slurm_jobs(conn))))
+    r = report.results[0]
+    if not r.succeeded:
+        raise HostError(r.reason, r.fix, host=r.host)
+    found = [v for v in r.data if v.id == job]
+    if not found:
+        raise ConfigError(f"no gpurig job {job} in Slurm on {cluster.controller.name}",
+                          f"see the jobs with `gpurig jobs` (an ended job stays {cluster.settings.min_job_age} s: gpurig_slurm.min_job_age)")
+    return found[0]
+
+
+def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: bool = True) -> JobView:
+    """The job's log on stdout (to its end with ``follow_it``); how it ended."""
+    while follow_it and view.state == "pending":
+        time.sleep(POLL_S)  # polling Slurm's queue for the job to start (it has no batch host before)
+        view = find(opts, cluster, view.id)
+    batch = str(view.raw.get("batch_host") or "")
+    host = hostnames(opts, cluster).get(batch)
+    if host is None:
+        raise HostError(f"job {view.id}'s batch host {batch or '(none yet)'} is none of the inventory's nodes", "see `squeue -j ID` on the controller")
+    user = (view.raw.get("slurm") or {}).get("user") or cluster.controller.user or "root"
+    key = str((view.raw.get("slurm") or {}).get("comment") or "").removeprefix("gpurig:").split(" ", 1)[0]
+
+    def read(conn: Connection) -> Outcome:
+        def out(data: bytes) -> None:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+
+        said = conn.run(slurmjobs.follow_line(slurmjobs.log_path(user, key, view.id), view.id, follow_it), warn=True, streams=Streams(on_bytes=out))
+        return Outcome(data=said.exited)
+
+    fleet(opts, [next(h for h in cluster.nodes if h.name == host)], read)
+    end = time.monotonic() + 30
+    while follow_it:
+        view = find(opts, cluster, view.id)
+        if view.ended or time.monotonic() > end:
+            break
+        time.sleep(POLL_S)  # slurmctld records the end a moment after the batch script exits
+    return view
+
+
+def cancel(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
+    view = find(opts, cluster, job)
+    if view.ended:
+        return view
+
+    def scancel(conn: Connection) -> Outcome:
+        conn.run(["scancel", job], timeout=60)
+        return Outcome(changed=True)
+
+    done = fleet(opts, [cluster.controller], scancel).results[0]
+    if not done.succeeded:
+        raise HostError(done.reason, done.fix, host=done.host)
+    end = time.monotonic() + 60
+    while not view.ended and time.monotonic() < end:
+        time.sleep(POLL_S)  # scancel returns at once; the job ends when slurmstepd has stopped it
+        view = find(opts, cluster, job)
+    return view
+
+
+def exit_with(view: JobView) -> None:
+    err_console.print(f"slurm job {view.id}: {outside(view.state_text)}, exit code {view.exit_status}", highlight=False)
+    if view.exit_status:
+        raise Exit(code=view.exit_status)

@@ -1,0 +1,214 @@
+"""Jobs through Slurm (``gpurig run --scheduler slurm``): a batch script that runs the project's image on the GPUs Slurm allocated.
+
+The working directory is synced to every node of the cluster beforehand (no
+shared filesystem is assumed; a re-sync moves what changed), the image is on
+every node, and ``sbatch`` on the controller (over SSH, as the login user; the
+script on its stdin) queues the job. On each node of the allocation (one
+``srun`` task a node) the job copies the synced tree (hard links) and runs the
+image with ``docker run --rm --init``, giving it only the GPUs Slurm gave the
+job (``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``: ``--gpus device=...`` where
+NVIDIA's runtime is, else the device files themselves), the job's memory and
+CPUs (a container is dockerd's child, outside the job's cgroup, so Slurm's own
+limits do not reach it), and the rendezvous of a multi-node run
+(``MASTER_ADDR`` the first node, ``MASTER_PORT`` from the job id,
+``NODE_RANK``, ``NNODES``); with ``--launcher torchrun`` the command is
+started by torchrun with them. The Epilog removes whatever container a
+cancelled job left. States and exit codes come from ``squeue --json``
+(Slurm 22.05's and 24.11's shapes); the log is read on the batch host.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from gpurig.deploy.containers import ContainerSpec
+from gpurig.errors import HostError
+from gpurig.jobs.request import RunRequest
+from gpurig.jobs.views import JobView, job_view
+
+SYNC_ROOT = "/srv/gpurig/sync"
+JOB_LABEL = "io.gpurig.slurm.job"
+LAUNCHERS = ("none", "torchrun")
+_RUNNING = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT", "SIGNALING")
+STATES = {"PENDING": "pending", "RUNNING": "running", "CONFIGURING": "running", "COMPLETING": "running", "SUSPENDED": "running",
+          "COMPLETED": "succeeded", "CANCELLED": "cancelled"}
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    nodes: int = 1
+    partition: str | None = None
+    launcher: str = "none"
+    gpus_per_node: int = 0
+
+
+def folder(login: str, key: str) -> str:
+    """The login user's sync folder for this working directory on every node (the job agent's layout: tree/, and runs/ beside)."""
+    return f"{SYNC_ROOT}/{login}/{key}"
+
+
+def log_path(login: str, key: str, job: str) -> str:
+    return f"{folder(login, key)}/runs/{job}.log"
+
+
+def docker_flags(spec: ContainerSpec) -> list[str]:
+    """The job's container settings as `docker run` flags: deploy's /dev/shm, ulimits, env and datasets (each one word)."""
+    flags = ["--ipc", spec.ipc] if spec.ipc != "private" else []
+    if spec.shm_size:
+        flags += ["--shm-size", str(spec.shm_size)]
+    for u in spec.ulimits:
+        flags += ["--ulimit", f"{u.name}={u.soft}:{u.hard}"]
+    for name, value in spec.env:
+        flags += ["--env", f"{name}={value}"]
+    for v in spec.volumes:
+        flags += ["--mount", f"type=bind,source={v.source},target={v.target}" + (",readonly" if v.read_only else "")]
+    return flags
+
+
+def batch_script(request: RunRequest, slurm: SlurmRequest, spec: ContainerSpec, image: str, login: str, key: str) -> str:
+    """The sbatch script. Every value gpurig puts in it is a quoted shell word; the command reaches the container as its argv."""
+    q = shlex.quote
+    base = folder(login, key)
+    argv = list(request.argv)
+    words = " ".join(q(a) for a in argv)
+    if slurm.launcher == "torchrun":  # the rendezvous from Slurm's environment, expanded by each node's shell
+        script = argv[1:] if argv and argv[0] in ("python", "python3") else argv
+        words = ('torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID" --nproc_per_node="$nproc" --rdzv_backend=c10d '
+                 '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" ' + " ".join(q(a) for a in script))
+    flags = " ".join(q(f) for f in docker_flags(spec))
+    lines = [
+        "#!/bin/sh",
+        f"#SBATCH --job-name={request.name}",
+        f"#SBATCH --output={base}/runs/%j.log",
+        f"#SBATCH --nodes={slurm.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        *([f"#SBATCH --gres=gpu:{slurm.gpus_per_node}"] if slurm.gpus_per_node else []),
+        *([f"#SBATCH --partition={slurm.partition}"] if slurm.partition else []),
+        *([f"#SBATCH --time={max(1, int(request.timeout // 60))}"] if request.timeout else []),
+        "# gpurig run --scheduler slurm: one task a node runs the image on the GPUs Slurm allocated there",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "export MASTER_ADDR MASTER_PORT",
+        f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 sh -c {q(node_script(base, image, flags, words))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def node_script(base: str, image: str, flags: str, words: str) -> str:
+    """What each node of the allocation runs: its copy of the tree, then the container on the job's own GPUs, memory and CPUs."""
+    q = shlex.quote
+    return "\n".join([
+        "set -u",
+        'gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}',
+        f"work={q(base)}/runs/$SLURM_JOB_ID/node$SLURM_NODEID",
+        f'mkdir -p "$work" && cp -al {q(base)}/tree/. "$work"/ || exit 125',
+        "if docker info >/dev/null 2>&1; then d=docker; else d='sudo -n docker'; fi",
+        'devices=""; nproc=1',
+        'if [ -n "$gpus" ]; then',
+        '    nproc=$(echo "$gpus" | tr , "\\n" | grep -c .)',
+        '    if $d info 2>/dev/null | grep -q "Runtimes:.*nvidia"; then devices="--gpus device=$gpus"',
+        '    else for i in $(echo "$gpus" | tr , " "); do devices="$devices --device /dev/nvidia$i"; done',
+        '        for f in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e "$f" ] && devices="$devices --device $f"; done; fi',
+        "fi",
+        'mem=""; [ -n "${SLURM_MEM_PER_NODE:-}" ] && mem="--memory ${SLURM_MEM_PER_NODE}m"',
+        "cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
+        f"exec $d run --rm --init --name gpurig-slurm-$SLURM_JOB_ID-$SLURM_NODEID --label {JOB_LABEL}=$SLURM_JOB_ID --network host "
+        '$devices $mem ${cpus:+--cpuset-cpus $cpus} '
+        f'--mount type=bind,source="$work",target=/workspace --workdir /workspace '
+        '--env MASTER_ADDR --env MASTER_PORT --env NODE_RANK=$SLURM_NODEID --env NNODES=$SLURM_NNODES --env SLURM_JOB_ID '
+        f"{flags} {q(image)} {words}",
+    ])
+
+
+def submit_line(comment: str) -> list[str]:
+    """``sbatch`` reading its script from stdin; prints the job id alone (--parsable)."""
+    return ["sbatch", "--parsable", f"--comment={comment}"]
+
+
+def parse_submitted(stdout: str, host: str) -> str:
+    first = (stdout.strip().splitlines() or [""])[0].split(";")[0].strip()
+    if not first.isdecimal():
+        raise HostError(f"sbatch printed no job id ({stdout.strip()[:120] or 'nothing'})", "see what sbatch says on the controller", host=host)
+    return first
+
+
+def exit_status(code: Any) -> int | None:
+    """The job's exit code from squeue's JSON: 22.05's raw wait status (768: exit 3; 9: killed by 9) or 24.11's object."""
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        signal, rc = code & 0x7F, code >> 8
+        return 128 + signal if signal else rc
+    if isinstance(code, dict):
+        sig = (code.get("signal") or {}).get("id") or {}
+        if sig.get("set") and sig.get("number"):
+            return 128 + int(sig["number"])
+        returned = code.get("return_code") or {}
+        if returned.get("set"):
+            return int(returned.get("number") or 0)
+    return None
+
+
+def job_state(job: dict) -> str:
+    state = job.get("job_state")
+    words = [state] if isinstance(state, str) else [s for s in state or () if isinstance(s, str)]
+    return words[0] if words else "UNKNOWN"
+
+
+def view_of(host: str, job: dict) -> JobView:
+    """A Slurm job as gpurig's JobView: state, reason, exit code, times, nodes."""
+    raw = job_state(job)
+    state = STATES.get(raw, "failed")
+    comment = str(job.get("comment") or "")
+    command = comment.split(" ", 1)[1] if comment.startswith("gpurig:") and " " in comment else ""
+    reason = "" if state in ("running", "succeeded") else raw.lower() if state == "failed" else str(job.get("state_reason") or "")
+    if state == "pending" and reason in ("None", ""):
+        reason = "queued"
+
+    def when(key: str) -> float | None:
+        value = job.get(key)
+        if isinstance(value, dict):
+            value = value.get("number") if value.get("set") else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+    code = exit_status(job.get("exit_code")) if state not in ("pending", "running") else None
+    doc = {"id": str(job.get("job_id")), "name": job.get("name") or "", "state": state, "reason": reason,
+           "argv": shlex.split(command) if command else [], "submitted_at": when("submit_time"), "started_at": when("start_time"),
+           "ended_at": when("end_time") if state not in ("pending", "running") else None, "exit_code": code,
+           "mode": "slurm", "container": job.get("nodes") or "", "batch_host": job.get("batch_host") or "",
+           "slurm": {"state": raw, "nodes": job.get("nodes"), "user": job.get("user_name"), "comment": comment}}
+    return job_view(host, doc)
+
+
+def gpurig_jobs(squeue_json: str, host: str) -> list[JobView]:
+    """gpurig's jobs among ``squeue --json``'s (Slurm 22.05 ignores its filters: every job in slurmctld's memory comes)."""
+    try:
+        doc = json.loads(squeue_json)
+    except ValueError:
+        raise HostError("squeue --json printed no JSON", "see what `squeue --json` prints on the controller", host=host) from None
+    return [view_of(host, j) for j in doc.get("jobs") or () if isinstance(j, dict) and str(j.get("comment") or "").startswith("gpurig:")]
+
+
+FOLLOW = r"""f=$1 id=$2 pos=0
+while :; do
+    if [ -f "$f" ]; then size=$(stat -c %s "$f"); if [ "$size" -gt "$pos" ]; then tail -c +$((pos + 1)) "$f" | head -c $((size - pos)); pos=$size; fi; fi
+    case $(squeue -h -j "$id" -o %T 2>/dev/null) in
+        PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|REQUEUED|RESIZING|STAGE_OUT|SIGNALING) sleep 0.5 ;;
+        *) [ -f "$f" ] && tail -c +$((pos + 1)) "$f"; break ;;
+    esac
+done
+"""
+
+
+def follow_line(path: str, job: str, follow: bool) -> list[str]:
+    """On the batch host: the job's log (to its end when ``follow``, the job's end read from squeue there)."""
+    if not follow:
+        return ["cat", "--", path]
+    return ["sh", "-c", FOLLOW, "gpurig-follow", path, job]
+
+
+def is_active(view: JobView) -> bool:
+    return view.raw.get("slurm", {}).get("state") in _RUNNING

@@ -1,0 +1,183 @@
+"""The Slurm cluster gpurig writes (slurm.conf, gres.conf, the Prolog and Epilog), the plans of its steps, and Slurm's jobs as gpurig reads them.
+
+slurmd -C and squeue --json are replayed from recordings of real Slurm 22.05
+and 24.11 daemons (tests/fixtures/slurm); the cluster itself runs in
+tests/integration/slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpurig.deploy.containers import ContainerSpec
+from gpurig.inventory import Host
+from gpurig.inventory.profile import SlurmSettings
+from gpurig.jobs import slurmjobs
+from gpurig.jobs.request import RunRequest
+from gpurig.status import Status
+from gpurig.steps import slurm
+from gpurig.steps import slurmconf as conf
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+HARDWARE = conf.parse_slurmd_c((FIXTURES / "slurmd-C.txt").read_text())
+
+
+def cluster(**settings) -> conf.SlurmCluster:
+    nodes = (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0, 1), "a100", ("a100",)),
+             conf.SlurmNode("n2", "slurm-n2", HARDWARE, (0,), None, ("a100", "debug")))
+    return conf.SlurmCluster("lab", "slurm-ctl", "ctl", nodes, SlurmSettings(**settings))
+
+
+def test_slurmd_c_is_read_as_slurm_prints_it():
+    assert dict(HARDWARE) == {"CPUs": 2, "Boards": 1, "SocketsPerBoard": 1, "CoresPerSocket": 2, "ThreadsPerCore": 1, "RealMemory": 24105}
+    assert conf.parse_slurmd_c("slurmd: error: something\n") is None
+    assert conf.parse_slurmd_c("NodeName=x CPUs=two Boards=1\n") is None
+
+
+def test_the_gres_type_comes_from_the_model():
+    assert conf.gpu_type("NVIDIA A100-SXM4-80GB") == "a100"
+    assert conf.gpu_type("NVIDIA H100 80GB HBM3") == "h100"
+    assert conf.gpu_type("NVIDIA GeForce RTX 4090") == "4090" or conf.gpu_type("NVIDIA GeForce RTX 4090") is None
+    assert conf.gpu_type(None) is None
+
+
+def test_slurm_conf_describes_every_node_and_partition():
+    text = conf.slurm_conf(cluster(def_mem_per_cpu=2048, health_interval=30))
+    lines = text.splitlines()
+    assert "SlurmctldHost=slurm-ctl" in lines and "ClusterName=lab" in lines and "DefMemPerCPU=2048" in lines
+    assert "HealthCheckProgram=/usr/local/libexec/gpurig/slurm_health.py" in lines and "HealthCheckInterval=30" in lines
+    assert ("NodeName=slurm-n1 CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=23381 Gres=gpu:a100:2 "
+            "State=UNKNOWN") in lines
+    assert "NodeName=slurm-n2 CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=23381 Gres=gpu:1 State=UNKNOWN" in lines
+    assert "PartitionName=a100 Nodes=slurm-n1,slurm-n2 Default=YES MaxTime=INFINITE State=UP" in lines
+    assert "PartitionName=debug Nodes=slurm-n2 Default=NO MaxTime=INFINITE State=UP" in lines
+    assert conf.gres_conf(cluster()).splitlines()[1:] == ["NodeName=slurm-n1 Name=gpu Type=a100 File=/dev/nvidia0",
+                                                           "NodeName=slurm-n1 Name=gpu Type=a100 File=/dev/nvidia1",
+                                                           "NodeName=slurm-n2 Name=gpu File=/dev/nvidia0"]
+
+
+def test_the_controller_gets_the_configs_and_the_nodes_the_scripts_too():
+    assert set(conf.files_for(cluster(), "ctl")) == {conf.SLURM_CONF, conf.GRES_CONF, conf.CGROUP_CONF}
+    assert set(conf.files_for(cluster(), "n1")) == {conf.SLURM_CONF, conf.GRES_CONF, conf.CGROUP_CONF, conf.PROLOG, conf.EPILOG,
+                                                     conf.HEALTH_SETTINGS}
+    assert json.loads(conf.files_for(cluster(), "n1")[conf.HEALTH_SETTINGS][0]) == {"expect_gpus": 2}
+
+
+def test_prolog_and_epilog_keep_the_gpu_to_job_mapping(tmp_path):
+    root = tmp_path / "run"
+    prolog = conf.PROLOG_SCRIPT.replace("/run/gpurig", str(root))
+    epilog = conf.EPILOG_SCRIPT.replace("/run/gpurig", str(root)).replace("command -v docker", "false")
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1001", "SLURM_JOB_GPUS": "0,1"}
+    subprocess.run(["sh", "-c", prolog], env=env, check=True)
+    subprocess.run(["sh", "-c", prolog], env={**env, "SLURM_JOB_ID": "43", "SLURM_JOB_GPUS": "1"}, check=True)
+    assert (root / "slurm-gpus" / "0").read_text() == "42\n" and (root / "slurm-gpus" / "1").read_text() == "42\n43\n"
+    assert (root / "slurm-jobs" / "42").read_text() == "user=alice\nuid=1001\n"
+    subprocess.run(["sh", "-c", epilog], env=env, check=True)
+    assert not (root / "slurm-gpus" / "0").exists() and (root / "slurm-gpus" / "1").read_text() == "43\n"
+    assert not (root / "slurm-jobs" / "42").exists()
+    subprocess.run(["sh", "-c", prolog], env={**env, "SLURM_JOB_ID": "$(touch x)"}, check=True, cwd=tmp_path)
+    assert not (tmp_path / "x").exists() and not (root / "slurm-jobs" / "$(touch x)").exists()
+
+
+def facts(**over) -> slurm.SlurmFacts:
+    return slurm.SlurmFacts(**{"host": "n1", "hostname": "slurm-n1", **over})
+
+
+def test_packages_munge_and_files_plan_from_the_facts():
+    assert slurm.plan_packages(facts(), controller=True).status == Status.CHANGED
+    done = {p: "22.05.8" for p in slurm.NODE_PACKAGES}
+    assert slurm.plan_packages(facts(packages=done), controller=False).status == Status.OK
+    assert slurm.plan_controller_key(facts(munge_key="a" * 64, munge_mark="a" * 64)).status == Status.OK
+    assert slurm.plan_controller_key(facts(munge_key="a" * 64)).changes[0].summary == "make the cluster's munge key"
+    key = "ab" * 128 + "\n"
+    plan = slurm.plan_node_key(facts(munge_key="c" * 64), slurm.key_sha(key), key)
+    upload = plan.changes[0].commands[0]
+    assert upload.remote == slurm.MUNGE_KEY and upload.mode == 0o400 and upload.backup is False
+    assert key not in json.dumps([c.for_report(True).to_dict(True) for c in plan.changes])  # the key never reaches a report
+    assert slurm.plan_node_key(facts(munge_key=slurm.key_sha(key)), slurm.key_sha(key), key).status == Status.OK
+    wanted = conf.files_for(cluster(), "n1")
+    first = slurm.plan_files(facts(), wanted)
+    assert first.status == Status.CHANGED and len(first.changes) == len(wanted) and "+ClusterName=lab" in first.changes[0].diff
+    assert slurm.plan_files(facts(files={p: t for p, (t, _) in wanted.items()}), wanted).status == Status.OK
+
+
+def test_a_node_or_gres_change_restarts_and_any_other_change_reconfigures():
+    wanted = conf.files_for(cluster(), "n1")
+    same = {p: t for p, (t, _) in wanted.items()}
+    assert not slurm.needs_restart(facts(files=same), wanted)
+    other_interval = conf.files_for(cluster(health_interval=5), "n1")
+    assert not slurm.needs_restart(facts(files=same), other_interval)
+    bigger = conf.SlurmCluster("lab", "slurm-ctl", "ctl", (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0, 1, 2), "a100"),), SlurmSettings())
+    assert slurm.needs_restart(facts(files=same), conf.files_for(bigger, "n1"))
+    running = {"munge": (True, True), "slurmctld": (True, True)}
+    assert slurm.plan_daemons(facts(units=running), True, restart=False, changed=False).status == Status.OK
+    assert [str(c) for c in slurm.plan_daemons(facts(units=running), True, restart=False, changed=True).changes[0].commands] == ["scontrol reconfigure"]
+    assert [str(c) for c in slurm.plan_daemons(facts(units=running), True, restart=True, changed=True).changes[0].commands] == [
+        "systemctl restart slurmctld"]
+    fresh = slurm.plan_daemons(facts(), False, restart=False, changed=True)
+    assert [str(c) for c in fresh.changes[0].commands] == ["systemctl enable munge", "systemctl start munge", "systemctl enable slurmd",
+                                                           "systemctl start slurmd"]
+
+
+def test_the_cluster_comes_from_the_inventorys_groups(tmp_path):
+    from gpurig.errors import InventoryError
+    from gpurig.inventory import load_inventory
+    from gpurig.steps.cluster import cluster_hosts
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("all:\n  children:\n    slurm_controller:\n      hosts: {ctl: {gpurig_slurm: {cluster: lab}}}\n"
+                   "    slurm_nodes:\n      hosts: {n3: {}}\n      children:\n        a100: {hosts: {n1: {}, n2: {}}}\n")
+    found = cluster_hosts(load_inventory(inv), inv)
+    assert found.controller.name == "ctl" and [h.name for h in found.nodes] == ["n3", "n1", "n2"] or {h.name for h in found.nodes} == {"n1", "n2", "n3"}
+    assert found.partitions["n1"] == ("a100",) and found.partitions["n3"] == (conf.DEFAULT_PARTITION,) and found.settings.cluster == "lab"
+    inv.write_text("all:\n  children:\n    slurm_nodes:\n      hosts: {n1: {}}\n")
+    with pytest.raises(InventoryError, match="slurm_controller holds 0 hosts, a Slurm cluster has one controller"):
+        cluster_hosts(load_inventory(inv), inv)
+    inv.write_text("all:\n  children:\n    slurm_controller:\n      hosts: {a: {}}\n    slurm_nodes:\n      hosts: {a: {}}\n")
+    with pytest.raises(InventoryError, match="both the controller and a node"):
+        cluster_hosts(load_inventory(inv), inv)
+    inv.write_text("all:\n  hosts: {x: {}}\n")
+    assert cluster_hosts(load_inventory(inv), inv) is None
+    assert Host  # the type the groups hold
+
+
+def squeue(name: str, comments: dict[int, str]) -> str:
+    doc = json.loads((FIXTURES / name).read_text())
+    for job in doc["jobs"]:
+        if job["job_id"] in comments:
+            job["comment"] = comments[job["job_id"]]
+    return json.dumps(doc)
+
+
+def test_slurms_states_and_exit_codes_as_gpurig_says_them():
+    marks = {j: f"gpurig:work-0123456789 python train.py --run {j}" for j in (2, 9, 13, 14, 15)}
+    views = {v.id: v for v in slurmjobs.gpurig_jobs(squeue("squeue-22.05.json", marks), "ctl")}
+    assert (views["2"].state, views["2"].exit_status) == ("succeeded", 0)
+    assert (views["13"].state, views["13"].exit_code, views["13"].reason) == ("failed", 3, "failed")
+    assert (views["14"].state, views["14"].exit_code) == ("failed", 137)  # killed by SIGKILL: 128 + 9
+    assert (views["15"].state, views["15"].exit_code) == ("cancelled", 143)
+    assert views["9"].state == "failed" and views["9"].reason == "out_of_memory"
+    assert views["13"].argv == ("python", "train.py", "--run", "13") and views["13"].raw["batch_host"] == "slurm-n1"
+    assert slurmjobs.gpurig_jobs(squeue("squeue-22.05.json", {}), "ctl") == []  # no comment: not gpurig's
+    [new] = slurmjobs.gpurig_jobs(squeue("squeue-24.11.json", {3: "gpurig:k x"}), "ctl")
+    assert (new.state, new.exit_code, new.started_at) == ("failed", 3, 1796162885.0)
+
+
+def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpus():
+    spec = ContainerSpec(host="n1", name="gpurig-job-slurm", variant="", image="img:1", entry=None, env=(("TOKEN", "s p$(x)"),))
+    request = RunRequest(argv=("python", "train.py", "a b", "$(touch /tmp/pwned)"), workdir=Path("."), name="train")
+    script = slurmjobs.batch_script(request, slurmjobs.SlurmRequest(nodes=2, gpus_per_node=1), spec, "img:1", "gpurig", "work-01")
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:1" in script and "#SBATCH --output=/srv/gpurig/sync/gpurig/work-01/runs/%j.log" in script
+    node = shlex.split(script[script.index("exec srun"):])[-1]  # srun ... sh -c NODE_SCRIPT
+    last = node.splitlines()[-1]
+    assert last.endswith("'img:1' python train.py 'a b' '$(touch /tmp/pwned)'") or last.endswith("img:1 python train.py 'a b' '$(touch /tmp/pwned)'")
+    assert "--env 'TOKEN=s p$(x)'" in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
+    torch = slurmjobs.batch_script(request, slurmjobs.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
+    launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
+    assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
+    assert "python train.py" not in launched
