@@ -118,6 +118,8 @@ class SystemdImages:
         left = docker("ps", "-aq", "--filter", f"label={kit.label}={kit.session}", check=False).stdout.split()
         if left:
             docker("rm", "-f", "-v", *left, check=False)
+        # the networks hosts were started on (SystemdHosts.make(network=...)), once no container is left on them
+        docker("network", "prune", "-f", "--filter", f"label={kit.label}={kit.session}", check=False)
         for key, suite in SUITES.items():
             docker("image", "rm", "-f", f"gpurig-test-systemd-host-{key}:{kit.session}", check=False)
             docker("image", "rm", "-f", base_tag(kit, suite), check=False)
@@ -136,12 +138,15 @@ class SystemdHosts:
     key: Path
     made: list = field(default_factory=list)
 
-    def make(self, os_key: str = "debian12", storage: str = "tmpfs"):
-        name = f"gpurig-sdhost-{self.kit.session[:6]}-{uuid.uuid4().hex[:6]}"
+    def make(self, os_key: str = "debian12", storage: str = "tmpfs", network: str | None = None, name: str | None = None):
+        """A booted host answering SSH; ``network``: a user-defined Docker network to join (where hosts resolve each
+        other by name), else the default bridge; ``name``: its container name and hostname (default: a random one)."""
+        name = name or f"gpurig-sdhost-{self.kit.session[:6]}-{uuid.uuid4().hex[:6]}"
         hosts = [f"--add-host={h}:127.0.0.1" for h in UNREACHABLE]
+        joins = ("--network", network) if network else ()
         proc = self.docker(
             "run", "-d", "--name", name, "--hostname", name, "--label", f"{self.kit.label}={self.kit.session}",
-            *RUN_FLAGS, *STORAGE[storage], *hosts, "-p", "127.0.0.1::22",
+            *RUN_FLAGS, *STORAGE[storage], *hosts, *joins, "-p", "127.0.0.1::22",
             "-v", f"{self.keys}:/etc/ssh/authorized_keys:ro", self.images[os_key], check=False,
         )
         if proc.returncode != 0:  # created but not started still leaves a container (and its volume) to remove
