@@ -7,7 +7,8 @@
    process over the sampling window (interpreter start-up excluded), side by
    side with a loop that only calls psutil for the same host figures, and
    with `nvidia-smi -l 1` / `gpustat` where they exist (not on a GPU-less
-   machine: said in the output).
+   machine: said in the output); and the agent's read of a Slurm node's job
+   mapping for 8 GPUs, in process, per sample.
 2. Exporter: 20 hosts x 8 GPUs of recorded samples served by gpurig's
    exporter in its own process; 100 scrapes at once, 20 rounds; latency
    percentiles and the exporter's RSS after the first and the last round.
@@ -79,6 +80,34 @@ def bench_agent(runs: int, seconds: float) -> None:
     for tool in ("nvidia-smi", "gpustat"):
         if shutil.which(tool) is None:
             print(f"  {tool}: not installed here (no GPU, no driver): no figure to compare")
+    bench_slurm_mapping()
+
+
+def bench_slurm_mapping(gpus: int = 8, rounds: int = 2000) -> None:
+    """The agent's read of a Slurm node's job mapping, per sample: the GPU-less run above never reads it (no GPU record to label)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sampler", AGENT)
+    assert spec is not None and spec.loader is not None
+    sampler = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sampler)
+    with tempfile.TemporaryDirectory(prefix="gpurig-bench-slurm-") as tmp:
+        root = Path(tmp)
+        (root / "slurm-gpus").mkdir()
+        (root / "slurm-jobs").mkdir()
+        for i in range(gpus):
+            (root / "slurm-gpus" / str(i)).write_text(f"{4200 + i}\n")
+            (root / "slurm-jobs" / str(4200 + i)).write_text(f"user=user{i}\nuid={1000 + i}\n")
+        print(f"Slurm job mapping, CPU per sample for {gpus} GPUs, median of 3 x {rounds} samples:")
+        for what, where in (("no mapping folder (a host without Slurm)", root / "absent"), (f"a job on each of the {gpus} GPUs", root)):
+            per_sample = []
+            for _ in range(3):
+                t0 = time.process_time()
+                for _ in range(rounds):
+                    sampler.add_slurm_jobs([{"index": i} for i in range(gpus)], str(where / "slurm-gpus"), str(where / "slurm-jobs"))
+                per_sample.append((time.process_time() - t0) / rounds)
+            us = statistics.median(per_sample) * 1e6
+            print(f"  {what}: {us:.1f} us a sample, {us / 1e4:.4f}% of a core at 1/s")
 
 
 EXPORTER = """

@@ -13,6 +13,9 @@ A GPU in MIG mode is followed by one record per MIG device ("mig": its index und
 the GPU, as in NVIDIA_VISIBLE_DEVICES=0:1), and a note says what stands in for the
 utilisation NVML does not report under MIG. A GPU that gives no metric at all ends
 the agent with exit status 3 and one line on stderr, never an empty record.
+On a Slurm node, a GPU record also names the jobs holding that GPU and their users
+("hpc_jobs", "hpc_users"), read from the mapping the Prolog writes (SLURM_GPUS_DIR);
+a GPU no job holds, or a host without the mapping, has neither key.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -48,12 +53,26 @@ CPU_MODES = ("user", "system", "idle", "iowait")
 PCIE_EVERY_S = 1.0  # NVML measures PCIe throughput over 20 ms per call: not more often than this
 NVML_SUCCESS = 0
 # A GPU record's keys that say which GPU it is; every other key is a metric.
-IDENTITY = frozenset({"index", "name", "uuid", "pci_bus_id", "mig", "parent_uuid", "gpu_instance", "compute_instance", "mig_mode", "gpm", "processes"})
+IDENTITY = frozenset(
+    {"index", "name", "uuid", "pci_bus_id", "mig", "parent_uuid", "gpu_instance", "compute_instance", "mig_mode", "gpm", "processes", "hpc_jobs", "hpc_users"}
+)
 # GPM metrics (NVML names, values 0..100) as (record key, metric): a whole GPU reads SM activity and occupancy beside
 # its utilisation; a MIG device, which has no utilisation, also reads its engine activity (GRAPHICS_UTIL, what DCGM
 # calls DCGM_FI_PROF_GR_ENGINE_ACTIVE) and DRAM bandwidth (DRAM_BW_UTIL, DCGM_FI_PROF_DRAM_ACTIVE) in their place.
 GPM_WHOLE = (("sm_active", "NVML_GPM_METRIC_SM_UTIL"), ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"))
 GPM_MIG = (("gr_active", "NVML_GPM_METRIC_GRAPHICS_UTIL"), *GPM_WHOLE, ("dram_active", "NVML_GPM_METRIC_DRAM_BW_UTIL"))
+# Which Slurm job holds which GPU, as the node's Prolog writes it and its Epilog removes it. SLURM_GPUS_DIR is
+# dcgm-exporter's HPC job mapping (its --hpc-job-mapping-dir): a file per GPU index, or <index>.<GPU instance id> for a
+# MIG device, one job id a line. SLURM_JOBS_DIR has a file per job id with user=<name> and uid=<number> lines.
+SLURM_GPUS_DIR = "/run/gpurig/slurm-gpus"  # GPURIG_SLURM_GPUS_DIR overrides
+SLURM_JOBS_DIR = "/run/gpurig/slurm-jobs"  # GPURIG_SLURM_JOBS_DIR overrides
+MAPPING_BYTES = 4096  # a mapping file is a few short lines: no more is read, whatever the file holds
+MAX_JOBS = 16  # jobs kept per GPU (a shared GPU); the rest of a longer list is not reported
+# A job id as Slurm writes it: digits, an array task's _N, a step's .N. A user name in POSIX's portable set, not
+# starting with '-'. Anything else in a mapping file is skipped: its content is never trusted into a label.
+JOB_ID = re.compile(rb"[0-9]{1,20}(?:_[0-9]{1,10})?(?:\.[0-9]{1,10})?")
+USER_NAME = re.compile(rb"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
+UID = re.compile(rb"[0-9]{1,10}")
 
 
 # --- host: CPU, memory, disk, network ---------------------------------------------------------
@@ -462,6 +481,89 @@ class SmiSource:
         self.proc.wait()
 
 
+# --- Slurm jobs holding each GPU ---------------------------------------------------------------
+
+
+def read_mapping_file(path):
+    """The first MAPPING_BYTES of a regular file, cut after its last whole line; None when it is missing, not a regular file or unreadable.
+
+    Opened without following a link and without blocking (a FIFO put there answers None, it cannot hang the agent).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):  # ValueError: a NUL in a name
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAPPING_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAPPING_BYTES:  # a longer file: its line cut by the limit is not a whole job id
+        data = data[: data.rfind(b"\n", 0, MAPPING_BYTES) + 1]
+    return data
+
+
+def _job_ids(data):
+    jobs = []
+    for line in data.splitlines():
+        line = line.strip()
+        if JOB_ID.fullmatch(line) and line.decode() not in jobs:
+            jobs.append(line.decode())
+            if len(jobs) == MAX_JOBS:
+                break
+    return jobs
+
+
+def job_user(jobs_dir, job):
+    """The user of ``job`` from its file: its name, else its uid as text (as for a process); None when neither is there."""
+    data = read_mapping_file(os.path.join(jobs_dir, job)) or b""
+    found = {}
+    for line in data.splitlines():
+        key, sep, value = line.partition(b"=")
+        key = key.strip()
+        if sep and key in (b"user", b"uid") and key not in found:  # the first of each counts
+            found[key] = value.strip()
+    name, uid = found.get(b"user", b""), found.get(b"uid", b"")
+    if USER_NAME.fullmatch(name) and not name.isdigit():
+        return name.decode()
+    if UID.fullmatch(uid) and int(uid) < 2**32:
+        return uid.decode()
+    return None
+
+
+def add_slurm_jobs(gpus, gpus_dir, jobs_dir):
+    """Name in each GPU record the jobs holding it and their users; a record no job holds is left as it was.
+
+    Costs one stat on a host without the mapping folder, and on a Slurm node one bounded read per GPU
+    and per job holding one, at each sample: a job's mapping changes while the agent runs.
+    """
+    if not gpus:
+        return
+    try:
+        if not stat.S_ISDIR(os.stat(gpus_dir).st_mode):
+            return
+    except (OSError, ValueError):
+        return
+    users = {}
+    for g in gpus:
+        if g.get("mig") is None:
+            key = str(g["index"])
+        elif g.get("gpu_instance") is not None:  # dcgm-exporter's <GPU>.<GPU instance>: compute instances of one share it
+            key = f"{g['index']}.{g['gpu_instance']}"
+        else:
+            continue
+        jobs = _job_ids(read_mapping_file(os.path.join(gpus_dir, key)) or b"")
+        if jobs:
+            for job in jobs:
+                if job not in users:
+                    users[job] = job_user(jobs_dir, job)
+            g["hpc_jobs"] = jobs
+            g["hpc_users"] = [users[job] for job in jobs]
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -513,6 +615,8 @@ def main(argv=None):
     interval = max(0.01, args.interval)
     source, note = open_gpu_source(interval, args.gpu_source) if args.gpu_source != "none" else (None, "GPU sampling turned off (--gpu-source none)")
     host = HostSampler()
+    gpus_dir = os.environ.get("GPURIG_SLURM_GPUS_DIR") or SLURM_GPUS_DIR
+    jobs_dir = os.environ.get("GPURIG_SLURM_JOBS_DIR") or SLURM_JOBS_DIR
     emit(
         {
             "type": "hello", "hostname": socket.gethostname(), "user": _user(), "pid": os.getpid(),
@@ -541,6 +645,7 @@ def main(argv=None):
                 sys.stderr.write(f"gpu_sampler: GPU {where} ({g.get('uuid') or 'no UUID'}) gave no metric at all through {source.name}: "
                                  "the GPU may be lost or the driver broken; 'nvidia-smi -q' on the host says more\n")
                 return 3
+            add_slurm_jobs(gpus, gpus_dir, jobs_dir)
             record = {"type": "sample", "t": round(time.time(), 3), **host.sample(), "gpus": gpus}
             emit(record)
             count += 1

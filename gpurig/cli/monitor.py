@@ -140,7 +140,7 @@ def _live(run: Run, interval: float):
     latest = run.latest()
     now = time.time()
     silent = {h: f"no sample for {now - s.t:.0f}s" for h, s in latest.items() if now - s.t > max(3 * interval, 3.0)}
-    return live_table(latest, failed=silent)
+    return live_table(latest, failed=silent, width=console.width)
 
 
 def _present(run: Run, findings, report: FleetReport | None, out) -> None:
@@ -150,7 +150,7 @@ def _present(run: Run, findings, report: FleetReport | None, out) -> None:
             notes[note].append(host)
     for note, hosts in notes.items():
         err_console.print(f"[yellow]note[/] {', '.join(outside(h) for h in hosts)}: {outside(note)}")
-    out.print(summary_table(run))
+    out.print(summary_table(run, width=out.width))
     out.print(findings_view(findings))
     if report is not None:
         print_recap(report, err_console)

@@ -13,6 +13,10 @@ reports none) and each MIG device has its own series: the GPU's labels plus
 compute instances of one GPU instance differ only there), with its memory and
 GPM's ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, ``SM_ACTIVE``, ``SM_OCCUPANCY`` and
 ``DRAM_ACTIVE``. A page without MIG devices is what it always was.
+
+On a Slurm node, the series of a GPU (or MIG device) a job holds carry
+dcgm-exporter's ``hpc_job`` label (its HPC job mapping) and gpurig's
+``hpc_user``; a GPU no job holds has neither label, as in dcgm-exporter.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ MAX_AGE_S = 1.0  # samples arrive about once a second
 MAX_STALE_S = 5.0  # older than this, a scrape waits for a fresh page (Prometheus scrapes every 15 s or so)
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID", "mig_uuid")
+HPC_JOB_LABEL = "hpc_job"  # dcgm-exporter's (internal/pkg/transformation/const.go, hpcJobAttribute)
+HPC_USER_LABEL = "hpc_user"  # gpurig's: dcgm-exporter's mapping files name no user
 
 
 def _fb_free(g: GpuSample) -> float | None:
@@ -77,6 +83,21 @@ def gpu_labels(host: str, g: GpuSample) -> dict[str, str]:
     return labels
 
 
+def series_labels(host: str, g: GpuSample) -> list[dict[str, str]]:
+    """The label sets of a GPU's series: one without job labels, or one per Slurm job holding it.
+
+    As dcgm-exporter's hpcMapper does: no job, no ``hpc_job`` label at all (not an
+    empty one, so that ``{hpc_job!=""}`` selects the GPUs jobs hold and dashboards
+    that never heard of jobs see the series they always saw); several jobs on one
+    GPU, the GPU's value repeated in one series per job, which differ only in
+    ``hpc_job`` (and ``hpc_user``). A sum over a shared GPU's series counts it once per job.
+    """
+    labels = gpu_labels(host, g)
+    if not g.hpc_jobs:
+        return [labels]
+    return [{**labels, HPC_JOB_LABEL: job.id, **({HPC_USER_LABEL: job.user} if job.user else {})} for job in g.hpc_jobs]
+
+
 class RunCollector(Collector):
     """Metric families from each host's latest sample; a host silent for ``stale_after`` seconds is left out."""
 
@@ -110,11 +131,12 @@ class RunCollector(Collector):
         }
         for s in samples:
             for g in s.gpus:
-                labels = gpu_labels(s.host, g)
+                label_sets = series_labels(s.host, g)
                 for name, _, read in DCGM_GAUGES + (MIG_GAUGES if g.mig is not None else ()):
                     v = read(g)
                     if v is not None:
-                        gauges[name].add_sample(name, labels, float(v))
+                        for labels in label_sets:
+                            gauges[name].add_sample(name, labels, float(v))
             for mode, per_core in s.cpu_seconds.items():
                 for core, seconds in enumerate(per_core):
                     cpu.add_metric([s.host, str(core), mode], float(seconds))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,20 @@ class GpuProcess:
     user: str | None = None
     name: str | None = None
     used_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class HpcJob:
+    """A Slurm job holding a GPU (the node's job mapping, dcgm-exporter's HPC job mapping): its id and, where known, its user."""
+
+    id: str
+    user: str | None = None  # the login name, or the uid as text where the job's file gives no name
+
+
+# The agent's own patterns (checks/gpu_sampler.py JOB_ID, USER_NAME, MAX_JOBS): a record with anything else is not the agent's.
+JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,10})?(?:\.[0-9]{1,10})?")
+USER_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
+MAX_JOBS = 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,7 @@ class GpuSample:
     gpm: bool | None = None  # a MIG device: whether GPM can measure it (False: not on this GPU/driver)
     gr_active: float | None = None  # 0..1, GPM GRAPHICS_UTIL: a MIG device's stand-in for util_gpu
     dram_active: float | None = None  # 0..1, GPM DRAM_BW_UTIL: a MIG device's stand-in for util_mem
+    hpc_jobs: tuple[HpcJob, ...] = ()  # the Slurm jobs holding it, where the node maps them (several: a shared GPU)
 
     @property
     def label(self) -> str:
@@ -130,7 +146,7 @@ class Sample:
         return max(self.per_core, default=self.cpu_percent)
 
 
-_GPU_FIELDS = {f for f in GpuSample.__dataclass_fields__ if f != "processes"}
+_GPU_FIELDS = {f for f in GpuSample.__dataclass_fields__ if f not in ("processes", "hpc_jobs")}
 _GPU_TEXT = ("name", "uuid", "pci_bus_id", "parent_uuid")
 _GPU_COUNTS = ("index", "throttle", "mig", "gpu_instance", "compute_instance")
 _GPU_FLAGS = ("mig_mode", "gpm")
@@ -182,7 +198,25 @@ def gpu_from_record(rec: Mapping[str, Any]) -> GpuSample:
                    None if p.get("used_mib") is None else _count(p.get("used_mib"), "used_mib"))
         for p in rec.get("processes") or ()
     )  # fmt: skip
-    return GpuSample(**values, processes=procs)
+    return GpuSample(**values, processes=procs, hpc_jobs=_hpc_jobs(rec.get("hpc_jobs"), rec.get("hpc_users")))
+
+
+def _hpc_jobs(jobs: Any, users: Any) -> tuple[HpcJob, ...]:
+    """The agent's "hpc_jobs" (ids) and "hpc_users" (a name or None for each) as HpcJobs; ValueError when they are not what it writes."""
+    if jobs is None and users is None:
+        return ()
+    if not isinstance(jobs, list) or not isinstance(users, list) or not 0 < len(jobs) <= MAX_JOBS or len(users) != len(jobs):
+        raise ValueError("gpu hpc_jobs and hpc_users are not two lists of the same length, 1 to 16")
+    if len(set(map(str, jobs))) != len(jobs):  # one job twice would be two identical series: Prometheus refuses the page
+        raise ValueError("gpu hpc_jobs names a job twice")
+    out = []
+    for job, user in zip(jobs, users):
+        if not isinstance(job, str) or not JOB_ID.fullmatch(job):
+            raise ValueError("gpu hpc_jobs holds what is not a Slurm job id")
+        if user is not None and (not isinstance(user, str) or not USER_NAME.fullmatch(user)):
+            raise ValueError("gpu hpc_users holds what is not a user name")
+        out.append(HpcJob(job, user))
+    return tuple(out)
 
 
 def _text(value: Any) -> str | None:

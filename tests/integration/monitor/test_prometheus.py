@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes the exporter: series under dcgm-exporter and node-exporter names, and every dashboard panel has data."""
+"""A real Prometheus scrapes the exporter: series under dcgm-exporter and node-exporter names, Slurm job labels, and every dashboard panel has data."""
 
 from __future__ import annotations
 
@@ -21,15 +21,17 @@ NODE = (
     "node_disk_read_bytes_total",
     "node_network_receive_bytes_total",
 )
+PLAIN = "gpu-healthy|gpu-throttling"  # the hosts without Slurm
 
 
 @pytest.fixture(scope="module")
 def scraped(prometheus):
-    """An exporter fed two recorded GPU hosts, scraped by a real Prometheus until every target is up."""
+    """An exporter fed three recorded GPU hosts (one a Slurm node whose GPUs jobs hold), scraped by a real Prometheus until every target is up."""
     run = load_run(RUNS / "healthy")
-    for line in (RUNS / "throttling" / "samples.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        run.add(record.pop("host"), record)
+    for case in ("throttling", "slurm_jobs"):
+        for line in (RUNS / case / "samples.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            run.add(record.pop("host"), record)
     exporter = serve(run, "127.0.0.1", 0)
     try:
         prom = prometheus([f"127.0.0.1:{exporter.port}"])
@@ -40,7 +42,7 @@ def scraped(prometheus):
 
 
 def test_prometheus_has_the_series_by_their_dcgm_names(scraped):
-    util = scraped.poll(lambda: scraped.query("DCGM_FI_DEV_GPU_UTIL"), "DCGM_FI_DEV_GPU_UTIL")
+    util = scraped.poll(lambda: scraped.query(f'DCGM_FI_DEV_GPU_UTIL{{Hostname=~"{PLAIN}"}}'), "DCGM_FI_DEV_GPU_UTIL")
     labels = {r["metric"]["Hostname"]: r["metric"] for r in util}
     assert set(labels) == {"gpu-healthy", "gpu-throttling"}
     healthy = labels["gpu-healthy"]
@@ -63,7 +65,7 @@ def test_every_dashboard_panel_query_returns_series(scraped):
     dashboard = json.loads(DASHBOARD.read_text())
     variable = dashboard["templating"]["list"][0]
     hosts = scraped.api("series", **{"match[]": variable["definition"].split("(")[1].split(",")[0]})["data"]
-    assert {s["Hostname"] for s in hosts} == {"gpu-healthy", "gpu-throttling"}
+    assert {s["Hostname"] for s in hosts} == {"gpu-healthy", "gpu-throttling", "gpu-slurm-jobs"}
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert len(exprs) >= 12
     for expr in exprs:
@@ -71,3 +73,21 @@ def test_every_dashboard_panel_query_returns_series(scraped):
         # rate() needs two scrapes: poll until the panel would draw.
         got = scraped.poll(lambda concrete=concrete: scraped.query(concrete), f"series for {concrete}", deadline_s=15)
         assert got, expr
+
+
+def test_prometheus_answers_which_job_holds_the_idle_gpu(scraped):
+    idle = scraped.poll(lambda: scraped.query('DCGM_FI_DEV_GPU_UTIL{hpc_job!=""} < 10'), "an idle GPU a job holds")
+    assert [({k: r["metric"].get(k) for k in ("Hostname", "gpu", "hpc_job", "hpc_user")}, float(r["value"][1])) for r in idle] == [
+        ({"Hostname": "gpu-slurm-jobs", "gpu": "0", "hpc_job": "42", "hpc_user": "alice"}, 2.0)
+    ]
+    by_job = scraped.query('count by (hpc_job, hpc_user) (DCGM_FI_DEV_GPU_UTIL{hpc_job!=""})')
+    assert sorted((r["metric"]["hpc_job"], r["metric"].get("hpc_user")) for r in by_job) == [("42", "alice"), ("43", "bob"), ("44", None)]
+    shared = scraped.query('DCGM_FI_DEV_FB_USED{Hostname="gpu-slurm-jobs", gpu="1"}')
+    assert sorted(r["metric"]["hpc_job"] for r in shared) == ["43", "44"]  # a shared GPU: a series per job, as dcgm-exporter has it
+    free = scraped.query('DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-slurm-jobs", hpc_job=""}')  # no label: what PromQL matches as empty
+    assert [r["metric"]["gpu"] for r in free] == ["2"] and "hpc_job" not in free[0]["metric"]
+    assert not scraped.query(f'DCGM_FI_DEV_GPU_UTIL{{Hostname=~"{PLAIN}", hpc_job!=""}}')
+    (panel,) = [p for p in json.loads(DASHBOARD.read_text())["panels"] if "hpc_job" in p["targets"][0]["expr"]]
+    rows = scraped.query(panel["targets"][0]["expr"].replace("$Hostname", ".*"))
+    assert sorted(r["metric"]["hpc_job"] for r in rows) == ["42", "43", "44"]
+    assert (rows[0]["metric"]["hpc_job"], rows[0]["metric"]["hpc_user"]) == ("42", "alice")  # the dashboard's table: the idle one first
