@@ -27,7 +27,9 @@ from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.status import Status
 from gpurig.steps.plan import StepResult
+from gpurig.steps.slurmconf import NODES_GROUP
 from gpurig.strict import validate
+from gpurig.verify.slurmnode import node_state
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -170,13 +172,18 @@ def print_access(report: FleetReport, out) -> None:
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
     chosen = select_hosts(opts)
+    slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
+    states: dict = {}  # a Slurm node's state as its controller sees it (drained, and why)
 
     def work(conn: Connection) -> Outcome:
+        if conn.name in slurm_nodes:
+            states[conn.name] = node_state(conn)
         with open_engine(conn) as engine:
             return Outcome(status=Status.OK, data=tuple(engine.containers(label=NAME_LABEL)))
 
     def annotate(rep: FleetReport) -> dict:
-        return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results}}
+        return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results},
+                **({"slurm": {h: {"state": s.state, "reason": s.reason} if s else None for h, s in states.items()}} if states else {})}
 
     report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA, annotate=annotate)
     columns = [Column("host"), Column("container"), Column("state"), Column("image", drop=2), Column("gpus", drop=3),
@@ -184,6 +191,9 @@ def status(c, opts: HostOptions):
     rows = []
     for r in report.results:
         found = outcomes_of(r)
+        if r.host in slurm_nodes:
+            node = states.get(r.host)
+            rows.append([r.host, "(slurm node)", node.text if node else "unknown (sinfo answered nothing)", "", "", "", ""])
         if not found:
             rows.append([r.host, "-", r.status if r.status == "failed" else "none", "", "", "", r.reason])
         for ci in found:

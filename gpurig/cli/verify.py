@@ -8,6 +8,8 @@ record with -v, the JSON report (--json) and JUnit XML (--junit).
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import choice
 from gpurig.connect.connection import Connection
@@ -17,10 +19,12 @@ from gpurig.files import write_text_report
 from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
 from gpurig.status import Status
+from gpurig.steps.slurmconf import NODES_GROUP
 from gpurig.strict import validate
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict
 from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
+from gpurig.verify.slurmnode import node_record
 
 __all__ = ["verify"]
 
@@ -58,10 +62,14 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     plan = make_plan(container, image, level)
     chosen = select_hosts(opts)
     expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
+    slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
 
     def work(conn: Connection) -> Outcome:
         gpus = expect[conn.name]
-        return verdict_outcome(verify_host(conn, plan, gpus.count, gpus.model, gpus.mig))
+        verdict = verify_host(conn, plan, gpus.count, gpus.model, gpus.mig)
+        if conn.name in slurm_nodes:  # what the scheduler makes of the node: drained, with the health program's reason
+            verdict = dataclasses.replace(verdict, records=(*verdict.records, node_record(conn)))
+        return verdict_outcome(verdict)
 
     def annotate(report: FleetReport) -> dict:
         return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}

@@ -231,7 +231,8 @@ class ClusterRun:
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         """Every node registered with the controller (bounded); a node still down fails with what slurmctld says of it."""
         deadline = time.monotonic() + REGISTER_S
-        names = {n.name: n.host for n in model.nodes}
+        going = self._going()
+        names = {n.name: n.host for n in model.nodes if n.host in going}
         while True:
             seen = slurm.sinfo_nodes(Section(0, conn.admin(SINFO, warn=True, timeout=60).stdout))
             down = {name: seen.get(name, ("unknown", "")) for name in names if seen.get(name, ("",))[0].rstrip("*~#!%$@^-") not in UP_STATES}

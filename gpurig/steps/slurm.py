@@ -187,8 +187,9 @@ MAKE_KEY = (f"set -e; umask 077; k={MUNGE_KEY}; od -An -tx1 -N128 /dev/urandom |
             f"chown munge:munge $k.gpurig-new; chmod 0400 $k.gpurig-new; mv -f $k.gpurig-new $k; "
             f"sha256sum $k | cut -d' ' -f1 > {MUNGE_MARK}; chmod 0644 {MUNGE_MARK}; "
             "if systemctl is-active -q munge; then systemctl restart munge; fi")
-PLACE_KEY = (f"chown munge:munge {MUNGE_KEY} && chmod 0400 {MUNGE_KEY} && "
-             "if systemctl is-active -q munge; then systemctl restart munge; fi")
+KEY_STAGE = "/etc/gpurig/munge.key.new"  # root's 0400: /etc/munge is munge's, where gpurig's uploads refuse to write
+PLACE_KEY = (f"set -e; umask 077; k={MUNGE_KEY}; cp {KEY_STAGE} $k.gpurig-new; rm -f {KEY_STAGE}; chown munge:munge $k.gpurig-new; "
+             "chmod 0400 $k.gpurig-new; mv -f $k.gpurig-new $k; if systemctl is-active -q munge; then systemctl restart munge; fi")
 
 
 def plan_controller_key(facts: SlurmFacts) -> Plan:
@@ -203,7 +204,7 @@ def plan_node_key(facts: SlurmFacts, key_sha: str | None, key_text: str | None) 
         return Plan.ok(f"the cluster's key (sha256 {key_sha[:12]})")
     if key_text is None:  # check mode on a new cluster: the controller has not made it yet
         return Plan.change("no key of the cluster's yet", Change("install the cluster's munge key once the controller made it"))
-    upload = Upload(MUNGE_KEY, content=key_text, mode=0o400, backup=False)  # no copy of the old key left behind
+    upload = Upload(KEY_STAGE, content=key_text, mode=0o400, backup=False)  # no copy of an old key left behind
     return Plan.change("a munge key other than the cluster's" if facts.munge_key else "no munge key",
                        Change(f"install the cluster's munge key (sha256 {key_sha[:12] if key_sha else '?'})", (upload, Shell(PLACE_KEY))))
 

@@ -97,7 +97,7 @@ def test_packages_munge_and_files_plan_from_the_facts():
     key = "ab" * 128 + "\n"
     plan = slurm.plan_node_key(facts(munge_key="c" * 64), slurm.key_sha(key), key)
     upload = plan.changes[0].commands[0]
-    assert upload.remote == slurm.MUNGE_KEY and upload.mode == 0o400 and upload.backup is False
+    assert upload.remote == slurm.KEY_STAGE and upload.mode == 0o400 and upload.backup is False
     assert key not in json.dumps([c.for_report(True).to_dict(True) for c in plan.changes])  # the key never reaches a report
     assert slurm.plan_node_key(facts(munge_key=slurm.key_sha(key)), slurm.key_sha(key), key).status == Status.OK
     wanted = conf.files_for(cluster(), "n1")

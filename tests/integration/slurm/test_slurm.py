@@ -1,0 +1,135 @@
+"""A real Slurm cluster made by `gpurig provision` from three fresh hosts, then jobs, cancel and health through it, as a user runs them.
+
+One module, one cluster (tests/integration/slurm/conftest.py): the tests run
+in order, each on what the ones before made (the first provisions). The
+nodes' GPUs are stand-in device files (/dev/nvidia0-1, char 195:N) and a
+stand-in nvidia-smi; what Slurm and the containers did is read back through
+the test's own SSH and docker exec, not through gpurig.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from deploy.gpuhost import gpurig
+
+IMAGE = "gpurig-test-jobs:1"
+VARS = {"gpurig_docker": {"users": ["gpurig"]}, "gpurig_slurm": {"cluster": "lab", "health_interval": 2}}
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verify"
+# gpurig's host probe cannot meet a GPU here: the health program hands it recorded nvidia-smi -q -x and dmesg outputs
+# (tests/fixtures/verify) through the admin's file of probe arguments, /etc/gpurig/slurm-health.args
+REPLAY = {"good": ["--source", "smi", "--smi-xml", "/etc/gpurig-test/good.xml", "--dmesg", "/etc/gpurig-test/dmesg-clean.txt"],
+          "xid": ["--source", "smi", "--smi-xml", "/etc/gpurig-test/good.xml", "--dmesg", "/etc/gpurig-test/dmesg-xid.txt"]}
+
+
+def replay(node, which: str) -> None:
+    for name, fixture in (("good.xml", "dual-rtx-a5000-590.xml"), ("dmesg-clean.txt", "dmesg-clean.txt"), ("dmesg-xid.txt", "dmesg-xid.txt")):
+        node.write(f"/etc/gpurig-test/{name}", (FIXTURES / fixture).read_text())
+    node.write("/etc/gpurig/slurm-health.args", "\n".join(REPLAY[which]) + "\n")
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_hosts, tmp_path_factory):
+    """(hosts, inventory, work dir) for the module: the inventory of the three hosts, a folder to run gpurig from."""
+    work = tmp_path_factory.mktemp("slurm-cluster")
+    return slurm_hosts, slurm_hosts.write(work / "inventory" / "hosts.yaml", VARS), work
+
+
+def steps_of(doc: dict) -> dict[str, dict[str, str]]:
+    return {h["host"]: {s["step"]: s["status"] for s in h["steps"]} for h in doc["hosts"]}
+
+
+def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(cluster):
+    hosts, inv, work = cluster
+    for node in hosts.nodes:
+        replay(node, "good")
+    first = gpurig(work, "provision", "-i", str(inv), "--only", "docker,python3,slurm", "--json", "-", timeout=1200)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
+    done = steps_of(json.loads(first.stdout))
+    for name in hosts.names:
+        assert {"slurm-packages", "slurm-munge", "slurm-config", "slurm-daemons"} <= set(done[name]), done[name]
+        assert done[name]["slurm-config"] == "changed"
+    info = hosts.ssh(hosts.controller, "sinfo -h -N -o '%N %T %G'").stdout.split("\n")
+    assert sorted(line.split()[0] for line in info if line) == sorted(n.name for n in hosts.nodes)
+    why = hosts.ssh(hosts.controller, "sinfo -R").stdout
+    assert all(line.split()[1] == "idle" and line.split()[2] == "gpu:a100:2" for line in info if line), why
+    keys = {h.name: hosts.ssh(h, "sudo sha256sum /etc/munge/munge.key").stdout.split()[0] for h in hosts.hosts}
+    assert len(set(keys.values())) == 1, keys  # one key for the cluster
+    assert hosts.ssh(hosts.nodes[0], "sudo stat -c '%a %U' /etc/munge/munge.key").stdout.split() == ["400", "munge"]
+    key = hosts.ssh(hosts.controller, "sudo cat /etc/munge/munge.key").stdout.strip()
+    assert key not in first.stdout + first.stderr  # never in a report or a line a person reads
+    second = gpurig(work, "provision", "-i", str(inv), "--only", "docker,python3,slurm", "--json", "-", timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = steps_of(json.loads(second.stdout))
+    assert all(status == "ok" for steps in again.values() for status in steps.values()), again
+    hosts.make_job_image(IMAGE)
+
+
+def run_job(work: Path, inv: Path, *flags: str, timeout: float = 300):
+    (work / "job").mkdir(exist_ok=True)
+    (work / "job" / "show.sh").write_text('for f in /dev/nvidia*; do printf "%s " "${f#/dev/}"; done; echo\n'
+                                          'echo "rank $NODE_RANK of $NNODES at $MASTER_ADDR"\nexit ${CODE:-0}\n')
+    return gpurig(work, "run", "-i", str(inv), "--scheduler", "slurm", "--image", IMAGE, "--ulimit", "memlock=8388608",
+                  "--workdir", str(work / "job"), *flags, timeout=timeout)
+
+
+def test_a_one_gpu_job_sees_only_its_device_and_its_exit_code_comes_back(cluster):
+    hosts, inv, work = cluster
+    proc = run_job(work, inv, "--gpus", "1", "--env", "CODE=3", "--wait", "--", "sh", "show.sh")
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
+    first = proc.stdout.splitlines()[0].split()
+    devices = [d for d in first if d.startswith("nvidia") and d[6:].isdigit()]
+    assert len(devices) == 1, first  # one GPU of the two: the one Slurm gave the job
+    assert "rank 0 of 1 at " in proc.stdout and "exit code 3" in proc.stderr
+
+
+def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):
+    hosts, inv, work = cluster
+    proc = run_job(work, inv, "--nodes", "2", "--gpus", "1", "--launcher", "none", "--wait", "--", "sh", "show.sh")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ranks = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    master = sorted(n.name for n in hosts.nodes)[0]
+    assert ranks == [f"rank 0 of 2 at {master}", f"rank 1 of 2 at {master}"], proc.stdout
+
+
+def test_cancel_ends_a_running_job_and_its_containers_go(cluster):
+    hosts, inv, work = cluster
+    proc = run_job(work, inv, "--gpus", "1", "--", "sleep", "300")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = next(w for w in proc.stderr.split() if w.isdigit())
+    end = time.monotonic() + 120
+    while json.loads(gpurig(work, "jobs", "-i", str(inv), "--job", job, "--json", "-").stdout)["jobs"][0]["state"] != "running":
+        assert time.monotonic() < end, "the job never started"
+        time.sleep(0.5)  # polling Slurm's state with a deadline
+    cancelled = gpurig(work, "cancel", "-i", str(inv), job)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stderr[-2000:]
+    for node in hosts.nodes:
+        assert node.sh(f"docker ps -aq --filter label=io.gpurig.slurm.job={job}").stdout.strip() == ""  # the Epilog removed it
+
+
+def test_a_failing_health_probe_drains_its_node_and_a_passing_one_resumes_it(cluster):
+    hosts, inv, work = cluster
+    node = hosts.nodes[0]
+
+    def state() -> tuple[str, str]:
+        line = hosts.ssh(hosts.controller, f"sinfo -h -n {node.name} -o '%T|%E'").stdout.strip()
+        return tuple(line.split("|", 1))  # type: ignore[return-value]
+
+    def until(pred, what):
+        end = time.monotonic() + 90
+        while not pred(state()):
+            assert time.monotonic() < end, f"{what}: {state()}"
+            time.sleep(0.5)  # the health program runs every 2 s (gpurig_slurm.health_interval)
+
+    replay(node, "xid")
+    until(lambda s: s[0].startswith("drain") and s[1].startswith("gpurig: "), "never drained")
+    verified = gpurig(work, "verify", "-i", str(inv), "-l", node.name, "-v", "--json", "-")
+    record = next(r for h in json.loads(verified.stdout)["hosts"] for r in h["data"]["records"] if r["id"] == "slurm.node")
+    assert record["status"] == "fail" and "gpurig: " in record["detail"], record
+    status = gpurig(work, "status", "-i", str(inv), "-l", node.name)
+    assert "(slurm node)" in status.stdout and "drain" in status.stdout
+    replay(node, "good")
+    until(lambda s: s[0] in ("idle", "mixed", "allocated"), "never resumed")
