@@ -20,22 +20,39 @@ makes them at boot) makes them at every boot, and ``make_devices`` makes them
 again on demand. Nothing of Slurm, munge or Docker is installed here: that is
 what `gpurig provision` does under test (``write`` gives it the inventory);
 ``make_job_image`` then puts a tiny image into each node's engine.
+
+The stand-in nvidia-smi answers no ``-q -x``, so gpurig's host probe
+(checks/verify_host.py, which Slurm runs through checks/slurm_health.py) is
+given recorded outputs instead: ``replay_probe`` writes them on a node and
+names them in /etc/gpurig/slurm-health.args, the admin's file that
+slurm_health.py passes to the probe. The `nvidia-smi -q -x` replayed is
+derived from tests/fixtures/verify/a100-sxm4-mig-535.xml (a real A100
+capture): its one <gpu> copied for the two stand-in GPUs (their index, UUID
+and bus id) and the driver set to the stand-in's, so the probe sees what
+gpurig's facts see; the kernel log is a recorded one (dmesg-xid.txt: Xid
+48, 63, 79, so host.xid fails).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import time
 import uuid
 import warnings
+import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from deploy.gpuhost import DEFAULT_DRIVER, FAKE_GPUS, JOB_BINARIES, install_standins, make_probe_image
 from systemd_kit import SystemdHosts, authorized_keys
+
+REPO = Path(__file__).resolve().parents[2]
+VERIFY_FIXTURES = REPO / "tests" / "fixtures" / "verify"
 
 CONTROLLER_GROUP = "slurm_controller"
 NODES_GROUP = "slurm_nodes"
@@ -44,6 +61,8 @@ JOB_IMAGE = "gpurig-test-job:1"
 # (file under /dev, major, minor): what the NVIDIA driver makes for two GPUs
 DEVICES = (("nvidia0", 195, 0), ("nvidia1", 195, 1), ("nvidiactl", 195, 255))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+REPLAY_DIR = "/etc/gpurig-test/replay"
+HEALTH_ARGS = "/etc/gpurig/slurm-health.args"
 
 MAKE_DEVICES = "#!/bin/sh\n# gpurig test stand-in: the device files the NVIDIA driver makes for two GPUs (no driver behind them).\nset -e\n" + "".join(
     f"[ -c /dev/{name} ] || mknod -m 0666 /dev/{name} c {major} {minor}\n" for name, major, minor in DEVICES)
@@ -119,8 +138,6 @@ class SlurmHosts:
     def make_job_image(self, ref: str = JOB_IMAGE, binaries: tuple[str, ...] | None = None) -> str:
         """A few-MB image ``ref`` in each node's own engine, from the node's binaries (gpuhost.JOB_BINARIES: sh, sleep,
         cat, env, ls, ...). Needs Docker on the nodes: `gpurig provision --group slurm_nodes --only docker` first."""
-        from deploy.gpuhost import JOB_BINARIES, make_probe_image
-
         for node in self.nodes:
             engine = node.sh("docker info --format '{{.ServerVersion}}'", check=False)
             if engine.returncode != 0:
@@ -128,6 +145,23 @@ class SlurmHosts:
                                      f"(gpurig provision --group {NODES_GROUP} --only docker): {engine.stderr.strip()[-300:]}")
             make_probe_image(node, ref, binaries or JOB_BINARIES)
         return ref
+
+    def replay_probe(self, node, dmesg: str = "dmesg-clean.txt", smi: str | None = None) -> None:
+        """Make ``node``'s host probe replay two A100s on the stand-in's driver and the kernel log
+        tests/fixtures/verify/``dmesg`` (dmesg-xid.txt: host.xid fails), or ``smi`` from there instead of the A100s
+        (nvidia-smi-no-driver.txt: host.driver fails), through /etc/gpurig/slurm-health.args. Call again to switch."""
+        xml = (VERIFY_FIXTURES / smi).read_text() if smi else two_a100s_xml()
+        node.write(f"{REPLAY_DIR}/nvidia-smi-q-x.xml", xml)
+        node.write(f"{REPLAY_DIR}/proc-version", f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DEFAULT_DRIVER}  "
+                   "Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:05:07 UTC 2025\n"
+                   "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+        node.write(f"{REPLAY_DIR}/dmesg", (VERIFY_FIXTURES / dmesg).read_text())
+        for *_, bus in FAKE_GPUS:  # sysfs's folder per PCI function: an NVIDIA 3D controller each
+            node.write(f"{REPLAY_DIR}/pci/{bus[4:].lower()}/vendor", "0x10de\n")
+            node.write(f"{REPLAY_DIR}/pci/{bus[4:].lower()}/class", "0x030200\n")
+        node.write(HEALTH_ARGS, "".join(f"{a}\n" for a in (
+            "--source", "smi", "--smi-xml", f"{REPLAY_DIR}/nvidia-smi-q-x.xml", "--proc-version", f"{REPLAY_DIR}/proc-version",
+            "--dmesg", f"{REPLAY_DIR}/dmesg", "--pci-devices", f"{REPLAY_DIR}/pci")))
 
     def restart(self, host):
         """``host`` stopped and started again (its SSH port may change, the stand-in devices are made again); the new
@@ -191,12 +225,29 @@ class SlurmKit:
 def gpu_node(host) -> None:
     """The stand-ins of a GPU host on ``host``: nvidia-smi (two A100s), the toolkit's hook and runtime, the device files
     (made now and at every boot)."""
-    from deploy.gpuhost import install_standins
-
     install_standins(host)
     host.write(DEVICES_SCRIPT, MAKE_DEVICES, "0755")
     host.write("/etc/systemd/system/gpurig-test-gpus.service", DEVICES_UNIT)
     host.sh("systemctl daemon-reload && systemctl enable --now -q gpurig-test-gpus.service")
+
+
+def two_a100s_xml() -> str:
+    """`nvidia-smi -q -x` for the two stand-in A100s: the recorded A100's <gpu> once per stand-in GPU (index, UUID, bus)."""
+    log = ET.fromstring((VERIFY_FIXTURES / "a100-sxm4-mig-535.xml").read_text())
+    recorded = log.find("gpu")
+    log.remove(recorded)
+    log.find("driver_version").text = DEFAULT_DRIVER
+    log.find("attached_gpus").text = str(len(FAKE_GPUS))
+    for index, name, uuid_, _, bus in FAKE_GPUS:
+        gpu = copy.deepcopy(recorded)
+        gpu.set("id", bus)
+        gpu.find("product_name").text = name
+        gpu.find("uuid").text = uuid_
+        gpu.find("minor_number").text = str(index)
+        gpu.find("pci/pci_bus_id").text = bus
+        gpu.find("pci/pci_bus").text = bus.split(":")[1]
+        log.append(gpu)
+    return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + ET.tostring(log, encoding="unicode")
 
 
 def wait_active(host, unit: str, deadline_s: float = 60) -> None:

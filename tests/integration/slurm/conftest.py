@@ -8,7 +8,8 @@ while modules never see each other's changes and no more than three host
 containers run at once. Nothing of Slurm, munge or Docker is on them:
 ``slurm_hosts.write(path, extra_vars)`` gives `gpurig provision` its inventory
 (groups slurm_controller and slurm_nodes), ``make_job_image`` a job image once
-Docker is there. A test that needs a cluster of its own asks ``slurm_kit.make()``
+Docker is there, ``replay_probe(node, dmesg=...)`` recorded outputs for the
+health probe that Slurm runs (checks/slurm_health.py). A test that needs a cluster of its own asks ``slurm_kit.make()``
 (and ``slurm_kit.remove(cluster)`` when done: it adds three containers).
 """
 

@@ -8,10 +8,13 @@ through SSH as gpurig reaches them and through `docker exec`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import yaml
 from deploy.gpuhost import FAKE_GPUS, PROVISION_VARS, gpurig
 from slurm_kit import CONTROLLER_GROUP, DEVICES, JOB_IMAGE, NODES_GROUP
+
+PROBE = Path(__file__).resolve().parents[3] / "checks" / "verify_host.py"
 
 
 def addresses(docker, cluster) -> dict[str, str]:
@@ -68,16 +71,31 @@ def test_the_inventory_gives_gpurig_the_groups_and_it_sees_two_a100s_per_node(sl
     assert facts[cluster.controller.name]["gpus"] == []
 
 
-def test_provisioned_docker_on_the_nodes_runs_the_job_image(slurm_hosts, tmp_path):
+def test_provisioned_nodes_run_the_job_image_and_the_replayed_probe(slurm_hosts, tmp_path):
     cluster = slurm_hosts
     inventory = cluster.write(tmp_path / "hosts.yaml", PROVISION_VARS)
-    proc = gpurig(tmp_path, "provision", "--inventory", str(inventory), "--group", NODES_GROUP, "--only", "docker")
+    proc = gpurig(tmp_path, "provision", "--inventory", str(inventory), "--group", NODES_GROUP, "--only", "docker,python3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert cluster.make_job_image() == JOB_IMAGE
     for node in cluster.nodes:
-        run = cluster.ssh(node, f"docker run --rm {JOB_IMAGE} sh -c 'echo job on $(cat /etc/hostname 2>/dev/null || echo x)'")
-        assert run.stdout.startswith("job on "), run.stdout
+        run = cluster.ssh(node, f"docker run --rm {JOB_IMAGE} sh -c 'echo job on $(cat /etc/hostname)'")
+        assert run.stdout == f"job on {run.stdout.split()[-1]}\n" and len(run.stdout.split()[-1]) == 12  # a container's id
     assert cluster.ssh(cluster.controller, "command -v docker", check=False).returncode != 0  # only the nodes were asked
+
+    def probe(node) -> dict[str, str]:
+        proc = cluster.ssh(node, "xargs -a /etc/gpurig/slurm-health.args python3 - --json --expect-gpus 2 --expect-model A100",
+                           input=PROBE.read_text())
+        return {r["id"]: r["status"] for r in json.loads(proc.stdout)["records"]}
+
+    node = cluster.nodes[0]
+    cluster.replay_probe(node)
+    passing = probe(node)
+    assert passing["host.gpu_count"] == passing["host.gpu_model"] == passing["host.xid"] == "pass" and "fail" not in passing.values()
+    assert {"host.gpu0.temperature", "host.gpu1.temperature"} <= set(passing)
+    cluster.replay_probe(node, "dmesg-xid.txt")
+    assert [k for k, v in probe(node).items() if v == "fail"] == ["host.xid"]
+    cluster.replay_probe(node, smi="nvidia-smi-no-driver.txt")
+    assert probe(node)["host.driver"] == "fail"
 
 
 def test_a_restarted_node_has_its_devices_again(slurm_hosts):
