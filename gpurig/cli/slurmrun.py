@@ -106,7 +106,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
 
 
 def slurm_jobs(conn: Connection) -> list[JobView]:
-    said = conn.run(["squeue", "--json"], timeout=60, warn=True)
+    said = conn.run(["squeue", "--json", "--states=all"], timeout=60, warn=True)  # 24.11 hides ended jobs otherwise
     if said.failed:
         raise HostError(f"squeue --json failed: {(said.stderr or said.stdout).strip()[-200:]}", "check slurmctld on the controller", host=conn.name)
     return slurmjobs.gpurig_jobs(said.stdout, conn.name)

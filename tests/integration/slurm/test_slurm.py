@@ -18,17 +18,6 @@ from deploy.gpuhost import gpurig
 
 IMAGE = "gpurig-test-jobs:1"
 VARS = {"gpurig_docker": {"users": ["gpurig"]}, "gpurig_slurm": {"cluster": "lab", "health_interval": 2}}
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "verify"
-# gpurig's host probe cannot meet a GPU here: the health program hands it recorded nvidia-smi -q -x and dmesg outputs
-# (tests/fixtures/verify) through the admin's file of probe arguments, /etc/gpurig/slurm-health.args
-REPLAY = {"good": ["--source", "smi", "--smi-xml", "/etc/gpurig-test/good.xml", "--dmesg", "/etc/gpurig-test/dmesg-clean.txt"],
-          "xid": ["--source", "smi", "--smi-xml", "/etc/gpurig-test/good.xml", "--dmesg", "/etc/gpurig-test/dmesg-xid.txt"]}
-
-
-def replay(node, which: str) -> None:
-    for name, fixture in (("good.xml", "dual-rtx-a5000-590.xml"), ("dmesg-clean.txt", "dmesg-clean.txt"), ("dmesg-xid.txt", "dmesg-xid.txt")):
-        node.write(f"/etc/gpurig-test/{name}", (FIXTURES / fixture).read_text())
-    node.write("/etc/gpurig/slurm-health.args", "\n".join(REPLAY[which]) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +33,8 @@ def steps_of(doc: dict) -> dict[str, dict[str, str]]:
 
 def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(cluster):
     hosts, inv, work = cluster
-    for node in hosts.nodes:
-        replay(node, "good")
+    for node in hosts.nodes:  # gpurig's host probe cannot meet a GPU here: its health program replays recorded outputs
+        hosts.replay_probe(node)
     first = gpurig(work, "provision", "-i", str(inv), "--only", "docker,python3,slurm", "--json", "-", timeout=1200)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
     done = steps_of(json.loads(first.stdout))
@@ -124,12 +113,12 @@ def test_a_failing_health_probe_drains_its_node_and_a_passing_one_resumes_it(clu
             assert time.monotonic() < end, f"{what}: {state()}"
             time.sleep(0.5)  # the health program runs every 2 s (gpurig_slurm.health_interval)
 
-    replay(node, "xid")
+    hosts.replay_probe(node, dmesg="dmesg-xid.txt")
     until(lambda s: s[0].startswith("drain") and s[1].startswith("gpurig: "), "never drained")
     verified = gpurig(work, "verify", "-i", str(inv), "-l", node.name, "-v", "--json", "-")
     record = next(r for h in json.loads(verified.stdout)["hosts"] for r in h["data"]["records"] if r["id"] == "slurm.node")
     assert record["status"] == "fail" and "gpurig: " in record["detail"], record
     status = gpurig(work, "status", "-i", str(inv), "-l", node.name)
     assert "(slurm node)" in status.stdout and "drain" in status.stdout
-    replay(node, "good")
+    hosts.replay_probe(node)
     until(lambda s: s[0] in ("idle", "mixed", "allocated"), "never resumed")
