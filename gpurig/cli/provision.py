@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from gpurig.cli.images import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, run_hosts, select_hosts
@@ -24,6 +23,7 @@ from gpurig.report.changes import host_documents, outcome, print_diffs, reason_t
 from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
 from gpurig.steps import STEPS, DriverStep, RebootStep, Step, converge_rebooting
+from gpurig.steps.cluster import ClusterHosts, cluster_hosts
 from gpurig.steps.plan import StepResult
 
 __all__ = ["provision"]
@@ -86,10 +86,9 @@ def pick_steps(only: str | None, skip: str | None) -> list[str]:
     return picked
 
 
-def slurm_cluster(opts: HostOptions, chosen: list) -> Any:
+def slurm_cluster(opts: HostOptions, chosen: list) -> ClusterHosts | None:
     """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None."""
     from gpurig.inventory import load_inventory
-    from gpurig.steps.cluster import cluster_hosts
 
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:

@@ -24,6 +24,7 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, open_engine
 from gpurig.connect.engineinfo import ImageInfo
 from gpurig.deploy.containers import ContainerSpec
+from gpurig.deploy.fields import NO_GPUS, Gpus
 from gpurig.deploy.hoststate import HostState, check_fits_host, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_mig, check_runtime
 from gpurig.errors import HostError, counted
@@ -110,9 +111,9 @@ def gpu_request(t: JobTarget, facts: Facts, host_name: str):
         if asked is not None:
             raise HostError("--gpus is set with --container: the job runs on the GPUs that container holds",
                             "drop --gpus, or run the job in a fresh container (--variant / --image)", host=host_name)
-        return jobspec.fields.NO_GPUS
+        return NO_GPUS
     if asked is None:
-        return jobspec.fields.Gpus(count=1) if t.cuda and host else jobspec.fields.NO_GPUS
+        return Gpus(count=1) if t.cuda and host else NO_GPUS
     if asked.none:
         return asked
     if not host:

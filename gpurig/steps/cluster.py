@@ -36,7 +36,7 @@ from gpurig.status import Status
 from gpurig.steps import slurm
 from gpurig.steps import slurmconf as conf
 from gpurig.steps.commands import run_change
-from gpurig.steps.plan import Plan, StepResult
+from gpurig.steps.plan import Change, Plan, StepResult
 
 STEP_NAMES = ("slurm-packages", "slurm-munge", "slurm-config", "slurm-daemons")
 SINFO = ["sinfo", "-h", "-N", "-o", "%N|%T|%E"]
@@ -190,7 +190,7 @@ class ClusterRun:
             if f.hardware is None:
                 if self.check:
                     h.results.append(StepResult("slurm-config", Status.CHANGED, "slurmd is not installed yet: the node's line is written once it is",
-                                                (conf_change(),)))
+                                                (Change(f"write {conf.SLURM_CONF}, {conf.GRES_CONF} and {conf.CGROUP_CONF}"),)))
                 else:
                     h.results.append(StepResult("slurm-config", Status.FAILED, "slurmd -C does not describe this node",
                                                 fix="run `slurmd -C` on the host and see why it fails"))
@@ -244,8 +244,3 @@ class ClusterRun:
             node.results.append(StepResult("slurm-daemons", Status.FAILED, f"{name} is {state or 'unknown'} to the controller"
                                            + (f": {reason}" if reason else ""), fix="see /var/log/slurm/slurmd.log on the node"))
 
-
-def conf_change():
-    from gpurig.steps.plan import Change
-
-    return Change(f"write {conf.SLURM_CONF}, {conf.GRES_CONF} and {conf.CGROUP_CONF}")
