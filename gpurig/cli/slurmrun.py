@@ -71,7 +71,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
     login = cluster.controller.user or "root"
     script = slurmjobs.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
     if opts.check:
-        return Submitted("", tuple(h.name for h in cluster.nodes), script)
+        return Submitted("", tuple(h.name for h in nodes_for(cluster, slurm.partition)), script)
 
     def prepare(conn: Connection) -> Outcome:
         from gpurig.connect.engine import open_engine
@@ -86,7 +86,8 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
         conn.run(["mkdir", "-p", "--", f"{slurmjobs.folder(login, target.key)}/runs"], timeout=30)
         return Outcome(changed=synced.moved > 0)
 
-    ready = fleet(opts, cluster.nodes, prepare)
+    nodes = nodes_for(cluster, slurm.partition)
+    ready = fleet(opts, nodes, prepare)
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
@@ -102,7 +103,16 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
     queued = fleet(opts, [cluster.controller], queue).results[0]
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
-    return Submitted(str(queued.data), tuple(h.name for h in cluster.nodes), script)
+    return Submitted(str(queued.data), tuple(h.name for h in nodes), script)
+
+
+def nodes_for(cluster: ClusterHosts, partition: str | None):
+    """The nodes a job may run on, which need its tree and image: the partition's (the default one's: the first by name)."""
+    names = sorted({p for parts in cluster.partitions.values() for p in parts})
+    wanted = partition or (names[0] if names else None)
+    if partition and partition not in names:
+        raise ConfigError(f"the cluster has no partition {partition!r}", f"its partitions: {', '.join(names)}")
+    return [h for h in cluster.nodes if wanted in cluster.partitions.get(h.name, ())]
 
 
 def slurm_jobs(conn: Connection) -> list[JobView]:
@@ -112,25 +122,48 @@ def slurm_jobs(conn: Connection) -> list[JobView]:
     return slurmjobs.gpurig_jobs(said.stdout, conn.name)
 
 
+class Controller:
+    """One SSH connection to the cluster's controller, kept for every look at its queue (a poll a second would otherwise be a login a second)."""
+
+    def __init__(self, opts: HostOptions, cluster: ClusterHosts) -> None:
+        self.cluster = cluster
+        self.connector = make_connector(opts)
+        self.conn = self.connector.open(cluster.controller)
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+        self.connector.close()
+
+    def find(self, job: str) -> JobView:
+        found = [v for v in slurm_jobs(self.conn) if v.id == job]
+        if not found:
+            raise ConfigError(f"no gpurig job {job} in Slurm on {self.cluster.controller.name}",
+                              f"see the jobs with `gpurig jobs` (an ended job stays {self.cluster.settings.min_job_age} s: gpurig_slurm.min_job_age)")
+        return found[0]
+
+
 def find(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
-    report = fleet(opts, [cluster.controller], lambda conn: Outcome(data=tuple(slurm_jobs(conn))))
-    r = report.results[0]
-    if not r.succeeded:
-        raise HostError(r.reason, r.fix, host=r.host)
-    found = [v for v in r.data if v.id == job]
-    if not found:
-        raise ConfigError(f"no gpurig job {job} in Slurm on {cluster.controller.name}",
-                          f"see the jobs with `gpurig jobs` (an ended job stays {cluster.settings.min_job_age} s: gpurig_slurm.min_job_age)")
-    return found[0]
+    with Controller(opts, cluster) as controller:
+        return controller.find(job)
 
 
 def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: bool = True) -> JobView:
     """The job's log on stdout (to its end with ``follow_it``); how it ended."""
+    with Controller(opts, cluster) as controller:
+        return _follow(opts, controller, view, follow_it)
+
+
+def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it: bool) -> JobView:
+    cluster = controller.cluster
     while follow_it and view.state == "pending":
         time.sleep(POLL_S)  # polling Slurm's queue for the job to start (it has no batch host before)
-        view = find(opts, cluster, view.id)
+        view = controller.find(view.id)
     batch = str(view.raw.get("batch_host") or "")
-    host = hostnames(opts, cluster).get(batch)
+    # the inventory's name is the hostname on most fleets; else each node is asked its hostname once
+    host = batch if batch in {h.name for h in cluster.nodes} else hostnames(opts, cluster).get(batch)
     if host is None:
         raise HostError(f"job {view.id}'s batch host {batch or '(none yet)'} is none of the inventory's nodes", "see `squeue -j ID` on the controller")
     user = (view.raw.get("slurm") or {}).get("user") or cluster.controller.user or "root"
@@ -147,7 +180,7 @@ def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: b
     fleet(opts, [next(h for h in cluster.nodes if h.name == host)], read)
     end = time.monotonic() + 30
     while follow_it:
-        view = find(opts, cluster, view.id)
+        view = controller.find(view.id)
         if view.ended or time.monotonic() > end:
             break
         time.sleep(POLL_S)  # slurmctld records the end a moment after the batch script exits
@@ -155,22 +188,16 @@ def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: b
 
 
 def cancel(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
-    view = find(opts, cluster, job)
-    if view.ended:
+    with Controller(opts, cluster) as controller:
+        view = controller.find(job)
+        if view.ended:
+            return view
+        controller.conn.run(["scancel", job], timeout=60)
+        end = time.monotonic() + 60
+        while not view.ended and time.monotonic() < end:
+            time.sleep(POLL_S)  # scancel returns at once; the job ends when slurmstepd has stopped it
+            view = controller.find(job)
         return view
-
-    def scancel(conn: Connection) -> Outcome:
-        conn.run(["scancel", job], timeout=60)
-        return Outcome(changed=True)
-
-    done = fleet(opts, [cluster.controller], scancel).results[0]
-    if not done.succeeded:
-        raise HostError(done.reason, done.fix, host=done.host)
-    end = time.monotonic() + 60
-    while not view.ended and time.monotonic() < end:
-        time.sleep(POLL_S)  # scancel returns at once; the job ends when slurmstepd has stopped it
-        view = find(opts, cluster, job)
-    return view
 
 
 def exit_with(view: JobView) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpurig.deploy.containers import ContainerSpec
-from gpurig.errors import HostError
+from gpurig.errors import ConfigError, HostError
 from gpurig.jobs.request import RunRequest
 from gpurig.jobs.views import JobView, job_view
 
@@ -55,14 +55,15 @@ def log_path(login: str, key: str, job: str) -> str:
 
 
 def docker_flags(spec: ContainerSpec) -> list[str]:
-    """The job's container settings as `docker run` flags: deploy's /dev/shm, ulimits, env and datasets (each one word)."""
+    """The job's container settings as `docker run` flags: deploy's /dev/shm, ulimits and datasets (each one word).
+
+    Never the env: a flag's value is in the docker client's argv, which every user of the node sees in ps (``env_file``).
+    """
     flags = ["--ipc", spec.ipc] if spec.ipc != "private" else []
     if spec.shm_size:
         flags += ["--shm-size", str(spec.shm_size)]
     for u in spec.ulimits:
         flags += ["--ulimit", f"{u.name}={u.soft}:{u.hard}"]
-    for name, value in spec.env:
-        flags += ["--env", f"{name}={value}"]
     for v in spec.volumes:
         flags += ["--mount", f"type=bind,source={v.source},target={v.target}" + (",readonly" if v.read_only else "")]
     return flags
@@ -92,16 +93,30 @@ def batch_script(request: RunRequest, slurm: SlurmRequest, spec: ContainerSpec, 
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
         "export MASTER_ADDR MASTER_PORT",
-        f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 sh -c {q(node_script(base, image, flags, words))}",
+        f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 sh -c {q(node_script(base, image, flags, words, env_file(spec)))}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def node_script(base: str, image: str, flags: str, words: str) -> str:
+ENV_END = "GPURIG_ENV_END"
+
+
+def env_file(spec: ContainerSpec) -> str:
+    """The job's env as the lines of docker's --env-file, written 0600 by each node's shell (a value never in an argv)."""
+    for name, value in spec.env:
+        if "\n" in value or "\r" in value:
+            raise ConfigError(f"--env {name}: a value with a line break cannot go through Slurm's docker run (its --env-file is one line a value)",
+                              "put it in a file in the working directory and read it from there")
+    return "".join(f"{name}={value}\n" for name, value in spec.env)
+
+
+def node_script(base: str, image: str, flags: str, words: str, env: str = "") -> str:
     """What each node of the allocation runs: its copy of the tree, then the container on the job's own GPUs, memory and CPUs."""
     q = shlex.quote
     return "\n".join([
         "set -u",
+        f'envs={q(base)}/runs/$SLURM_JOB_ID/node$SLURM_NODEID.env',
+        f'mkdir -p {q(base)}/runs/$SLURM_JOB_ID && (umask 077 && cat > "$envs" <<\'{ENV_END}\'\n{env}{ENV_END}\n) || exit 125',
         'gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}',
         f"work={q(base)}/runs/$SLURM_JOB_ID/node$SLURM_NODEID",
         f'mkdir -p "$work" && cp -al {q(base)}/tree/. "$work"/ || exit 125',
@@ -119,7 +134,7 @@ def node_script(base: str, image: str, flags: str, words: str) -> str:
         '$devices $mem ${cpus:+--cpuset-cpus $cpus} '
         f'--mount type=bind,source="$work",target=/workspace --workdir /workspace '
         '--env MASTER_ADDR --env MASTER_PORT --env NODE_RANK=$SLURM_NODEID --env NNODES=$SLURM_NNODES --env SLURM_JOB_ID '
-        f"{flags} {q(image)} {words}",
+        f'--env-file "$envs" {flags} {q(image)} {words}',
     ])
 
 

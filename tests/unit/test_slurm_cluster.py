@@ -7,6 +7,7 @@ tests/integration/slurm.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -176,7 +177,10 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     node = shlex.split(script[script.index("exec srun"):])[-1]  # srun ... sh -c NODE_SCRIPT
     last = node.splitlines()[-1]
     assert last.endswith("'img:1' python train.py 'a b' '$(touch /tmp/pwned)'") or last.endswith("img:1 python train.py 'a b' '$(touch /tmp/pwned)'")
-    assert "--env 'TOKEN=s p$(x)'" in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
+    assert "TOKEN" not in last and '--env-file "$envs"' in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
+    assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n" in node  # written by the node's shell, 0600, never an argv
+    with pytest.raises(Exception, match="line break"):
+        slurmjobs.batch_script(request, slurmjobs.SlurmRequest(), dataclasses.replace(spec, env=(("A", "1\n2"),)), "img:1", "gpurig", "k")
     torch = slurmjobs.batch_script(request, slurmjobs.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
     launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")

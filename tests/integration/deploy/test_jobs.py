@@ -310,3 +310,16 @@ def test_attach_follows_a_running_job_and_exits_with_its_code(job_host, job_cli,
     assert attached.stdout.decode().endswith("late\n") and b"failed (exited 5)" in attached.stderr
     cancel_none = job_cli("cancel", "zzzzzz")
     assert cancel_none.returncode != 0 and b"no job zzzzzz" in cancel_none.stderr
+
+
+def test_keep_leaves_only_the_newest_ended_jobs_of_a_working_directory(job_host, job_cli, tmp_path):
+    work = workdir(tmp_path, {"a.txt": "a\n"})
+    made = []
+    for _ in range(3):
+        proc = job_cli("run", "--image", JOB_IMAGE, *HOST_ULIMIT, "--gpus", "none", "--workdir", str(work), "--keep", "1", "--wait",
+                       "--json", "-", "--", "true")
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        out = proc.stdout.decode()
+        made.append(json.loads(out[out.index("{"):])["job"]["id"])
+    left = job_host.sh("ls /srv/gpurig/jobs").stdout.split()
+    assert left == [made[-1]], (left, made)

@@ -10,6 +10,7 @@ the test's own SSH and docker exec, not through gpurig.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -122,3 +123,20 @@ def test_a_failing_health_probe_drains_its_node_and_a_passing_one_resumes_it(clu
     assert "(slurm node)" in status.stdout and "drain" in status.stdout
     hosts.replay_probe(node)
     until(lambda s: s[0] in ("idle", "mixed", "allocated"), "never resumed")
+
+
+def test_a_setting_change_is_shown_first_then_applied_live_with_a_reconfigure(cluster):
+    hosts, _, work = cluster
+    inv = hosts.write(work / "inventory" / "hosts.yaml", {**VARS, "gpurig_slurm": {**VARS["gpurig_slurm"], "min_job_age": 600}})
+    pid = hosts.ssh(hosts.controller, "systemctl show -p MainPID --value slurmctld").stdout.strip()
+    plan = gpurig(work, "provision", "-i", str(inv), "--only", "slurm", "--check", "--diff", timeout=600)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "-MinJobAge=300" in plan.stdout and "+MinJobAge=600" in plan.stdout
+    assert "MinJobAge=300" in hosts.ssh(hosts.controller, "cat /etc/slurm/slurm.conf").stdout  # check mode changed nothing
+    done = gpurig(work, "provision", "-i", str(inv), "--only", "slurm", "--json", "-", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = {h["host"]: {s["step"]: s for s in h["steps"]} for h in json.loads(done.stdout)["hosts"]}
+    daemons = steps[hosts.controller.name]["slurm-daemons"]
+    assert [c["summary"] for c in daemons["changes"]] == ["scontrol reconfigure"], daemons
+    assert hosts.ssh(hosts.controller, "systemctl show -p MainPID --value slurmctld").stdout.strip() == pid  # not restarted
+    assert re.search(r"MinJobAge\s*=\s*600\b", hosts.ssh(hosts.controller, "scontrol show config").stdout)
