@@ -75,6 +75,7 @@ class SSHSettings:
 
 # How long output may still come after the exit status when no EOF follows (a background child holds stdout).
 _EOF_GRACE_S = 2.0
+_PID_WAIT_S = 2.0  # how long an interrupted command's pid line is awaited when its output came first
 
 
 class SSHConnection(Connection):
@@ -215,6 +216,8 @@ class SSHConnection(Connection):
                     self._kill(transport, pid.pid)
                     raise self._timed_out(timeout, shown)
                 if self.interrupted:
+                    if pid.pid is None:
+                        self._await_pid(chan, pid)
                     chan.close()
                     raise self._interrupted_error(still_running=self._kill(transport, pid.pid, wait=_STOP_WAIT_S))
                 if not got:
@@ -255,6 +258,23 @@ class SSHConnection(Connection):
                 host=self.name,
             )
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
+
+    @staticmethod
+    def _await_pid(chan: paramiko.Channel, pid: RemotePid) -> None:
+        """Read stderr briefly for the shell's pid line: sshd may forward a command's first stdout before it.
+
+        The shell prints its pid before the command runs, so once the command
+        has said anything (the moment a Ctrl-C often comes) the line is on its
+        way; without it the command could not be stopped.
+        """
+        until = time.monotonic() + _PID_WAIT_S
+        while pid.pid is None and not chan.closed and time.monotonic() < until:
+            if chan.recv_stderr_ready():
+                pid.strip(chan.recv_stderr(65536))
+            elif chan.exit_status_ready():
+                return
+            else:
+                time.sleep(0.02)
 
     def _kill(self, transport: paramiko.Transport, pid: int | None, wait: float = 0.0) -> int | None:
         """Stop a command's process group on the host (closing its channel does not); the group when it may still run (0: unknown).

@@ -56,3 +56,32 @@ def test_the_sudo_password_leaves_the_environment_before_any_child_starts(monkey
     local = connector.open(Host("here", ("ungrouped",), {}, connection="local"))
     assert "s3cret-pw" not in local.run("env").stdout  # `gpurig exec -- env` cannot show it
     assert connector.sudo_password() == "s3cret-pw"  # still there for sudo's prompt
+
+
+class _LateMarkChannel:
+    """A channel whose shell pid line comes on stderr after the command's first stdout (as a loaded sshd may send it)."""
+
+    def __init__(self, arrives_after: int, exits: bool = False) -> None:
+        self.closed = False
+        self._polls = arrives_after
+        self._exits = exits
+
+    def recv_stderr_ready(self) -> bool:
+        self._polls -= 1
+        return not self._exits and self._polls < 0
+
+    def recv_stderr(self, n: int) -> bytes:
+        return b"@@gpurig-pid 4242\n"  # what the shell's marked() line prints
+
+    def exit_status_ready(self) -> bool:
+        return self._exits
+
+
+def test_an_interrupt_waits_briefly_for_the_pid_line_that_comes_after_the_first_output():
+    from gpurig.connect.ssh import SSHConnection
+    pid = RemotePid()
+    SSHConnection._await_pid(_LateMarkChannel(arrives_after=3), pid)
+    assert pid.pid == 4242  # so the command is stopped by its group, not left running
+    ended = RemotePid()
+    SSHConnection._await_pid(_LateMarkChannel(arrives_after=0, exits=True), ended)
+    assert ended.pid is None  # a command that ended without the line: no wait for what cannot come

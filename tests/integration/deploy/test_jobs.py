@@ -93,6 +93,13 @@ def until(job_cli, ident: str, done, what: str, deadline_s: float = 120) -> dict
         time.sleep(0.5)  # polling the host's state with a deadline, not a synchronisation sleep
 
 
+HOLD = "echo on $NVIDIA_VISIBLE_DEVICES; while [ ! -e release ]; do sleep 0.1; done\n"  # holds its GPU until the test says
+
+
+def release(job_host, ident: str) -> None:
+    job_host.sh(f"touch /srv/gpurig/jobs/{ident}/work/release")
+
+
 ARGS = ["a b", "it's", '"quoted"', "$(touch /tmp/pwned)", "line1\nline2", "-x", ""]
 SHOW_ARGS = 'for a in "$@"; do printf "[%s]\\n" "$a"; done\n'
 
@@ -152,7 +159,7 @@ def test_a_one_file_edit_syncs_only_that_file(job_host, job_cli, tmp_path):
 
 
 def test_a_job_runs_to_completion_after_the_client_is_killed(job_host, job_cli, tmp_path):
-    work = workdir(tmp_path, {"slow.sh": "echo started; sleep 4; echo finished\n"})
+    work = workdir(tmp_path, {"slow.sh": "echo started; while [ ! -e release ]; do sleep 0.1; done; echo finished\n"})
     client = job_cli("run", "--image", JOB_IMAGE, *HOST_ULIMIT, "--gpus", "none", "--workdir", str(work), "--wait", "--json",
                      str(tmp_path / "run.json"), "--", "sh", "slow.sh", wait=False)
     try:
@@ -165,13 +172,14 @@ def test_a_job_runs_to_completion_after_the_client_is_killed(job_host, job_cli, 
             client.kill()
     listed = json.loads(job_cli("jobs", "--json", "-").stdout)["jobs"]
     [running] = [j for j in listed if j["state"] in ("pending", "running")]
+    release(job_host, running["id"])
     done = until(job_cli, running["id"], lambda j: j["state"] not in ("pending", "running"), "ended")
     assert done["state"] == "succeeded" and done["exit_code"] == 0
     assert job_cli("logs", "--job", running["id"]).stdout == b"started\nfinished\n"
 
 
 def test_two_jobs_asking_for_the_one_gpu_run_one_after_the_other(job_host, job_cli, tmp_path):
-    work = workdir(tmp_path, {"hold.sh": "echo on $NVIDIA_VISIBLE_DEVICES; sleep 3\n"})
+    work = workdir(tmp_path, {"hold.sh": HOLD})
     first = submit(job_cli, work, "sh", "hold.sh", flags=("--gpus", "device=0", "--name", "first"))
     until(job_cli, first["id"], lambda j: j["state"] == "running", "started")
     second = submit(job_cli, work, "sh", "hold.sh", flags=("--gpus", "device=0", "--name", "second"))
@@ -179,15 +187,18 @@ def test_two_jobs_asking_for_the_one_gpu_run_one_after_the_other(job_host, job_c
     assert waiting["state"] == "pending" and f"held by job {first['id']}" in waiting["reason"]
     table = job_cli("jobs").stdout.decode()
     assert "pending (1st in the queue: waiting for GPU 0" in table, table
+    release(job_host, first["id"])
     a = until(job_cli, first["id"], lambda j: j["state"] == "succeeded", "succeeded")
+    until(job_cli, second["id"], lambda j: j["state"] == "running", "started")
+    release(job_host, second["id"])
     b = until(job_cli, second["id"], lambda j: j["state"] == "succeeded", "succeeded")
     assert b["started_at"] >= a["ended_at"] and a["devices"] == b["devices"] == ["0"]
-    # a count takes a free GPU: with job 1 on GPU 0, a --gpus 1 job gets GPU 1 at once
+    # a count takes a free GPU: with a job on GPU 0, a --gpus 1 job gets GPU 1 at once
     third = submit(job_cli, work, "sh", "hold.sh", flags=("--gpus", "device=0"))
     until(job_cli, third["id"], lambda j: j["state"] == "running", "started")
     fourth = submit(job_cli, work, "sh", "hold.sh", flags=("--gpus", "1"))
-    got = until(job_cli, fourth["id"], lambda j: j["state"] == "running" or j["state"] in ("succeeded", "failed"), "started")
-    assert got["devices"] == ["1"], got
+    got = until(job_cli, fourth["id"], lambda j: j["state"] != "pending", "started")
+    assert got["state"] == "running" and got["devices"] == ["1"], got
 
 
 @pytest.fixture
