@@ -182,13 +182,15 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
                           highlight=False)
         console.print(outside(submitted.script), highlight=False, soft_wrap=True)
         return
-    err_console.print(f"slurm job {submitted.job} on {cluster.controller.name}: follow it with gpurig logs --job {submitted.job} --follow; "
+    err_console.print(f"slurm job {submitted.job} on {cluster.controller.name} (through {submitted.via}): follow it with "
+                      f"gpurig logs --job {submitted.job} --follow; "
                       f"stop it with gpurig cancel {submitted.job}", highlight=False)
     if opts.json:
         from gpurig.files import write_report
         from gpurig.report.tables import document
 
-        write_report(opts.json, document(SCHEMA, {"job": {"id": submitted.job, "scheduler": "slurm", "nodes": list(submitted.nodes)}}))
+        write_report(opts.json, document(SCHEMA, {"job": {"id": submitted.job, "scheduler": "slurm", "via": submitted.via,
+                                                          "nodes": list(submitted.nodes)}}))
     if not wait:
         return
     view = slurmrun.follow(opts, cluster, slurmrun.find(opts, cluster, submitted.job))

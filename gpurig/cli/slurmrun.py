@@ -62,6 +62,7 @@ class Submitted:
     job: str
     nodes: tuple[str, ...]
     script: str  # for --check
+    via: str = "sbatch"  # or slurmrestd (gpurig_slurm.rest)
 
 
 def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slurmjobs.SlurmRequest) -> Submitted:
@@ -93,7 +94,17 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
     comment = f"gpurig:{target.key} {' '.join(request.argv)}"[:900]
 
+    via = "slurmrestd" if cluster.settings.rest else "sbatch"
+
     def queue(conn: Connection) -> Outcome:
+        if cluster.settings.rest:
+            from gpurig.jobs.slurmrest import RestClient
+
+            base = slurmjobs.folder(login, target.key)
+            return Outcome(data=RestClient.for_login(conn).submit(
+                script, name=request.name, workdir=f"{base}/runs", output=f"{base}/runs/%j.log", nodes=slurm.nodes,
+                gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, comment=comment,
+                minutes=max(1, int(request.timeout // 60)) if request.timeout else None))
         said = conn.run(slurmjobs.submit_line(comment), timeout=60, warn=True, streams=Streams(feed=lambda write: write(script.encode())))
         if said.failed:
             raise HostError(f"sbatch refused the job: {(said.stderr or said.stdout).strip()[-300:]}", "see what it says; `sinfo` on the controller",
@@ -103,7 +114,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
     queued = fleet(opts, [cluster.controller], queue).results[0]
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
-    return Submitted(str(queued.data), tuple(h.name for h in nodes), script)
+    return Submitted(str(queued.data), tuple(h.name for h in nodes), script, via)
 
 
 def nodes_for(cluster: ClusterHosts, partition: str | None):

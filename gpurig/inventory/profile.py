@@ -70,6 +70,7 @@ class SlurmSettings:
     def_mem_per_cpu: int = 1024  # MiB a job gets per CPU unless it asks: without it one job takes a node's whole memory
     health_interval: int = 60  # seconds between two runs of gpurig's host probe on each node (HealthCheckInterval)
     min_job_age: int = 300  # seconds an ended job stays in slurmctld's memory (MinJobAge)
+    rest: bool = False  # slurmrestd with JWT on the controller: gpurig run submits through it (else sbatch over SSH)
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
 
 
 def _slurm(r: _Reader, value: Any) -> SlurmSettings:
-    m = r.mapping("gpurig_slurm", value, ("cluster", "def_mem_per_cpu", "health_interval", "min_job_age"))
+    m = r.mapping("gpurig_slurm", value, ("cluster", "def_mem_per_cpu", "health_interval", "min_job_age", "rest"))
 
     def bounded(key: str, low: int, high: int, default: int) -> int:
         if key not in m:
@@ -259,6 +260,7 @@ def _slurm(r: _Reader, value: Any) -> SlurmSettings:
         cluster=r.text("gpurig_slurm.cluster", m["cluster"], _CLUSTER, "gpurig") if "cluster" in m else "gpurig",
         def_mem_per_cpu=bounded("def_mem_per_cpu", 1, 1 << 30, 1024), health_interval=bounded("health_interval", 1, 86400, 60),
         min_job_age=bounded("min_job_age", 2, 86400 * 30, 300),
+        rest=r.boolean("gpurig_slurm.rest", m["rest"]) if "rest" in m else False,
     )
 
 

@@ -38,7 +38,7 @@ from gpurig.steps import slurmconf as conf
 from gpurig.steps.commands import run_change
 from gpurig.steps.plan import Change, Plan, StepResult
 
-STEP_NAMES = ("slurm-packages", "slurm-munge", "slurm-config", "slurm-daemons")
+STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons")
 SINFO = ["sinfo", "-h", "-N", "-o", "%N|%T|%E"]
 REGISTER_S = 90.0  # how long every node gets to register with the controller after the daemons started
 UP_STATES = ("idle", "mixed", "allocated", "completing", "drained", "draining", "planned")
@@ -107,6 +107,7 @@ class ClusterRun:
         self.key: str | None = None  # the cluster's munge key, in memory only, once read from the controller
         self.restart = False
         self.changed = False
+        self.rest_changed = False  # slurmrestd's drop-in changed: its unit is reloaded and restarted
 
     def run(self) -> dict[str, list[StepResult]]:
         self._phase([h.name for h in self.cluster.hosts], self._gather)
@@ -164,10 +165,12 @@ class ClusterRun:
 
     def _packages(self, conn: Connection, h: _Host) -> None:
         assert h.facts is not None
-        self._record(conn, h, "slurm-packages", slurm.plan_packages(h.facts, h.controller))
+        self._record(conn, h, "slurm-packages", slurm.plan_packages(h.facts, h.controller, self.cluster.settings.rest))
 
     def _controller_key(self, conn: Connection, h: _Host) -> None:
         assert h.facts is not None
+        if self.cluster.settings.rest and not self._record(conn, h, "slurm-rest", slurm.plan_rest(h.facts)):
+            return
         plan = slurm.plan_controller_key(h.facts)
         if not self._record(conn, h, "slurm-munge", plan):
             return
@@ -203,7 +206,8 @@ class ClusterRun:
             nodes.append(conf.SlurmNode(host.name, f.hostname, f.hardware, f.devices, conf.gpu_type(model), self.cluster.partitions[host.name]))
         if not nodes:
             return None
-        return conf.SlurmCluster(self.cluster.settings.cluster, ctl.facts.hostname or ctl.host.name, ctl.host.name, tuple(nodes), self.cluster.settings)
+        return conf.SlurmCluster(self.cluster.settings.cluster, ctl.facts.hostname or ctl.host.name, ctl.host.name, tuple(nodes), self.cluster.settings,
+                                 ctl.facts.version)
 
     def _key_and_files(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         assert h.facts is not None
@@ -221,12 +225,14 @@ class ClusterRun:
         if self._record(conn, h, "slurm-config", plan) and plan.status == Status.CHANGED:
             self.changed = True
             self.restart = self.restart or restart
+            self.rest_changed = self.rest_changed or (conf.REST_DROPIN in wanted and h.facts.files.get(conf.REST_DROPIN) != wanted[conf.REST_DROPIN][0])
 
     def _daemons(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         assert h.facts is not None
         if not h.controller and model.node(h.host.name) is None:
             return
-        self._record(conn, h, "slurm-daemons", slurm.plan_daemons(h.facts, h.controller, self.restart, self.changed))
+        self._record(conn, h, "slurm-daemons", slurm.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
+                                                                  self.rest_changed and h.controller))
 
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         """Every node registered with the controller (bounded); a node still down fails with what slurmctld says of it."""

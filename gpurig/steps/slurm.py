@@ -38,9 +38,10 @@ MUNGE_KEY = "/etc/munge/munge.key"
 MUNGE_MARK = "/etc/munge/gpurig-key.sha256"  # the sha256 of the key gpurig made on the controller: it is the cluster's
 CONTROLLER_PACKAGES = ("munge", "slurmctld", "slurm-client")
 NODE_PACKAGES = ("munge", "slurmd", "slurm-client", "python3")
-UNITS = ("munge", "slurmctld", "slurmd")
+REST_PACKAGES = ("slurmrestd", "slurm-wlm-jwt-plugin")  # the controller's, with gpurig_slurm.rest; every host needs the plugin
+UNITS = ("munge", "slurmctld", "slurmd", "slurmrestd")
 SHIPPED = {conf.HEALTH: "checks/slurm_health.py", conf.HEALTH_PROBE: "checks/verify_host.py"}
-MANAGED = (conf.SLURM_CONF, conf.GRES_CONF, conf.CGROUP_CONF, conf.PROLOG, conf.EPILOG, conf.HEALTH_SETTINGS, *SHIPPED)
+MANAGED = (conf.SLURM_CONF, conf.GRES_CONF, conf.CGROUP_CONF, conf.PROLOG, conf.EPILOG, conf.HEALTH_SETTINGS, conf.REST_DROPIN, *SHIPPED)
 # the files whose change Slurm does not take live (scontrol reconfigure): the daemons restart
 RESTART_FILES = (conf.GRES_CONF, conf.CGROUP_CONF)
 NVIDIA_MAJOR = 195
@@ -120,14 +121,16 @@ _FILES = " ".join(shlex.quote(p) for p in MANAGED)
 PROBES = (
     Probe("hostname", "hostname -s 2>/dev/null || hostname", lambda s: (_lines(s) or [""])[0].strip()),
     Probe("packages", "dpkg-query -W -f '${Package}\\t${db:Status-Abbrev}\\t${Version}\\n' munge slurmctld slurmd slurm-client python3 "
-                      "2>/dev/null; true", _packages),
+                      "slurmrestd slurm-wlm-jwt-plugin 2>/dev/null; true", _packages),
     Probe("munge", f"[ -r {MUNGE_KEY} ] && sha256sum {MUNGE_KEY} | cut -d' ' -f1 && cat {MUNGE_MARK} 2>/dev/null; true", _munge),
     Probe("slurmd", "command -v slurmd >/dev/null && slurmd -C 2>/dev/null | head -n 1", lambda s: conf.parse_slurmd_c(s.text) if s.ok else None),
     Probe("devices", "for f in /dev/nvidia[0-9]*; do [ -c \"$f\" ] && stat -c '%n %t %T' \"$f\"; done; true", _devices),
     Probe("models", "nvidia-smi --query-gpu=name --format=csv,noheader", lambda s: tuple(_lines(s))),
     Probe("files", f"for f in {_FILES}; do if [ -f \"$f\" ]; then printf '%s ' \"$f\"; base64 -w0 \"$f\"; echo; "
                    "else echo \"$f -\"; fi; done", _files),
-    Probe("units", "for u in munge slurmctld slurmd; do echo \"$u $(systemctl is-active $u 2>/dev/null) $(systemctl is-enabled $u 2>/dev/null)\"; "
+    Probe("rest", f"[ -s {conf.JWT_KEY} ] && echo key; id -u slurmrestd >/dev/null 2>&1 && echo user; true",
+          lambda s: tuple(_lines(s))),
+    Probe("units", "for u in munge slurmctld slurmd slurmrestd; do echo \"$u $(systemctl is-active $u 2>/dev/null) $(systemctl is-enabled $u 2>/dev/null)\"; "
                    "done", _units),
     Probe("sinfo", "command -v sinfo >/dev/null && systemctl is-active -q slurmctld && sinfo -h -N -o '%N|%T|%E'", sinfo_nodes),
 )
@@ -147,6 +150,13 @@ class SlurmFacts:
     files: dict[str, str | None] = field(default_factory=dict)
     units: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # unit -> (active, enabled)
     nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # the controller's view: NodeName -> (state, reason)
+    rest: tuple[str, ...] = ()  # "key": slurmctld's JWT key is there; "user": slurmrestd's user exists
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """The installed Slurm's release (22.05 -> (22, 5)), from its packages; (0, 0) when none is installed."""
+        found = re.match(r"(\d+)\.(\d+)", self.packages.get("slurmctld") or self.packages.get("slurmd") or "")
+        return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
     def active(self, unit: str) -> bool:
         return self.units.get(unit, (False, False))[0]
@@ -158,7 +168,8 @@ class SlurmFacts:
 def parse(host: str, output: str) -> SlurmFacts:
     v = read(PROBES, split_sections(output))
     key, mark = v["munge"]
-    return SlurmFacts(host, v["hostname"], v["packages"], key, mark, v["slurmd"], v["devices"], v["models"], v["files"], v["units"], v["sinfo"])
+    return SlurmFacts(host, v["hostname"], v["packages"], key, mark, v["slurmd"], v["devices"], v["models"], v["files"], v["units"], v["sinfo"],
+                      v["rest"])
 
 
 def gather(conn) -> SlurmFacts:
@@ -168,8 +179,8 @@ def gather(conn) -> SlurmFacts:
 # --- plans, per host ------------------------------------------------------------------------------------------
 
 
-def plan_packages(facts: SlurmFacts, controller: bool) -> Plan:
-    wanted = CONTROLLER_PACKAGES if controller else NODE_PACKAGES
+def plan_packages(facts: SlurmFacts, controller: bool, rest: bool = False) -> Plan:
+    wanted = (CONTROLLER_PACKAGES if controller else NODE_PACKAGES) + ((REST_PACKAGES if controller else REST_PACKAGES[1:]) if rest else ())
     missing = [p for p in wanted if p not in facts.packages]
     if not missing:
         return Plan.ok(", ".join(f"{p} {facts.packages[p]}" for p in wanted if p != "python3"))
@@ -190,6 +201,25 @@ MAKE_KEY = (f"set -e; umask 077; k={MUNGE_KEY}; od -An -tx1 -N128 /dev/urandom |
 KEY_STAGE = "/etc/gpurig/munge.key.new"  # root's 0400: /etc/munge is munge's, where gpurig's uploads refuse to write
 PLACE_KEY = (f"set -e; umask 077; k={MUNGE_KEY}; cp {KEY_STAGE} $k.gpurig-new; rm -f {KEY_STAGE}; chown munge:munge $k.gpurig-new; "
              "chmod 0400 $k.gpurig-new; mv -f $k.gpurig-new $k; if systemctl is-active -q munge; then systemctl restart munge; fi")
+
+
+MAKE_JWT_KEY = (f"set -e; umask 077; k={conf.JWT_KEY}; dd if=/dev/urandom of=$k.gpurig-new bs=32 count=1 status=none; "
+                "chown slurm:slurm $k.gpurig-new; chmod 0600 $k.gpurig-new; mv -f $k.gpurig-new $k")
+MAKE_REST_USER = "useradd --system --no-create-home --shell /usr/sbin/nologin slurmrestd"
+
+
+def plan_rest(facts: SlurmFacts) -> Plan:
+    """slurmrestd's prerequisites on the controller: slurmctld's JWT key (made there, slurm's 0600) and the daemon's own user."""
+    commands, said = [], []
+    if "key" not in facts.rest:
+        commands.append(Shell(MAKE_JWT_KEY))
+        said.append("make slurmctld's JWT key")
+    if "user" not in facts.rest:
+        commands.append(Shell(MAKE_REST_USER))
+        said.append("add the slurmrestd user")
+    if not commands:
+        return Plan.ok("slurmctld's JWT key and slurmrestd's user are there")
+    return Plan.change(", ".join(said), Change(", ".join(said), tuple(commands)))
 
 
 def plan_controller_key(facts: SlurmFacts) -> Plan:
@@ -236,26 +266,30 @@ def needs_restart(facts: SlurmFacts, wanted: dict[str, tuple[str, int]]) -> bool
 
 
 def _node_lines(text: str) -> list[str]:
-    return sorted(line for line in text.splitlines() if line.startswith(("NodeName=", "SlurmctldHost=", "ClusterName=")))
+    return sorted(line for line in text.splitlines() if line.startswith(("NodeName=", "SlurmctldHost=", "ClusterName=", "AuthAlt")))
 
 
-def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool) -> Plan:
-    """Start what is not running; restart after a change Slurm does not take live; else a reconfigure (the controller's)."""
+def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool, rest: bool = False, rest_changed: bool = False) -> Plan:
+    """Start what is not running; restart after a change Slurm does not take live; else a reconfigure (the controller's).
+
+    ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed.
+    """
     daemon = "slurmctld" if controller else "slurmd"
-    commands = []
+    commands: list[Shell] = [Shell("systemctl daemon-reload")] if rest_changed else []
     said = []
-    for unit in ("munge", daemon):
+    units = ("munge", daemon, *(("slurmrestd",) if controller and rest else ()))
+    for unit in units:
         if not facts.enabled(unit):
             commands.append(Shell(f"systemctl enable {unit}"))
         if not facts.active(unit):
             commands.append(Shell(f"systemctl start {unit}"))
             said.append(f"start {unit}")
-        elif unit == daemon and restart:
+        elif (unit == daemon and restart) or (unit == "slurmrestd" and (restart or rest_changed)):
             commands.append(Shell(f"systemctl restart {unit}"))
             said.append(f"restart {unit}")
     if controller and changed and not restart and facts.active(daemon):
         commands.append(Shell("scontrol reconfigure"))
         said.append("scontrol reconfigure")
-    if not commands:
-        return Plan.ok(f"munge and {daemon} running")
+    if not said and not any(c.line.startswith("systemctl enable") for c in commands):
+        return Plan.ok(f"{', '.join(units[:-1])} and {units[-1]} running")
     return Plan.change(", ".join(said) or "enable at boot", Change(", ".join(said) or f"enable munge and {daemon}", tuple(commands)))

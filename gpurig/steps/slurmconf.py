@@ -35,6 +35,10 @@ EPILOG = f"{LIBEXEC}/slurm-epilog"
 GPU_JOBS_DIR = "/run/gpurig/slurm-gpus"  # <GPU index>: the ids of the jobs holding it, one a line (dcgm-exporter's format)
 JOB_USERS_DIR = "/run/gpurig/slurm-jobs"  # <job id>: user= and uid= of its owner
 JOB_LABEL = "io.gpurig.slurm.job"  # on the containers a job's batch script runs; the Epilog removes them
+JWT_KEY = "/var/lib/slurm/slurmctld/jwt_hs256.key"  # slurmctld's key for slurmrestd's tokens (made on the controller, slurm's 0600)
+REST_DROPIN = "/etc/systemd/system/slurmrestd.service.d/gpurig.conf"
+REST_SOCKET = "/run/slurmrestd/slurmrestd.socket"
+REST_PORT = 6820  # on the controller's loopback only: gpurig reaches it through its SSH connection
 MEMORY_HEADROOM = 0.97  # RealMemory as a share of what slurmd -C reports: a node whose MemTotal shrinks a little stays in service
 _HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -63,6 +67,7 @@ class SlurmCluster:
     controller_host: str  # and its inventory name
     nodes: tuple[SlurmNode, ...]
     settings: SlurmSettings = SlurmSettings()
+    version: tuple[int, int] = (22, 5)  # the controller's Slurm (its REST API's version follows it)
 
     def node(self, host: str) -> SlurmNode | None:
         return next((n for n in self.nodes if n.host == host), None)
@@ -107,6 +112,7 @@ def slurm_conf(cluster: SlurmCluster) -> str:
         "SlurmUser=slurm",
         "AuthType=auth/munge",
         "CredType=cred/munge",
+        *(["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={JWT_KEY}"] if s.rest else []),
         "StateSaveLocation=/var/lib/slurm/slurmctld",
         "SlurmdSpoolDir=/var/lib/slurm/slurmd",
         "SlurmctldPidFile=/run/slurmctld.pid",
@@ -216,9 +222,26 @@ def health_settings(node: SlurmNode) -> str:
     return json.dumps(doc, sort_keys=True) + "\n"
 
 
+def rest_api(version: tuple[int, int]) -> str:
+    """slurmrestd's OpenAPI version for a Slurm release: 22.05 serves v0.0.38, 23.02 v0.0.39, 23.11 v0.0.40, 24.05 v0.0.41, 24.11 v0.0.42."""
+    known = {(22, 5): "v0.0.38", (23, 2): "v0.0.39", (23, 11): "v0.0.40", (24, 5): "v0.0.41", (24, 11): "v0.0.42"}
+    return known.get(version) or ("v0.0.38" if version < (23, 2) else "v0.0.42")
+
+
+def rest_dropin(version: tuple[int, int]) -> str:
+    """slurmrestd as its own user (its unit has none, and it refuses root), JWT auth, on a unix socket and the loopback."""
+    plugin = "openapi/slurmctld" if version >= (23, 11) else f"openapi/{rest_api(version)}"  # 23.11 renamed the plugins
+    return (f"# Written by gpurig: slurmrestd for gpurig run's submissions (JWT), listening on {REST_SOCKET} and 127.0.0.1 only.\n"
+            "[Service]\nUser=slurmrestd\nGroup=slurmrestd\nRuntimeDirectory=slurmrestd\nRuntimeDirectoryMode=0755\n"
+            "Environment=SLURM_JWT=daemon\nExecStart=\n"
+            f"ExecStart=/usr/sbin/slurmrestd -a rest_auth/jwt -s {plugin} unix:{REST_SOCKET} 127.0.0.1:{REST_PORT}\n")
+
+
 def files_for(cluster: SlurmCluster, host: str) -> dict[str, tuple[str, int]]:
     """path -> (content, mode) of every file gpurig writes on ``host`` (the controller gets no health or job scripts)."""
     files = {SLURM_CONF: (slurm_conf(cluster), 0o644), GRES_CONF: (gres_conf(cluster), 0o644), CGROUP_CONF: (CGROUP, 0o644)}
+    if host == cluster.controller_host and cluster.settings.rest:
+        files[REST_DROPIN] = (rest_dropin(cluster.version), 0o644)
     node = cluster.node(host)
     if node is not None:
         files[PROLOG] = (PROLOG_SCRIPT, 0o755)

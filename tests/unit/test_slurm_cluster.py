@@ -185,3 +185,44 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
     assert "python train.py" not in launched
+
+
+def test_with_rest_the_controller_gets_slurmrestd_behind_jwt_on_its_loopback():
+    rest = conf.SlurmCluster("lab", "slurm-ctl", "ctl", cluster().nodes, SlurmSettings(rest=True), (22, 5))
+    lines = conf.slurm_conf(rest).splitlines()
+    assert "AuthAltTypes=auth/jwt" in lines and f"AuthAltParameters=jwt_key={conf.JWT_KEY}" in lines
+    assert "AuthAltTypes=auth/jwt" not in conf.slurm_conf(cluster())
+    dropin = conf.files_for(rest, "ctl")[conf.REST_DROPIN][0]
+    assert "User=slurmrestd" in dropin and "-s openapi/v0.0.38 " in dropin and "127.0.0.1:6820" in dropin and "0.0.0.0" not in dropin
+    assert conf.REST_DROPIN not in conf.files_for(rest, "n1")
+    assert "-s openapi/slurmctld " in conf.rest_dropin((24, 11))  # 23.11 renamed the plugins
+    assert [conf.rest_api(v) for v in ((22, 5), (23, 11), (24, 11))] == ["v0.0.38", "v0.0.40", "v0.0.42"]
+    assert slurm.plan_rest(facts()).changes[0].summary == "make slurmctld's JWT key, add the slurmrestd user"
+    assert slurm.plan_rest(facts(rest=("key", "user"))).status == Status.OK
+    installed = {p: "22.05.8" for p in slurm.CONTROLLER_PACKAGES}
+    assert "slurmrestd slurm-wlm-jwt-plugin" in slurm.plan_packages(facts(packages=installed), True, rest=True).changes[0].summary
+    assert facts(packages={"slurmctld": "22.05.8-4+deb12u3"}).version == (22, 5)
+
+
+class Recorded:
+    """A RestClient whose requests are kept, not sent."""
+
+    def __init__(self, api):
+        from gpurig.jobs.slurmrest import RestClient
+
+        self.client = RestClient(conn=None, user="gpurig", token="t", api=api)
+        self.sent = []
+        self.client.request = lambda method, path, body=None: self.sent.append((method, path, body)) or {"job_id": 42}
+
+
+def test_a_rest_submission_says_the_jobs_options_in_its_api_versions_words():
+    old, new = Recorded("v0.0.38"), Recorded("v0.0.42")
+    for r in (old, new):
+        assert r.client.submit("#!/bin/sh\n", name="train", workdir="/w", output="/w/%j.log", nodes=2, gpus_per_node=1, partition="a100",
+                               comment="gpurig:k x", minutes=5) == "42"
+    [(_, path, body)] = old.sent
+    assert path == "/job/submit" and body["script"] == "#!/bin/sh\n"
+    assert body["job"]["nodes"] == [2, 2] and body["job"]["tasks"] == 2 and body["job"]["gres"] == "gpu:1" and body["job"]["environment"]["PATH"].startswith("/usr/sbin")
+    job = new.sent[0][2]["job"]
+    assert job["nodes"] == "2" and job["tres_per_node"] == "gres/gpu:1" and job["time_limit"] == {"set": True, "number": 5}
+    assert job["environment"][0].startswith("PATH=") and job["partition"] == "a100" and job["comment"] == "gpurig:k x"

@@ -18,7 +18,8 @@ import pytest
 from deploy.gpuhost import gpurig
 
 IMAGE = "gpurig-test-jobs:1"
-VARS = {"gpurig_docker": {"users": ["gpurig"]}, "gpurig_slurm": {"cluster": "lab", "health_interval": 2}}
+# Debian 12's cluster submits through slurmrestd (JWT); Debian 13's (test_slurm_debian13.py) through sbatch over SSH
+VARS = {"gpurig_docker": {"users": ["gpurig"]}, "gpurig_slurm": {"cluster": "lab", "health_interval": 2, "rest": True}}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(clus
     for name in hosts.names:
         assert {"slurm-packages", "slurm-munge", "slurm-config", "slurm-daemons"} <= set(done[name]), done[name]
         assert done[name]["slurm-config"] == "changed"
+    assert done[hosts.controller.name]["slurm-rest"] == "changed"
     info = hosts.ssh(hosts.controller, "sinfo -h -N -o '%N %T %G'").stdout.split("\n")
     assert sorted(line.split()[0] for line in info if line) == sorted(n.name for n in hosts.nodes)
     why = hosts.ssh(hosts.controller, "sinfo -R").stdout
@@ -74,6 +76,9 @@ def test_a_one_gpu_job_sees_only_its_device_and_its_exit_code_comes_back(cluster
     devices = [d for d in first if d.startswith("nvidia") and d[6:].isdigit()]
     assert len(devices) == 1, first  # one GPU of the two: the one Slurm gave the job
     assert "rank 0 of 1 at " in proc.stdout and "exit code 3" in proc.stderr
+    assert "(through slurmrestd)" in proc.stderr  # gpurig_slurm.rest: the REST daemon with the user's JWT, reached through SSH
+    listening = [line.split()[1] for line in hosts.ssh(hosts.controller, "cat /proc/net/tcp").stdout.splitlines()[1:] if line.split()[3] == "0A"]
+    assert [a for a in listening if a.endswith(":1AA4")] == ["0100007F:1AA4"]  # slurmrestd on 127.0.0.1:6820 only, never the network
 
 
 def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):

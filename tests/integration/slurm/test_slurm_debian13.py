@@ -14,13 +14,15 @@ from deploy.gpuhost import gpurig
 
 from .test_slurm import IMAGE, VARS, run_job, steps_of
 
+SBATCH = {**VARS, "gpurig_slurm": {**VARS["gpurig_slurm"], "rest": False}}  # this cluster submits through sbatch over SSH
+
 
 @pytest.fixture(scope="module")
 def trixie(slurm_kit, tmp_path_factory):
     cluster = slurm_kit.make("debian13")
     try:
         work = tmp_path_factory.mktemp("slurm-debian13")
-        yield cluster, cluster.write(work / "inventory" / "hosts.yaml", VARS), work
+        yield cluster, cluster.write(work / "inventory" / "hosts.yaml", SBATCH), work
     finally:
         slurm_kit.remove(cluster)
 
@@ -37,4 +39,4 @@ def test_debian13s_slurm_is_provisioned_and_runs_a_job(trixie):
     hosts.make_job_image(IMAGE)
     proc = run_job(work, inv, "--gpus", "1", "--env", "CODE=4", "--wait", "--", "sh", "show.sh")
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "rank 0 of 1" in proc.stdout
+    assert "rank 0 of 1" in proc.stdout and "(through sbatch)" in proc.stderr
