@@ -13,6 +13,7 @@ nothing of the group is left, ``STILL_RUNNING`` when something is.
 from __future__ import annotations
 
 import re
+import time
 
 _MARK = "@@gpurig-pid "
 _LINE = re.compile(rb"@@gpurig-pid (\d+)\n")
@@ -62,3 +63,20 @@ class RemotePid:
             return b""
         self._done, self._held = True, b""
         return out
+
+
+def await_pid(chan, pid: RemotePid, seconds: float) -> None:
+    """Read a channel's stderr up to ``seconds`` for its shell's pid line: sshd may forward a command's first stdout before it.
+
+    The shell prints its pid before the command runs, so once the command has
+    said anything (the moment a Ctrl-C often comes) the line is on its way;
+    without it the command could not be stopped.
+    """
+    until = time.monotonic() + seconds
+    while pid.pid is None and not chan.closed and time.monotonic() < until:
+        if chan.recv_stderr_ready():
+            pid.strip(chan.recv_stderr(65536))
+        elif chan.exit_status_ready():
+            return
+        else:
+            time.sleep(0.02)

@@ -34,7 +34,7 @@ from gpurig.connect.connection import (
 )
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
-from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, marked, stop_line
+from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
 from gpurig.connect.streams import Feeder, SinkFailed, guarded_sink
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
@@ -217,7 +217,7 @@ class SSHConnection(Connection):
                     raise self._timed_out(timeout, shown)
                 if self.interrupted:
                     if pid.pid is None:
-                        self._await_pid(chan, pid)
+                        await_pid(chan, pid, _PID_WAIT_S)
                     chan.close()
                     raise self._interrupted_error(still_running=self._kill(transport, pid.pid, wait=_STOP_WAIT_S))
                 if not got:
@@ -258,23 +258,6 @@ class SSHConnection(Connection):
                 host=self.name,
             )
         return Result(self.name, shown, exited, collect.text("stdout"), collect.text("stderr"), time.monotonic() - started)
-
-    @staticmethod
-    def _await_pid(chan: paramiko.Channel, pid: RemotePid) -> None:
-        """Read stderr briefly for the shell's pid line: sshd may forward a command's first stdout before it.
-
-        The shell prints its pid before the command runs, so once the command
-        has said anything (the moment a Ctrl-C often comes) the line is on its
-        way; without it the command could not be stopped.
-        """
-        until = time.monotonic() + _PID_WAIT_S
-        while pid.pid is None and not chan.closed and time.monotonic() < until:
-            if chan.recv_stderr_ready():
-                pid.strip(chan.recv_stderr(65536))
-            elif chan.exit_status_ready():
-                return
-            else:
-                time.sleep(0.02)
 
     def _kill(self, transport: paramiko.Transport, pid: int | None, wait: float = 0.0) -> int | None:
         """Stop a command's process group on the host (closing its channel does not); the group when it may still run (0: unknown).

@@ -26,6 +26,41 @@ _KEY_CACHE: dict[tuple[str, float], paramiko.PKey] = {}
 _KEY_LOCK = threading.Lock()
 
 
+class _Transport(paramiko.Transport):
+    """paramiko's Transport without its deadlock at a rekey (paramiko issue 822).
+
+    paramiko rekeys every 512 MB it sends, so a deploy moving an image meets
+    one each half gigabyte. A channel close the server sent before it saw
+    our KEXINIT makes paramiko's own thread answer with a message that it
+    then waits to send until the key exchange ends, which only that thread
+    can finish: 30 s later the connection dies ("Key-exchange timed out").
+    Here what that thread would wait to send is held and sent right after
+    the new keys (the protocol allows nothing else in between); every other
+    thread still waits as paramiko has it.
+    """
+
+    def __init__(self, sock) -> None:
+        super().__init__(sock)
+        self._held: list = []
+
+    def _send_user_message(self, data) -> None:
+        if threading.current_thread() is not self:
+            super()._send_user_message(data)  # type: ignore[misc]  # paramiko's private API, absent from its stubs
+            return
+        with self.clear_to_send_lock:
+            if self.clear_to_send.is_set():
+                self._send_message(data)  # type: ignore[attr-defined]
+            else:
+                self._held.append(data)
+
+    def _parse_newkeys(self, m) -> None:
+        super()._parse_newkeys(m)  # type: ignore[misc]
+        with self.clear_to_send_lock:
+            held, self._held = self._held, []
+            for data in held:
+                self._send_message(data)  # type: ignore[attr-defined]
+
+
 def load_key(path: str) -> paramiko.PKey:
     """A private key from a file, parsed once per process (a fleet uses the same key a hundred times)."""
     try:
@@ -109,7 +144,7 @@ def open_transport(
         transport = None
         try:
             sock = _socket(target, via, s)
-            transport = paramiko.Transport(sock)
+            transport = _Transport(sock)
             transport.banner_timeout = s.connect_timeout
             transport.handshake_timeout = s.connect_timeout
             transport.auth_timeout = s.connect_timeout

@@ -222,7 +222,8 @@ def test_a_rest_submission_says_the_jobs_options_in_its_api_versions_words():
                                comment="gpurig:k x", minutes=5) == "42"
     [(_, path, body)] = old.sent
     assert path == "/job/submit" and body["script"] == "#!/bin/sh\n"
-    assert body["job"]["nodes"] == [2, 2] and body["job"]["tasks"] == 2 and body["job"]["gres"] == "gpu:1" and body["job"]["environment"]["PATH"].startswith("/usr/sbin")
+    assert body["job"]["nodes"] == [2, 2] and body["job"]["tasks"] == 2 and body["job"]["gres"] == "gpu:1"
+    assert body["job"]["environment"]["PATH"].startswith("/usr/sbin")
     job = new.sent[0][2]["job"]
     assert job["nodes"] == "2" and job["tres_per_node"] == "gres/gpu:1" and job["time_limit"] == {"set": True, "number": 5}
     assert job["environment"][0].startswith("PATH=") and job["partition"] == "a100" and job["comment"] == "gpurig:k x"

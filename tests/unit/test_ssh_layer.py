@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpurig.connect.remotegroup import RemotePid
+from gpurig.connect.remotegroup import RemotePid, await_pid
 from gpurig.report import configure_logging
 
 
@@ -78,10 +78,9 @@ class _LateMarkChannel:
 
 
 def test_an_interrupt_waits_briefly_for_the_pid_line_that_comes_after_the_first_output():
-    from gpurig.connect.ssh import SSHConnection
     pid = RemotePid()
-    SSHConnection._await_pid(_LateMarkChannel(arrives_after=3), pid)
+    await_pid(_LateMarkChannel(arrives_after=3), pid, 2.0)
     assert pid.pid == 4242  # so the command is stopped by its group, not left running
     ended = RemotePid()
-    SSHConnection._await_pid(_LateMarkChannel(arrives_after=0, exits=True), ended)
+    await_pid(_LateMarkChannel(arrives_after=0, exits=True), ended, 2.0)
     assert ended.pid is None  # a command that ended without the line: no wait for what cannot come

@@ -252,3 +252,15 @@ def test_sudo_password_from_the_environment(settings, sudo_user, sshd, make_host
     name, password = sudo_user
     monkeypatch.setenv("GPURIG_SUDO_PASSWORD", password)
     assert Connector(settings).open(make_host(sshd.port, user=name)).sudo("id -u").stdout == "0\n"
+
+
+def test_commands_that_end_while_paramiko_rekeys_do_not_kill_the_connection(connector, sshd, make_host):
+    """paramiko rekeys each 512 MB it sends (a deploy's image crosses it): a command ending then must not stall the transport 30 s and kill it."""
+    with connector.open(make_host(sshd.port)) as conn:
+        packetizer = conn.paramiko_transport().packetizer
+        packetizer.REKEY_BYTES = packetizer.REKEY_PACKETS = 1 << 12  # a rekey every few KB sent: every command's close meets one
+        start = time.monotonic()
+        for i in range(40):
+            got = conn.run(f"head -c 300000 /dev/zero | tr '\\0' x; echo {i}", timeout=20)
+            assert got.stdout.endswith(f"x{i}\n")
+        assert conn.paramiko_transport() is not None and time.monotonic() - start < 60
