@@ -100,11 +100,10 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
         if cluster.settings.rest:
             from gpurig.jobs.slurmrest import RestClient
 
-            base = slurmjobs.folder(login, target.key)
             return Outcome(data=RestClient.for_login(conn).submit(
-                script, name=request.name, workdir=f"{base}/runs", output=f"{base}/runs/%j.log", nodes=slurm.nodes,
-                gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, comment=comment,
-                minutes=max(1, int(request.timeout // 60)) if request.timeout else None))
+                script, name=request.name, workdir=f"{slurmjobs.folder(login, target.key)}/runs", output=slurmjobs.log_path(login, target.key, "%j"),
+                nodes=slurm.nodes, gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, comment=comment,
+                minutes=slurmjobs.time_limit(request)))
         said = conn.run(slurmjobs.submit_line(comment), timeout=60, warn=True, streams=Streams(feed=lambda write: write(script.encode())))
         if said.failed:
             raise HostError(f"sbatch refused the job: {(said.stderr or said.stdout).strip()[-300:]}", "see what it says; `sinfo` on the controller",

@@ -54,6 +54,11 @@ def log_path(login: str, key: str, job: str) -> str:
     return f"{folder(login, key)}/runs/{job}.log"
 
 
+def time_limit(request: RunRequest) -> int | None:
+    """The job's --timeout as Slurm's time limit, in whole minutes (at least one); None without one."""
+    return max(1, int(request.timeout // 60)) if request.timeout else None
+
+
 def docker_flags(spec: ContainerSpec) -> list[str]:
     """The job's container settings as `docker run` flags: deploy's /dev/shm, ulimits and datasets (each one word).
 
@@ -83,12 +88,12 @@ def batch_script(request: RunRequest, slurm: SlurmRequest, spec: ContainerSpec, 
     lines = [
         "#!/bin/sh",
         f"#SBATCH --job-name={request.name}",
-        f"#SBATCH --output={base}/runs/%j.log",
+        f"#SBATCH --output={log_path(login, key, '%j')}",
         f"#SBATCH --nodes={slurm.nodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gres=gpu:{slurm.gpus_per_node}"] if slurm.gpus_per_node else []),
         *([f"#SBATCH --partition={slurm.partition}"] if slurm.partition else []),
-        *([f"#SBATCH --time={max(1, int(request.timeout // 60))}"] if request.timeout else []),
+        *([f"#SBATCH --time={time_limit(request)}"] if request.timeout else []),
         "# gpurig run --scheduler slurm: one task a node runs the image on the GPUs Slurm allocated there",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",

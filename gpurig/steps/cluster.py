@@ -225,7 +225,7 @@ class ClusterRun:
         if self._record(conn, h, "slurm-config", plan) and plan.status == Status.CHANGED:
             self.changed = True
             self.restart = self.restart or restart
-            self.rest_changed = self.rest_changed or (conf.REST_DROPIN in wanted and h.facts.files.get(conf.REST_DROPIN) != wanted[conf.REST_DROPIN][0])
+            self.rest_changed = self.rest_changed or slurm.differs(h.facts, wanted, (conf.REST_DROPIN,))
 
     def _daemons(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         assert h.facts is not None

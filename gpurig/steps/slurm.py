@@ -257,9 +257,14 @@ def plan_files(facts: SlurmFacts, wanted: dict[str, tuple[str, int]]) -> Plan:
     return Plan.change(f"{len(changes)} of {len(wanted)} files differ", *changes)
 
 
+def differs(facts: SlurmFacts, wanted: dict[str, tuple[str, int]], paths: tuple[str, ...]) -> bool:
+    """Whether any of ``paths`` that gpurig writes on this host is not as it wants it."""
+    return any(facts.files.get(p) != wanted[p][0] for p in paths if p in wanted)
+
+
 def needs_restart(facts: SlurmFacts, wanted: dict[str, tuple[str, int]]) -> bool:
     """Whether the files' change is one Slurm does not take with a reconfigure: gres.conf, cgroup.conf, the node lines."""
-    if any(facts.files.get(p) != wanted[p][0] for p in RESTART_FILES if p in wanted):
+    if differs(facts, wanted, RESTART_FILES):
         return True
     old = facts.files.get(conf.SLURM_CONF) or ""
     return _node_lines(old) != _node_lines(wanted[conf.SLURM_CONF][0])
@@ -290,6 +295,6 @@ def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bo
     if controller and changed and not restart and facts.active(daemon):
         commands.append(Shell("scontrol reconfigure"))
         said.append("scontrol reconfigure")
-    if not said and not any(c.line.startswith("systemctl enable") for c in commands):
+    if not commands:  # a daemon-reload comes only with slurmrestd's start or restart
         return Plan.ok(f"{', '.join(units[:-1])} and {units[-1]} running")
     return Plan.change(", ".join(said) or "enable at boot", Change(", ".join(said) or f"enable munge and {daemon}", tuple(commands)))
