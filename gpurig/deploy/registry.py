@@ -354,7 +354,10 @@ class ReverseForward:
         self._stop.set()
         try:
             if self.port and self.transport.is_active():
-                self.transport.cancel_port_forward("127.0.0.1", self.port)
+                # Not Transport.cancel_port_forward: it clears the handler first, and a connection the host's sshd
+                # opened just before the cancel then meets None on paramiko's thread, which dies of the TypeError.
+                # The handler stays: _accept closes what arrives after _stop.
+                self.transport.global_request("cancel-tcpip-forward", ("127.0.0.1", self.port), wait=True)
         except Exception:  # noqa: BLE001 - the connection may already be gone; nothing is left to cancel then
             pass
         with self._lock:

@@ -1,0 +1,59 @@
+"""The reverse port forward that image delivery pulls through, against a real sshd: its teardown.
+
+An interrupted delivery closes the forward while the host's dockerd holds
+connections through it and may be opening more; the close must end them at
+once and leave the SSH connection working.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpurig.deploy.registry import ReverseForward
+
+# Connects through the forward, says so, and waits for the forward's side to close the connection.
+HOLD = ("python3 -c \"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); "
+        "print('connected', flush=True); s.recv(1)\"")
+# Six processes opening connections through the forward as fast as they can until it is gone (refused).
+HAMMER = ("for i in 1 2 3 4 5 6; do python3 -c \"import socket\nprint('started', flush=True)\nwhile True:\n"
+          " try: socket.create_connection(('127.0.0.1',{port})).close()\n except OSError: break\" & done; wait")
+
+
+def _run_in_background(conn, command: str) -> tuple[threading.Thread, threading.Event, list]:
+    said, results = threading.Event(), []
+
+    def run() -> None:
+        results.append(conn.run(command, warn=True, timeout=30, on_output=lambda stream, text: said.set()))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, said, results
+
+
+def test_closing_the_forward_ends_an_idle_connection_through_it_at_once(connector, sshd, make_host, silent_port):
+    # silent_port: a registry holding a keep-alive connection that never answers, nor hangs up on EOF
+    with connector.open(make_host(sshd.port)) as conn:
+        forward = ReverseForward(conn.paramiko_transport(), ("127.0.0.1", silent_port))
+        thread, said, results = _run_in_background(conn, HOLD.format(port=forward.open()))
+        assert said.wait(20), "the host never connected through the forward"
+        start = time.monotonic()
+        forward.close()
+        closed_s = time.monotonic() - start
+        thread.join(timeout=20)
+        assert results and results[0].stdout == "connected\n"  # the host's side saw the connection end
+        assert conn.run("echo still here").stdout == "still here\n"
+    assert closed_s < 2
+
+
+def test_connections_opened_while_the_forward_is_cancelled_leave_the_ssh_connection_alive(connector, sshd, make_host, silent_port):
+    with connector.open(make_host(sshd.port)) as conn:
+        for _ in range(25):  # the race: sshd opens a forwarded channel just as the cancel goes out
+            forward = ReverseForward(conn.paramiko_transport(), ("127.0.0.1", silent_port))
+            thread, said, results = _run_in_background(conn, HAMMER.format(port=forward.open()))
+            assert said.wait(20)
+            forward.close()
+            thread.join(timeout=20)
+            assert results and results[0].exited == 0, results  # refused once the forward was gone
+            assert conn.paramiko_transport().is_active()
+        assert conn.run("echo still here").stdout == "still here\n"
