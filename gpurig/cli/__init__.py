@@ -21,10 +21,10 @@ from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
 def build_collection() -> Collection:
     """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig.cli import ci, deploy, hosts, images, inventory, jobqueue, monitor, project, provision, run, verify
+    from gpurig.cli import ci, deploy, hosts, images, inventory, jobqueue, monitor, project, provision, rollout, run, updates, verify
 
     ns = Collection()
-    for module in (project, images, hosts, inventory, provision, deploy, verify, monitor, run, jobqueue, ci):
+    for module in (project, images, updates, hosts, inventory, provision, deploy, verify, rollout, monitor, run, jobqueue, ci):
         for name in module.__all__:
             ns.add_task(getattr(module, name))
     return ns
