@@ -1,0 +1,181 @@
+"""What is newer than the versions matrix: torch releases and their CUDA builds, and who in the fleet can run them.
+
+The package index is read per CUDA flavour (the spec's torch_index with
+each known CUDA tag, the spec's pip_index for PyPI's own build, find-links
+folders where the spec builds offline); a version's flavour is its local
+label (``2.15.0+cu130``). Each newer CUDA build is set against the driver
+it needs (gpurig/image/compat.py) and the drivers the fleet's facts report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpurig.image import compat
+from gpurig.image.pkgindex import Listing, Source, index_source, links_source
+from gpurig.image.spec import ImageSpec, MatrixEntry
+
+PYPI = "https://pypi.org/simple"
+_TAG = re.compile(r"^cu(\d+)(\d)$")
+
+
+@dataclass(frozen=True)
+class Newer:
+    """One row: a matrix entry and a newer build it could move to (``newer`` empty: it is current)."""
+
+    entry: str  # '2.14.1 cu130'
+    newer: str = ""  # '2.15.0 cu130'
+    needs: str = ""  # 'driver >= 580.65.06'
+    fleet: str = ""  # '3 of 12 hosts older: a100-[01:03]'
+    older_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Offers:
+    """(torch version, CUDA) -> offered, from every source; ``problems`` names the sources that did not answer."""
+
+    builds: frozenset[tuple[str, str]]
+    problems: tuple[str, ...]
+
+
+def cuda_of_tag(tag: str) -> str:
+    """'cu130' -> '13.0', 'cpu' -> 'cpu' (the inverse of compat.cuda_tag)."""
+    found = _TAG.match(tag)
+    return f"{found.group(1)}.{found.group(2)}" if found else tag
+
+
+def candidate_cudas(spec: ImageSpec) -> list[str]:
+    """The CUDAs worth asking for: every one gpurig knows a wheel or a driver for from the matrix's oldest on (an
+    older one is no upgrade), and the next minors and major after the newest, which a new torch may bring."""
+    known = {c for r in compat.TORCH_RELEASES for c in r.cuda} | {r.cuda for r in compat.CUDA_RELEASES}
+    mine = {e.cuda for e in spec.matrix if not e.is_cpu}
+    major, minor = max(compat.version_key(c) for c in known | mine)[:2]
+    known |= mine | {f"{major}.{minor + 1}", f"{major}.{minor + 2}", f"{major + 1}.0"}
+    oldest = min((compat.version_key(c) for c in mine), default=(0,))
+    return sorted((c for c in known if compat.version_key(c) >= oldest), key=compat.version_key) + [compat.CPU]
+
+
+def sources(spec: ImageSpec) -> list[tuple[Source, str]]:
+    """(where pip looks, the CUDA its unlabelled versions are) for this spec; '' = read the flavour from the label."""
+    build = spec.build
+    links = [(links_source(build.find_links), "")] if build.find_links else []
+    if build.offline:
+        return links
+    template = build.torch_index
+    found = [(index_source(template.format(cuda_tag=compat.cuda_tag(c), cuda=c)), c) for c in candidate_cudas(spec)]
+    if "{" not in template:
+        found = found[:1]
+    return list(dict.fromkeys(found)) + [(index_source(build.pip_index or PYPI), "")] + links
+
+
+def offers(listings: Iterable[tuple[Listing, str]]) -> Offers:
+    builds: set[tuple[str, str]] = set()
+    failed: dict[str, list[str]] = {}
+    for listing, cuda in listings:
+        if listing.error:
+            failed.setdefault(listing.error, []).append(listing.source.label)
+        for version in listing.versions:
+            base, _, label = version.partition("+")
+            flavour = cuda_of_tag(label) if label else (cuda or _pypi_cuda(base))
+            if flavour:
+                builds.add((base, flavour))
+    problems = (f"pip could not read {_places(labels)}: {reason}" for reason, labels in failed.items())
+    return Offers(frozenset(builds), tuple(problems))
+
+
+def _places(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{labels[0]} and {len(labels) - 1} more indexes"
+
+
+def _pypi_cuda(version: str) -> str:
+    """The CUDA of PyPI's own torch build; '' for a torch newer than gpurig's table (which build it is, is not known)."""
+    minor = compat.torch_minor(version)
+    return next((r.pypi_cuda for r in compat.TORCH_RELEASES if r.minor == minor), "")
+
+
+def entry_label(entry: MatrixEntry) -> str:
+    return f"{entry.torch} {entry.cuda_tag}"
+
+
+def newer_rows(entry: MatrixEntry, found: Offers, drivers: Mapping[str, str | None] | None) -> list[Newer]:
+    """The newest release, in the entry's CUDA and each newer one, and the newest patch of the entry's own minor."""
+    mine = compat.version_key(entry.torch)
+    later = sorted({v for v, _ in found.builds if compat.version_key(v) > mine}, key=compat.version_key, reverse=True)
+    if not later:
+        return [Newer(entry_label(entry))]
+    rows = [_row(entry, later[0], c, drivers) for c in _flavours(entry, later[0], found)]
+    patch = next((v for v in later if compat.torch_minor(v) == compat.torch_minor(entry.torch)), None)
+    if patch and patch != later[0] and (patch, entry.cuda) in found.builds:
+        rows.append(_row(entry, patch, entry.cuda, drivers))
+    wanted = "CPU" if entry.is_cpu else f"{entry.cuda_tag} or newer CUDA"
+    return rows or [Newer(entry_label(entry), needs=f"the newest, {later[0]}, has no {wanted} build")]
+
+
+def _flavours(entry: MatrixEntry, version: str, found: Offers) -> list[str]:
+    shipped = [c for v, c in found.builds if v == version]
+    if entry.is_cpu:
+        return [c for c in shipped if c == compat.CPU]
+    mine = compat.version_key(entry.cuda)
+    return sorted((c for c in shipped if c != compat.CPU and compat.version_key(c) >= mine), key=compat.version_key)
+
+
+def _row(entry: MatrixEntry, version: str, cuda: str, drivers: Mapping[str, str | None] | None) -> Newer:
+    label = f"{version} {compat.cuda_tag(cuda)}"
+    if cuda == compat.CPU:
+        return Newer(entry_label(entry), label, "no driver", "any host")
+    minimum = next((r.min_driver for r in compat.CUDA_RELEASES if r.cuda == cuda), None)
+    if minimum is None:
+        return Newer(entry_label(entry), label, "driver: unknown to gpurig (add CUDA to compat.py)", "cannot tell")
+    older = tuple(sorted(h for h, d in (drivers or {}).items() if d is None or not compat.driver_at_least(d, minimum)))
+    return Newer(entry_label(entry), label, f"driver >= {minimum}", fleet_text(older, drivers), older)
+
+
+def fleet_text(older: tuple[str, ...], drivers: Mapping[str, str | None] | None) -> str:
+    if drivers is None:
+        return "not checked"
+    if not drivers:
+        return "no GPU hosts"
+    if not older:
+        return f"all {len(drivers)} hosts ok"
+    return f"{len(older)} of {len(drivers)} hosts older: {compact_names(older)}"
+
+
+def own_build_missing(entry: MatrixEntry, found: Offers) -> str:
+    """A line when the index does not offer the build the image installs: the index read is not the build's."""
+    if (entry.torch, entry.cuda) in found.builds:
+        return ""
+    return f"{entry_label(entry)}: the index offers no torch {entry.torch} {entry.cuda_tag}, which this image installs (is torch_index right?)"
+
+
+def compact_names(names: Iterable[str]) -> str:
+    """'a100-01', 'a100-02', 'a100-03', 'h100-07' -> 'a100-[01:03],h100-07' (Ansible's range syntax, for -l)."""
+    runs: list[tuple[str, int, int, int]] = []  # prefix, first, last, digits
+    plain = []
+    for name in sorted(names, key=lambda n: (re.sub(r"\d+$", "", n), len(n), n)):
+        found = re.match(r"^(.*?)(\d+)$", name)
+        if not found:
+            plain.append(name)
+            continue
+        prefix, number, width = found.group(1), int(found.group(2)), len(found.group(2))
+        if runs and runs[-1][0] == prefix and runs[-1][3] == width and runs[-1][2] == number - 1:
+            runs[-1] = (prefix, runs[-1][1], number, width)
+        else:
+            runs.append((prefix, number, number, width))
+    parts = [f"{p}{a:0{w}d}" if a == b else f"{p}[{a:0{w}d}:{b:0{w}d}]" for p, a, b, w in runs]
+    return ",".join(plain + parts)
+
+
+def drivers_from_facts(hosts: Iterable[Mapping]) -> tuple[dict[str, str | None], list[str]]:
+    """(GPU host -> driver or None when none is loaded, hosts without facts) from a facts report's hosts."""
+    drivers: dict[str, str | None] = {}
+    missing = []
+    for host in hosts:
+        data = host.get("data")
+        if not isinstance(data, Mapping) or host.get("status") not in ("ok", "changed", None):
+            missing.append(str(host.get("host")))
+            continue
+        if data.get("pci_gpus") or data.get("gpus") or data.get("driver_version"):
+            drivers[str(host.get("host"))] = data.get("driver_version") or None
+    return drivers, missing
