@@ -12,6 +12,7 @@ from gpurig.image import compat
 from gpurig.image.build import human_size, shorten
 from gpurig.image.lint import failing
 from gpurig.image.lint import lint as run_hadolint
+from gpurig.image.lock import Locks
 from gpurig.image.pipeline import BuildObserver
 from gpurig.image.render import BuildContext, check_renderable, render_matrix
 from gpurig.image.spec import ImageSpec, find_specs, load_spec
@@ -60,18 +61,21 @@ def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | 
     return [spec.entry(torch, cuda)], [variant or "slim"]
 
 
-def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console) -> list[BuildContext]:
+def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console, relock: bool = False) -> list[BuildContext]:
+    """Render what the flags select: from the spec's lock where it locks them, unless ``relock`` resolves afresh."""
     spec = load_project_spec(c, spec_file)
     entries, variants = select(spec, variant, torch, cuda, all_)
     if not all_:
         # asked for by name, an impossible pair is an error; --all only skips it
         check_renderable(entries[0], spec.variant(variants[0]))
     root = project_root(c)
-    contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR)
+    locks = None if relock else Locks.of(spec)
+    contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR, locks)
     for entry, name, reason in skipped:
         out.print(f"[yellow]skipped[/] {entry.tag}-{name}: {outside(reason)}")
     for context in contexts:
-        out.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}")
+        locked = f" (locked: {shown(context.lock_file, root)})" if context.lock_file else ""
+        out.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}{locked}")
     return contexts
 
 
@@ -150,12 +154,14 @@ BUILD_HELP = {
     "format": FORMAT_HELP + " (with tsv or json, the build's progress goes to stderr)",
     "push": "push every tag to the spec's registry and record the digest in the report",
     "label": "extra image label KEY=VALUE (repeatable), e.g. to find test images again",
+    "lock": "resolve afresh and lock what each image installed (wheels with sha256, apt versions, the base) into "
+            "the spec's .lock file beside it (images/pytorch.yaml.lock); without it, a locked image is built exactly from its lock",
 }
 
 
 @task(help=BUILD_HELP, iterable=["label"])
-def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None, format="table"):
-    """Render, lint and build images with BuildKit; write a JSON report per image under reports/."""
+def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None, format="table", lock=False):
+    """Render, lint and build images with BuildKit; write a JSON report per image under reports/ (and the lock with --lock)."""
     refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
     fmt = choice(format, FORMATS, "--format")
     out = console if fmt == "table" else err_console  # stdout holds only the summary a script reads
@@ -169,21 +175,22 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     if push and not image_spec.registry:
         raise SpecError(f"{image_spec.path}: --push, but registry is empty", "set registry: HOST[:PORT]/PATH in the spec")
     client = find_client()
-    contexts = render_selected(c, spec, variant, torch, cuda, all, out)
+    contexts = render_selected(c, spec, variant, torch, cuda, all, out, relock=lock)
     root = project_root(c)
     lint_dockerfiles(root, [ctx.dockerfile for ctx in contexts], out)
     out.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
     ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
     out.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
     with BuildProgress(root, out) as observer:
-        results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels, push, observer)
+        results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels, push, observer, relock=lock)
     show(console, BUILT_COLUMNS, [built_row(result.report) for result in results], fmt, title="built", schema="gpurig.build/1")
 
 
 def built_row(r: dict) -> tuple[str, ...]:
     """One built image's row of the build summary, from its build report."""
     return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
-            f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-")
+            f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
+            "yes" if r.get("locked") else "no")
 
 
 class BuildProgress(BuildObserver):
@@ -240,12 +247,26 @@ class BuildProgress(BuildObserver):
         self.out.print(f"pushing {', '.join(refs)}")
 
     def built(self, result) -> None:
-        steps = result.report["steps"]
+        report = result.report
+        steps = report["steps"]
         cache = " (full cache hit)" if not steps["ran"] else ""
+        lock_file = shown(Path(report["lock_file"]), self.root) if report.get("lock_file") else ""
+        locked = f"locked (from {lock_file})" if report["locked"] else f"not locked: resolved afresh, lock written to {lock_file}" \
+            if lock_file else "not locked"
         self.out.print(
-            f"[green]built[/] {result.context.image_ref} in {result.report['duration_s']:.1f}s: "
-            f"{steps['ran']} of {counted(steps['total'], 'step')} ran{cache}; report {result.report_path.relative_to(self.root)}"
+            f"[green]built[/] {result.context.image_ref} in {report['duration_s']:.1f}s: "
+            f"{steps['ran']} of {counted(steps['total'], 'step')} ran{cache}; {outside(locked)}; report {result.report_path.relative_to(self.root)}"
         )
+
+
+def shown(path: Path | None, root: Path) -> str:
+    """A path as the user reads it: relative to the project when inside it."""
+    if path is None:
+        return ""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -260,7 +281,7 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
 
 # The tables every task prints (gpurig.report.tables): at 80 columns the least needed go first, --format tsv has all.
 BUILT_COLUMNS = (Column("image"), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=1), Column("layers", drop=4),
-                 Column("steps run", drop=3), Column("time", drop=2), Column("digest", drop=5))
+                 Column("steps run", drop=3), Column("time", drop=2), Column("digest", drop=5), Column("locked", drop=6))
 IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=2),
                  Column("created", drop=3), Column("base", drop=4))
 

@@ -322,6 +322,8 @@ def make_report(
             "apt_mirror": redact(settings.apt_mirror),
             "ca_bundle": "passed as build secret" if ca_bundle else "none",
         },
+        "locked": context.lock is not None,
+        "lock_file": str(context.lock_file) if context.lock_file else None,
         "dockerfile_sha256": hashlib.sha256(context.dockerfile.read_bytes()).hexdigest(),
         "labels": context.labels,
         "client": {"path": client.path, "version": client.version, "buildx": client.buildx},

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpurig.image import aliases
+from gpurig.image import aliases, lock
 from gpurig.image.baseimage import BaseImage, ensure_base
 from gpurig.image.build import (
     BuildResult,
@@ -126,8 +126,12 @@ def build_context(
     labels: dict[str, str] | None = None,
     observer: BuildObserver | None = None,
     heartbeat_s: float = HEARTBEAT_S,
+    relock: Path | None = None,
 ) -> BuildResult:
-    """Build one rendered context, read the versions inside the image, write its JSON report."""
+    """Build one rendered context, read the versions inside the image, write its JSON report.
+
+    With ``relock`` (a lock file), what the build resolved is locked there before the report is written.
+    """
     observer = observer or BuildObserver()
     heartbeat = Heartbeat(heartbeat_s)
     user_labels = dict(labels or {})
@@ -152,6 +156,13 @@ def build_context(
     for line in moved:
         observer.note(context, line)
     report["alias_notes"] = [*context.aliases_left, *moved]
+    if relock is not None:
+        files = lock.read_resolution(client, image_id, user_labels)
+        pip, apt = lock.resolution(files, dpkg)
+        locked = lock.LockedImage(context.entry.torch, context.entry.cuda, context.variant.name, context.lock_inputs,
+                                  lock.base_of(base), pip, apt)
+        lock.save(relock, context.spec, {lock.image_key(context.entry.tag, context.variant.name): locked})
+        report.update(lock_file=str(relock), lock_written=True)
     write_json_atomic(path, report)
     return BuildResult(context, report, path)
 
@@ -165,8 +176,12 @@ def build_all(
     labels: dict[str, str] | None = None,
     push_images: bool = False,
     observer: BuildObserver | None = None,
+    relock: bool = False,
 ) -> list[BuildResult]:
-    """Each context in order: its base made available once per reference, built, pushed when asked, recorded."""
+    """Each context in order: its base made available once per reference, built, pushed when asked, recorded.
+
+    A locked context's base must be the one it locks; with ``relock``, each build is locked into the spec's lock file.
+    """
     observer = observer or BuildObserver()
     bases: dict[str, BaseImage] = {}
     results = []
@@ -175,7 +190,10 @@ def build_all(
         if ref not in bases:
             bootstrap = spec.bootstrap if ref == spec.base else None
             bases[ref] = ensure_base(client, ref, bootstrap, labels, say=observer.base)
-        result = build_context(client, context, bases[ref], reports_dir, ca_bundle, labels, observer)
+        if context.lock is not None and context.lock_file is not None:
+            lock.check_base(client, context.lock, context.lock_file)
+        lock_file = lock.lock_path(spec.path) if relock else None
+        result = build_context(client, context, bases[ref], reports_dir, ca_bundle, labels, observer, relock=lock_file)
         if push_images:
             refs = [context.image_ref, *context.aliases]
             observer.pushing(context, refs)

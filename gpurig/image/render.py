@@ -9,13 +9,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from gpurig.errors import CompatError, RenderError
-from gpurig.image import aliases, compat, quoting
+from gpurig.image import aliases, compat, lock, quoting
+from gpurig.image.lock import Locks
 from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
 from gpurig.strict.validate import excerpt, strip_userinfo
 
@@ -46,6 +47,9 @@ class BuildContext:
     labels: dict
     wheelhouse: bool
     aliases_left: tuple[str, ...] = ()  # why an alias this build makes the tag of stays on another entry
+    lock: lock.LockedImage | None = None  # what this build installs exactly (gpurig.image.lock), when locked
+    lock_file: Path | None = None
+    lock_inputs: dict = field(default_factory=dict)  # what decides what gets installed: a lock records it
 
     @property
     def dockerfile(self) -> Path:
@@ -217,9 +221,13 @@ def _fill_wheelhouse(target: Path, sources: list[Path]) -> None:
 
 
 def render(
-    spec: ImageSpec, entry: MatrixEntry, variant_name: str, project: Path, out_root: Path
+    spec: ImageSpec, entry: MatrixEntry, variant_name: str, project: Path, out_root: Path, locks: Locks | None = None
 ) -> BuildContext:
-    """Render one build context into out_root/<name>/<tag>-<variant>, replacing any earlier one whole."""
+    """Render one build context into out_root/<name>/<tag>-<variant>, replacing any earlier one whole.
+
+    With ``locks`` (the spec's lock file, read), a locked (entry, variant) installs what it locks, and a lock the
+    spec no longer matches is refused before anything is written.
+    """
     variant = spec.variant(variant_name)
     check_renderable(entry, variant)
     env = environment(project / "templates")
@@ -245,6 +253,9 @@ def render(
         "pip_options": pip_options(spec, bool(wheelhouses)),
         "wheelhouse": bool(wheelhouses),
     }
+    inputs = lock.inputs_of({**values, "python": spec.python, "base": variant.base})
+    locked = locks.select(spec, entry, variant.name, inputs) if locks else None
+    values.update(lock.template_values(locked, variant.base))
     final = out_root / spec.name / f"{entry.tag}-{variant.name}"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -260,6 +271,8 @@ def render(
         shutil.copytree(checks, staging / "checks", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         if wheelhouses:
             _fill_wheelhouse(staging / "wheelhouse", wheelhouses)
+        if locked:
+            lock.write_context_files(staging / lock.IN_CONTEXT, locked)
         context = BuildContext(
             path=final,
             spec=spec,
@@ -270,6 +283,9 @@ def render(
             aliases_left=aliases.aliases_left(spec, entry, variant.name),
             labels=labels,
             wheelhouse=bool(wheelhouses),
+            lock=locked,
+            lock_file=locks.path if locked and locks else None,
+            lock_inputs=inputs,
         )
         meta = {
             "image": context.image_ref,
@@ -280,6 +296,7 @@ def render(
             "cuda": entry.cuda,
             "labels": labels,
             "wheelhouse": context.wheelhouse,
+            "locked": bool(locked),
         }
         _write(staging / CONTEXT_META, json.dumps(meta, indent=2) + "\n")
         _replace_dir(staging, final)
@@ -353,7 +370,7 @@ def _replace_dir(staging: Path, final: Path) -> None:
 
 
 def render_matrix(
-    spec: ImageSpec, entries: list[MatrixEntry], variants: list[str], project: Path, out_root: Path
+    spec: ImageSpec, entries: list[MatrixEntry], variants: list[str], project: Path, out_root: Path, locks: Locks | None = None
 ) -> tuple[list[BuildContext], list[tuple[MatrixEntry, str, str]]]:
     """Render every (entry, variant); pairs that cannot exist are returned as skipped with the reason."""
     rendered, skipped = [], []
@@ -364,5 +381,5 @@ def render_matrix(
             except CompatError as err:
                 skipped.append((entry, name, err.problem))
                 continue
-            rendered.append(render(spec, entry, name, project, out_root))
+            rendered.append(render(spec, entry, name, project, out_root, locks))
     return rendered, skipped
