@@ -57,21 +57,8 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
         targets[host.name] = [resolve(image_spec, s, local) for s in specs]
 
     printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
-
-    def move(engine: Engine, conn: Connection, t: Target, say):
-        from gpurig.deploy.delivery import deliver
-
-        def count(done: int, total: int) -> None:
-            if printer is not None:
-                printer.count(conn.name, done, total, f"{t.image_ref}: {human(done)} of {human(total)}")
-
-        if local is None:  # the image is not on the host and this machine has no engine to send it from
-            raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
-                              "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
-        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say, progress=count)
-
     job = DeployJob(
-        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=move,
+        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=mover(image_spec, local, printer),
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
         progress=printer.phase if printer is not None else (lambda host, text: None),
         show_token=bool(show_token) or (err_console if opts.json == "-" else console).is_terminal,
@@ -97,6 +84,24 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     if opts.format == "table":
         print_access(report, out)
     exit_for(report)
+
+
+def mover(image_spec, local: Engine | None, printer: ProgressPrinter | None):
+    """deploy's ``deliver``: the image from this machine's engine (or the spec's registry), its bytes counted on ``printer``."""
+
+    def move(engine: Engine, conn: Connection, t: Target, say):
+        from gpurig.deploy.delivery import deliver
+
+        def count(done: int, total: int) -> None:
+            if printer is not None:
+                printer.count(conn.name, done, total, f"{t.image_ref}: {human(done)} of {human(total)}")
+
+        if local is None:  # the image is not on the host and this machine has no engine to send it from
+            raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
+                              "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
+        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say, progress=count)
+
+    return move
 
 
 class ProgressPrinter:
