@@ -158,8 +158,7 @@ def verifier(plan: VerifyPlan, expect: dict):
 
 def target_image(image_spec, to: str, variant: str, local: Engine | None) -> tuple[str, str]:
     """(the reference --to names, its image id here): a bare tag is one of the spec's image; one not built is refused."""
-    named = any(ch in to for ch in ":/@")
-    ref = to if named else f"{image_spec.registry.rstrip('/') + '/' if image_spec.registry else ''}{image_spec.name}:{to}"
+    ref = image_spec.tag_ref(to)
     rule = validate.image_ref_problem(ref)
     if rule:
         raise ConfigError(f"--to {validate.excerpt(to)} {rule}", "give --to a tag of the spec's image (see gpurig images) or a whole reference")

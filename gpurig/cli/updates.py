@@ -1,4 +1,4 @@
-"""Invoke task ``outdated``: what is newer than the versions matrix and the base images, and which hosts can run it."""
+"""Invoke tasks of the update loop: ``outdated`` (what is newer, and which hosts can run it) and ``promote`` (an alias, on proof)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,28 @@ from typing import Any
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.images import load_project_spec
+from gpurig.cli.base import dry_run, project_root, task
+from gpurig.cli.images import REPORTS_DIR, load_project_spec
 from gpurig.cli.options import HostOptions, host_task, make_connector, select_hosts
 from gpurig.connect.fleet import run_fleet
+from gpurig.deploy.rollplan import verified_hosts
 from gpurig.errors import GpurigError, SpecError
 from gpurig.facts import gather_complete
 from gpurig.files import write_report
 from gpurig.image import outdated as od
+from gpurig.image import promote as pm
+from gpurig.image.aliases import named_builds
 from gpurig.image.basecheck import BaseState, base_state
 from gpurig.image.baseimage import inspect_image
 from gpurig.image.build import resolve_ca_bundle
 from gpurig.image.dockercli import find_client
 from gpurig.image.pkgindex import list_all
 from gpurig.image.spec import ImageSpec
-from gpurig.report import err_console
+from gpurig.report import console, err_console
 from gpurig.report.tables import Column, document
+from gpurig.strict import validate
 
-__all__ = ["outdated"]
+__all__ = ["outdated", "promote"]
 
 SCHEMA = "gpurig.outdated/1"
 COLUMNS = [Column("image"), Column("newer", styles={"current": "green"}), Column("needs", drop=2), Column("fleet", drop=1)]
@@ -116,3 +121,57 @@ def _report_hosts(path: str) -> list[dict[str, Any]]:
     if not isinstance(hosts, list) or data.get("schema") != "gpurig.facts/1":
         raise SpecError(f"--facts {path}: not a gpurig facts report (schema gpurig.facts/1)", "write it with `gpurig facts --json FILE`")
     return hosts
+
+
+PROMOTE_SCHEMA = "gpurig.promote/1"
+
+
+@task(positional=["tag"], auto_shortflags=False, help={
+    "tag": "the image to promote: a tag of the spec's image (2.14.1-cu130-slim) or a whole reference, built here",
+    "as": "the alias to move to it (default stable): REPO:ALIAS, pushed too where the spec has a registry",
+    "min_hosts": "how many hosts must have passed verify on this image (as rollouts recorded it) (default 1)",
+    "spec": "image spec file (default: the one in images/)",
+    "json": "also write the promotion as JSON to this file (- = stdout)",
+})
+def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
+    """Move an alias (stable) to an image only when verify passed on --min-hosts hosts; the build report records who proved it."""
+    image_spec = load_project_spec(c, spec)
+    ref = _image_ref(image_spec, str(tag))
+    alias = str(as_)
+    if validate.tag_problem(alias):
+        raise SpecError(f"--as {validate.excerpt(alias)} {validate.tag_problem(alias)}", "give --as a tag such as stable or prod")
+    alias_ref = f"{ref.rsplit(':', 1)[0]}:{alias}"
+    client = find_client()
+    info = client.inspect_image(ref)
+    if info is None:
+        raise SpecError(f"{ref} is not built on this machine", "build it (gpurig build) or pick one `gpurig images` lists")
+    root = project_root(c)
+    found = pm.proof(info["Id"], verified_hosts(root, info["Id"]))
+    pm.check_enough(ref, found, int(min_hosts), f"gpurig rollout -l GROUP --variant V --to {tag}")
+    report = pm.find_report(root / REPORTS_DIR, info["Id"])
+    if report is None:
+        raise pm.PromotionRefused(f"{ref} has no build report under {root / REPORTS_DIR}/builds (the promotion is recorded there)",
+                                  "promote an image this project's `gpurig build` made")
+    before = named_builds(client, (alias_ref,)).get(alias_ref)
+    if dry_run(c):
+        console.print(f"would move {alias_ref} to {ref}; verify passed on {od.compact_names(found.names)}")
+        return
+    client.tag(ref, alias_ref)
+    pushed = client.push(alias_ref) if image_spec.registry else ""
+    entry = pm.record(report, alias_ref, found, int(min_hosts), pushed)
+    doc = document(PROMOTE_SCHEMA, {"image": ref, "image_id": info["Id"], "report": str(report), "before": before, **entry})
+    if json:
+        write_report(json, doc)
+    if json != "-":
+        moved = f" (was {before})" if before else ""
+        console.print(f"{alias_ref} -> {ref}{moved}: verify passed on {len(found.hosts)} hosts ({od.compact_names(found.names)});"
+                      f" recorded in {report}" + (f"; pushed {pushed}" if pushed else ""), highlight=False)
+
+
+def _image_ref(spec: ImageSpec, tag: str) -> str:
+    """A bare tag is one of the spec's image; anything with ':', '/' or '@' is a whole reference."""
+    ref = spec.tag_ref(tag)
+    problem = validate.image_ref_problem(ref)
+    if problem:
+        raise SpecError(f"{validate.excerpt(tag)} {problem}", "give a tag of the spec's image (see gpurig images) or a whole reference")
+    return ref

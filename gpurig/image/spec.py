@@ -154,8 +154,14 @@ class ImageSpec:
 
     def image_ref(self, entry: MatrixEntry, variant: str) -> str:
         """{registry}/{name}:{torch}-{cuda tag}-{variant}."""
+        return self.tag_ref(f"{entry.tag}-{variant}")
+
+    def tag_ref(self, tag: str) -> str:
+        """A bare tag as a reference of this spec's image ({registry}/{name}:{tag}); a whole one (':', '/', '@') as given."""
+        if any(ch in tag for ch in ":/@"):
+            return tag
         repo = f"{self.registry.rstrip('/')}/{self.name}" if self.registry else self.name
-        return f"{repo}:{entry.tag}-{variant}"
+        return f"{repo}:{tag}"
 
 
 # --- loading -------------------------------------------------------------------

@@ -192,3 +192,36 @@ def test_a_host_failing_verify_is_rolled_back_and_a_rerun_after_the_fix_complete
     assert max(len(line.rstrip()) for line in lines) <= 80
     assert {h.inspect("train")["Image"] for h in fleet} == {new_id}
     assert [h.image_id(old) for h in fleet] == [None, None, None] and "--prune removed 3 old images" in again.stderr  # now unused
+
+
+def test_promote_moves_the_alias_only_once_enough_hosts_passed_verify_and_records_them(fleet, images, rollout_inventory, container_kit,
+                                                                                       docker_engine):
+    project = rollout_inventory.parent.parent
+    make_project(project, f"gpurig-rollout-{container_kit.session[:8]}", "gpurig-rollout-unused:base", "/nonexistent")
+    _, new = images
+    stable = new.rsplit(":", 1)[0] + ":stable"
+    new_id = docker_engine("image", "inspect", "-f", "{{.Id}}", new).stdout.strip()
+    # The build report `gpurig build` would have written (these few-MB images are made without it): promote records into it.
+    report = project / "reports" / "builds" / "rollout" / "new-slim.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"image": new, "image_id": new_id, "built_at": "2026-12-01T00:00:00+00:00"}))
+    inv = ["-i", str(rollout_inventory)]
+    ok(gpurig(project, "deploy", *inv, "-l", "fleet"))
+    fleet[2].set_driver(OLD_DRIVER)
+    roll = ["rollout", *inv, "-l", "fleet", "--variant", "slim", "--to", new, "--batch", "2"]
+    try:
+        ok(gpurig(project, *roll), rc=1)  # roll-c fails verify: two hosts proved the image
+        refused = gpurig(project, "promote", new, "--as", "stable", "--min-hosts", "3")
+        assert refused.returncode != 0 and "passed verify on 2 hosts (roll-a, roll-b); --min-hosts 3 asks for 3" in refused.stderr
+        assert docker_engine("image", "inspect", stable, check=False).returncode != 0  # no alias made
+        assert "promotions" not in json.loads(report.read_text())
+
+        fleet[2].set_driver(DEFAULT_DRIVER)
+        ok(gpurig(project, *roll))
+        done = json.loads(ok(gpurig(project, "promote", new, "--as", "stable", "--min-hosts", "3", "--json", "-")).stdout)
+        assert docker_engine("image", "inspect", "-f", "{{.Id}}", stable).stdout.strip() == new_id
+        recorded = json.loads(report.read_text())["promotions"]
+        assert [h["host"] for h in recorded[-1]["verified_on"]] == ["roll-a", "roll-b", "roll-c"] and recorded[-1]["alias"] == stable
+        assert done["alias"] == stable and done["image_id"] == new_id
+    finally:
+        docker_engine("image", "rm", stable, check=False)

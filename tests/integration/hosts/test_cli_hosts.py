@@ -169,3 +169,29 @@ def test_an_unreachable_host_is_one_line_unless_asked_for_more(garbage_port, wri
     assert len(quiet.stderr.splitlines()) <= 3  # the reason, the host's recap, the totals
     loud = gpurig(tmp_path, "facts", "-i", str(inv), "--connect-timeout", "2", "-vv")
     assert "paramiko" in loud.stderr and "Traceback" in loud.stderr  # what a developer debugging it wants
+
+
+def test_outdated_sets_newer_builds_against_the_drivers_of_the_hosts_it_asks_or_a_facts_report(cli_hosts, write_inventory, tmp_path):
+    made = gpurig(tmp_path, "init", "proj")
+    assert made.returncode == 0, made.stderr
+    wheels = tmp_path / "wheels"  # an offline spec reads only its find-links folder; pip reads the wheels' names
+    wheels.mkdir()
+    for version in ("2.14.1", "2.9.1+cu128", "2.13.0+cpu", "2.15.0+cu130"):
+        (wheels / f"torch-{version}-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    spec = tmp_path / "proj" / "images" / "pytorch.yaml"
+    spec.write_text(spec.read_text().replace("build:\n", f"build:\n  offline: true\n  find_links: [{wheels}]\n"))
+    inv = write_inventory({cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port}})
+    proj = tmp_path / "proj"
+
+    live = gpurig(proj, "outdated", "-i", str(inv), "--json", "-")
+    assert live.returncode == 1, live.stderr  # 2.15.0 cu130 is newer
+    doc = json.loads(live.stdout)
+    assert doc["fleet"] == {"drivers": {}, "note": "0 GPU hosts, asked 1 host"}  # a loopback sshd host has no GPU
+    assert {r["fleet"] for r in doc["torch"] if r["newer"] == "2.15.0 cu130"} == {"no GPU hosts"}
+
+    assert gpurig(proj, "facts", "-i", str(inv), "--json", str(tmp_path / "facts.json")).returncode == 0
+    recorded = gpurig(proj, "outdated", "--facts", str(tmp_path / "facts.json"), "--json", "-")
+    assert json.loads(recorded.stdout)["fleet"]["note"] == f"0 GPU hosts, from {tmp_path / 'facts.json'}"
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    one_line_error(gpurig(proj, "outdated", "--facts", str(broken)), "not a gpurig facts report", "gpurig facts --json")
