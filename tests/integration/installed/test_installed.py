@@ -240,6 +240,9 @@ ELSEWHERE = {
     "fetch": "tests/integration/deploy/test_jobs.py",
     "cancel": "tests/integration/deploy/test_jobs.py",
     "ci": "tests/integration/deploy/test_ci_chain.py",
+    "outdated": "tests/integration/images/test_outdated_cli.py (a folder index); test_cli_hosts.py (the fleet asked over SSH)",
+    "rollout": "tests/integration/deploy/test_rollout.py (three hosts, one rolled back)",
+    "promote": "tests/integration/deploy/test_rollout.py (after a rollout)",
 }
 
 
