@@ -25,6 +25,7 @@ from gpurig.image.dockercli import DockerClient
 LOCK_SCHEMA = 1
 IN_IMAGE = "/opt/gpurig/lock"  # where each build step leaves what it resolved
 IN_CONTEXT = "lock"  # the locked lists in a build context, bind-mounted into the steps that read them
+IN_MOUNT = "/run/gpurig-lock"  # where the pip steps of a locked build find them (templates/_pip.j2)
 APT_STEPS = ("system", "variant")  # in the Dockerfile's order
 RELOCK = "`invoke build --lock` to re-lock"
 # The render values a lock depends on (gpurig.image.render): a change to any of them makes it stale.

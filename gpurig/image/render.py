@@ -261,7 +261,11 @@ def render(
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         sealed = {name: quoting.seal(value) for name, value in values.items()}
-        _write(staging / "Dockerfile", _render(env, f"{variant.name}.Dockerfile.j2", sealed))
+        dockerfile = _render(env, f"{variant.name}.Dockerfile.j2", sealed)
+        if locked and lock.IN_MOUNT not in dockerfile:  # a project's own templates from before locked builds
+            raise RenderError(f"{locks.path if locks else 'the lock'} locks {entry.tag}-{variant.name}, but {project / 'templates'} "
+                              "does not install from a lock", "take the lock-aware templates from `gpurig init NEWDIR`, or delete the lock")
+        _write(staging / "Dockerfile", dockerfile)
         for name, feature in _FILES.items():
             if feature == "always" or getattr(variant.kind, feature):
                 _write_file(env, project / "templates" / "files", name, staging, sealed)

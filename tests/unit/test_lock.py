@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.errors import DockerError
+from gpurig.errors import DockerError, RenderError
 from gpurig.image import lock
 from gpurig.image.build import make_report, parse_freeze
 from gpurig.image.dockercli import DockerClient
@@ -201,3 +201,18 @@ def test_a_build_refuses_a_base_other_than_the_locked_one(spec, tmp_path):
     with pytest.raises(DockerError, match=r"^the locked base debian@sha256:d{64} of x.lock is not available \(manifest unknown\)"):
         lock.check_base(store, pinned, Path("x.lock"))  # type: ignore[arg-type]
     assert store.pulled == [pinned.base["digest"]]
+
+
+def test_a_project_whose_templates_predate_locks_is_refused_rather_than_reported_locked(spec, tmp_path):
+    project = tmp_path / "old"
+    shutil.copytree(REPO / "templates", project / "templates")
+    shutil.copytree(REPO / "checks", project / "checks")
+    pip = project / "templates" / "_pip.j2"  # the macro as it was before locked builds: no lock mount, no --require-hashes
+    pip.write_text(re.sub(r"\{%- if lock %\}.*?\{%- endif %\}", "", pip.read_text(), flags=re.S).replace(
+        " --require-hashes --no-deps -r {{ (\"/run/gpurig-lock/pip-\" ~ step ~ \".txt\") | sh }}", ""))
+    assert "gpurig-lock" not in pip.read_text()
+    lock.save(lock.lock_path(spec.path), spec, {lock.image_key(cpu(spec).tag, "slim"): resolved(spec)})
+    with pytest.raises(RenderError, match="does not install from a lock") as err:
+        render(spec, cpu(spec), "slim", project, tmp_path / "contexts", lock.Locks.of(spec))
+    assert "gpurig init" in err.value.fix
+    assert not (tmp_path / "contexts" / spec.name / f"{cpu(spec).tag}-slim").exists()  # nothing half-written
