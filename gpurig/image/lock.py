@@ -266,7 +266,10 @@ def apt_steps(files: Mapping[str, str], final: Mapping[str, str]) -> dict[str, d
 
 
 def resolution(files: Mapping[str, str], final_dpkg: Mapping[str, str]) -> tuple[dict, dict]:
-    """(pip by step, apt by step) from the files of IN_IMAGE."""
+    """(pip by step, apt by step) from the files of IN_IMAGE; a DockerError where pip wrote no report (older than 22.2)."""
+    if "pip-torch.json" not in files:
+        raise DockerError("the image's pip wrote no installation report (pip --report needs pip 22.2 or newer)",
+                          "lock images on a base whose python3-venv brings pip 22.2 or newer (Debian 12, Ubuntu 24.04)")
     pip = {name[4:-5]: wheels_of(text) for name, text in sorted(files.items()) if name.startswith("pip-") and name.endswith(".json")}
     return pip, apt_steps(files, final_dpkg)
 

@@ -216,3 +216,9 @@ def test_a_project_whose_templates_predate_locks_is_refused_rather_than_reported
         render(spec, cpu(spec), "slim", project, tmp_path / "contexts", lock.Locks.of(spec))
     assert "gpurig init" in err.value.fix
     assert not (tmp_path / "contexts" / spec.name / f"{cpu(spec).tag}-slim").exists()  # nothing half-written
+
+
+def test_an_image_whose_pip_wrote_no_report_cannot_be_locked():
+    files = lock.split_files(f"--- dpkg-before-system.txt\n{BASE_DPKG}")  # what a venv pip older than 22.2 leaves
+    with pytest.raises(DockerError, match="pip 22.2 or newer"):
+        lock.resolution(files, parse_freeze("--- dpkg\n" + AFTER_SYSTEM)[1])
