@@ -364,6 +364,10 @@ class ReverseForward:
             threads, pairs = list(self._threads), list(self._open)
         for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
             chan.close()
+            try:  # close() alone does not wake a pump blocked in recv() on an idle keep-alive connection to the registry
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock.close()
         for thread in threads:
             thread.join(timeout=5)
