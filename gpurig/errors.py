@@ -98,10 +98,19 @@ def error_line(text: str, skip: frozenset[str] = frozenset()) -> str:
     generic trailers that never say why.
     """
     lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() not in skip]
-    for line in reversed(lines):
-        if _ERROR_START.search(line):
-            return line
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_START.search(lines[i]):
+            return _with_its_list(lines, i)
     return lines[-1] if lines else ""
+
+
+def _with_its_list(lines: list[str], i: int) -> str:
+    """A line that ends with ':' names what follows it (dpkg's "Errors were encountered while processing:" and then the
+    packages, a line each): those lines come along, or the reason would end at the colon."""
+    if not lines[i].endswith(":") or i + 1 == len(lines):
+        return lines[i]
+    following = [line for line in lines[i + 1:i + 6] if not _ERROR_START.search(line)]
+    return f"{lines[i]} {', '.join(following)}" if following else lines[i]
 
 
 def permission_denied(text: str) -> bool:

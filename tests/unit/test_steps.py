@@ -234,6 +234,22 @@ def test_a_failed_command_is_reported_by_its_whole_error_line_not_the_end_of_a_w
     assert err.value.problem == "could not install docker.io: exited 2: dpkg: error: dpkg frontend lock was locked by another process with pid 16"
 
 
+# dpkg's words when a package it resumes fails to configure: a full run here, after Ctrl-C mid-install, reported only up to the colon.
+DPKG_UNCONFIGURED = """dpkg: error processing package docker.io (--configure):
+ installed docker.io package post-installation script subprocess returned error exit status 1
+Errors were encountered while processing:
+ docker.io
+"""
+
+
+def test_dpkgs_list_of_the_packages_it_could_not_process_stays_in_the_reason(conn, tmp_path):
+    said = tmp_path / "said"
+    said.write_text(DPKG_UNCONFIGURED)
+    with pytest.raises(HostError) as err:
+        run_change(conn, "install docker.io", (Shell(f"cat {said} >&2; exit 1"),))
+    assert err.value.problem == "could not install docker.io: exited 1: Errors were encountered while processing: docker.io"
+
+
 def test_a_commands_notice_reaches_the_user_while_it_runs(conn, caplog):
     with caplog.at_level("WARNING", logger="gpurig"):
         run_change(conn, "install docker.io", (Shell("echo 'gpurig-notice: waiting up to 120 s for the package lock, held by apt-get (pid 7)' >&2; "
