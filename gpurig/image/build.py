@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -374,16 +374,20 @@ def project_images(client: DockerClient, projects: Iterable[str]) -> list[dict]:
     return sorted(images, key=lambda i: i.get("Created", ""), reverse=True)
 
 
-def load_reports(reports_dir: Path) -> dict[str, dict]:
-    """Build reports by image id."""
-    found = {}
+def build_reports(reports_dir: Path) -> Iterator[tuple[Path, dict]]:
+    """(path, report) of each readable build report under ``reports_dir``, in path order."""
     for path in sorted((reports_dir / "builds").glob("*/*.json")):
         try:
             report = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a report to list
             continue
-        found[report.get("image_id", "")] = report
-    return found
+        if isinstance(report, dict):
+            yield path, report
+
+
+def load_reports(reports_dir: Path) -> dict[str, dict]:
+    """Build reports by image id."""
+    return {report.get("image_id", ""): report for _, report in build_reports(reports_dir)}
 
 
 def human_size(size: int) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurig.errors import SpecError
-from gpurig.image.build import write_json_atomic
+from gpurig.image.build import build_reports, write_json_atomic
 
 
 class PromotionRefused(SpecError):
@@ -60,14 +60,7 @@ def check_enough(ref: str, found: Proof, min_hosts: int, rollout_hint: str) -> N
 
 def find_report(reports_dir: Path, image_id: str) -> Path | None:
     """The build report of the image with this id, newest first where several builds made the same image."""
-    found = []
-    for path in (reports_dir / "builds").glob("*/*.json"):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(report, dict) and report.get("image_id") == image_id:
-            found.append((str(report.get("built_at", "")), path))
+    found = [(str(report.get("built_at", "")), path) for path, report in build_reports(reports_dir) if report.get("image_id") == image_id]
     return max(found)[1] if found else None
 
 

@@ -226,12 +226,18 @@ and the entire system. See <https://wiki.debian.org/Teams/Dpkg/FAQ#db-lock>.
 """
 
 
-def test_a_failed_command_is_reported_by_its_whole_error_line_not_the_end_of_a_wrapped_note(conn, tmp_path):
+def failed_saying(conn, tmp_path, stderr: str, code: int) -> str:
+    """The problem run_change reports for a command that printed ``stderr`` and exited ``code``."""
     said = tmp_path / "said"
-    said.write_text(DPKG_LOCKED)
+    said.write_text(stderr)
     with pytest.raises(HostError) as err:
-        run_change(conn, "install docker.io", (Shell(f"cat {said} >&2; exit 2"),))
-    assert err.value.problem == "could not install docker.io: exited 2: dpkg: error: dpkg frontend lock was locked by another process with pid 16"
+        run_change(conn, "install docker.io", (Shell(f"cat {said} >&2; exit {code}"),))
+    return err.value.problem
+
+
+def test_a_failed_command_is_reported_by_its_whole_error_line_not_the_end_of_a_wrapped_note(conn, tmp_path):
+    assert failed_saying(conn, tmp_path, DPKG_LOCKED, 2) == (
+        "could not install docker.io: exited 2: dpkg: error: dpkg frontend lock was locked by another process with pid 16")
 
 
 # dpkg's words when a package it resumes fails to configure: a full run here, after Ctrl-C mid-install, reported only up to the colon.
@@ -243,11 +249,8 @@ Errors were encountered while processing:
 
 
 def test_dpkgs_list_of_the_packages_it_could_not_process_stays_in_the_reason(conn, tmp_path):
-    said = tmp_path / "said"
-    said.write_text(DPKG_UNCONFIGURED)
-    with pytest.raises(HostError) as err:
-        run_change(conn, "install docker.io", (Shell(f"cat {said} >&2; exit 1"),))
-    assert err.value.problem == "could not install docker.io: exited 1: Errors were encountered while processing: docker.io"
+    assert failed_saying(conn, tmp_path, DPKG_UNCONFIGURED, 1) == (
+        "could not install docker.io: exited 1: Errors were encountered while processing: docker.io")
 
 
 def test_a_commands_notice_reaches_the_user_while_it_runs(conn, caplog):
