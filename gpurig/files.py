@@ -26,6 +26,8 @@ from typing import Any
 
 from gpurig.errors import GpurigError
 
+RUNS = "gpurig-runs"  # under the working directory: where a job's artifacts land by default (never synced up)
+
 
 def atomic_write(path: str | Path, data: bytes | str, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically (temp file beside it, fsync, rename)."""
@@ -144,3 +146,13 @@ def resolve_checked(target: str | Path, flag: str) -> Path:
         if link.startswith("/"):
             current = "/"
     return Path(current)
+
+
+def shown(path: Path | None, root: Path) -> str:
+    """A path as the user reads it: relative to the project when inside it."""
+    if path is None:
+        return ""
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)

@@ -39,3 +39,8 @@ def worst(statuses) -> Status:
         if status in found:
             return status
     return Status.OK
+
+
+# The colour each status has in tables and recaps, keyed by the status's string value (Status is a str): they look
+# cells up by their text. Here rather than in gpurig.report, so that a task module's column definitions need no rich.
+STATUS_STYLE: dict[str, str] = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}

@@ -4,6 +4,13 @@ Each module here is thin: parse flags, call the library, present. The
 ``task`` decorator they share lives in ``gpurig.cli.base`` and the host
 flags in ``gpurig.cli.options``, so that no library module and no task
 module imports this package (no import cycle).
+
+Start-up is what a person pays on every command they type: only the task
+modules a command line names are imported (``TASK_MODULES``), and a task
+module imports gpurig's library inside its task bodies, not at its top
+(names it needs for annotations only under ``TYPE_CHECKING``). Reading a
+task's flags, ``--help`` included, then costs Invoke and little more;
+tests/unit/test_startup.py holds every task module to that.
 """
 
 from __future__ import annotations
@@ -18,15 +25,48 @@ from gpurig.cli.base import whole_number_flags
 from gpurig.config import GpurigConfig, find_project_root
 from gpurig.report import configure_logging, flush_stdout, silence_broken_pipe
 
+# Which module of this package holds each task. Only the tasks a command line names are imported (`gpurig facts`
+# loads gpurig.cli.hosts, not docker-py for deploy's sake); tests/unit/test_startup.py keeps this map whole.
+TASK_MODULES = {
+    "init": "project",
+    "matrix": "images", "render": "images", "lint": "images", "build": "images", "images": "images",
+    "outdated": "updates", "promote": "updates",
+    "hosts": "hosts", "facts": "hosts", "exec": "hosts",
+    "inventory": "inventory",
+    "provision": "provision",
+    "deploy": "deploy", "status": "deploy", "logs": "deploy", "stop": "deploy", "rm": "deploy",
+    "verify": "verify",
+    "rollout": "rollout",
+    "monitor": "monitor",
+    "run": "run", "jobs": "jobqueue", "attach": "jobqueue", "cancel": "jobqueue", "fetch": "jobqueue",
+    "ci": "ci",
+}
+# Invoke's ways to ask about every task (listing, completion): they get the whole collection.
+_WHOLE = ("--list", "--complete", "--print-completion-script")
 
-def build_collection() -> Collection:
-    """All of gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...)."""
-    from gpurig.cli import ci, deploy, hosts, images, inventory, jobqueue, monitor, project, provision, rollout, run, updates, verify
+
+def task_modules(argv: list[str] | None) -> list[str]:
+    """The task modules a command line needs: those of the tasks it names, else all (a listing, an unknown word)."""
+    everything = list(dict.fromkeys(TASK_MODULES.values()))
+    words = list(argv or ())[1:]
+    if any(word in _WHOLE or word.startswith("--list=") for word in words):
+        return everything
+    # A flag's value that happens to be a task's name only costs that module's import.
+    named = [TASK_MODULES[word] for word in words if word in TASK_MODULES]
+    if not named:
+        return [] if words and all(word in ("--version", "-V") for word in words) else everything
+    return list(dict.fromkeys(named))
+
+
+def build_collection(argv: list[str] | None = None) -> Collection:
+    """gpurig's tasks in one flat namespace (``invoke render``, ``invoke facts``...): all of them, or those ``argv`` needs."""
+    import importlib
 
     ns = Collection()
-    for module in (project, images, updates, hosts, inventory, provision, deploy, verify, rollout, monitor, run, jobqueue, ci):
-        for name in module.__all__:
-            ns.add_task(getattr(module, name))
+    for name in task_modules(argv) if argv is not None else dict.fromkeys(TASK_MODULES.values()):
+        module = importlib.import_module(f"gpurig.cli.{name}")
+        for task_name in module.__all__:
+            ns.add_task(getattr(module, task_name))
     return ns
 
 
@@ -59,11 +99,12 @@ class GpurigProgram(Program):
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gpurig`` console script."""
     configure_logging(0)
+    argv = argv if argv is not None else sys.argv
     program = GpurigProgram(
-        namespace=build_collection(), name="gpurig", binary="gpurig", version=__version__, config_class=GpurigConfig
+        namespace=build_collection(argv), name="gpurig", binary="gpurig", version=__version__, config_class=GpurigConfig
     )
     try:
-        program.run(argv if argv is not None else sys.argv)
+        program.run(argv)
     except BrokenPipeError:
         silence_broken_pipe()
         sys.exit(141)

@@ -10,26 +10,22 @@ the person at the terminal. The JSON report never holds a token.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, EngineError, open_engine
-from gpurig.connect.fleet import FleetReport, HostResult, Outcome
-from gpurig.deploy import containers as container_specs
-from gpurig.deploy.apply import DeployJob, Target, container_doc, deploy_host
-from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
 from gpurig.errors import ConfigError
-from gpurig.image.build import human_size
 from gpurig.report import console, err_console, outside
-from gpurig.report.changes import host_documents, host_results, outcome, print_diffs, result_rows
-from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.status import Status
-from gpurig.steps.plan import StepResult
-from gpurig.steps.slurmconf import NODES_GROUP
+from gpurig.status import STATUS_STYLE, Status
 from gpurig.strict import validate
-from gpurig.verify.slurmnode import node_state
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.engine import Engine
+    from gpurig.connect.fleet import FleetReport, HostResult, Outcome
+    from gpurig.deploy.apply import Target
+    from gpurig.steps.plan import StepResult
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
 
@@ -46,6 +42,10 @@ DEPLOY_HELP = {
 @host_task(help=DEPLOY_HELP, changes=True)
 def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     """Run the images on hosts: GPUs, ports, volumes, keys and tokens from gpurig_containers; move only missing layers."""
+    from gpurig.deploy import containers as container_specs
+    from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
+    from gpurig.report.changes import host_documents, outcome, print_diffs, result_rows
+
     image_spec = load_project_spec(c, spec)
     chosen = select_hosts(opts)
     local = local_engine()
@@ -88,6 +88,8 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
 
 def mover(image_spec, local: Engine | None, printer: ProgressPrinter | None):
     """deploy's ``deliver``: the image from this machine's engine (or the spec's registry), its bytes counted on ``printer``."""
+    from gpurig.connect.engine import EngineError
+
 
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
@@ -123,6 +125,8 @@ class ProgressPrinter:
 
 def resolve(image_spec, cs, local: Engine | None) -> Target:
     """The container with its image as this machine has it (None: only a registry has it, the host pulls it)."""
+    from gpurig.deploy.apply import Target
+
     image = local.image(cs.image) if local else None
     if image is None and cs.entry is not None and not image_spec.registry:
         raise ConfigError(f"{cs.host}: {cs.name}: the image {cs.image} is not built on this machine",
@@ -132,6 +136,7 @@ def resolve(image_spec, cs, local: Engine | None) -> Target:
 
 def local_engine() -> Engine | None:
     """This machine's engine (where the images were built), or None when there is none."""
+    from gpurig.connect.engine import EngineError
     from gpurig.deploy.delivery import local_engine as build_engine
 
     try:
@@ -145,6 +150,8 @@ def outcomes_of(r: HostResult) -> tuple:
 
 
 def human(n: int | None) -> str:
+    from gpurig.image.build import human_size
+
     return human_size(n or 0)
 
 
@@ -162,6 +169,8 @@ def deploy_cells(s: StepResult, check: bool) -> list[str]:
 
 
 def print_access(report: FleetReport, out) -> None:
+    from gpurig.report.changes import host_results
+
     for r in report.results:
         for s in host_results(r):
             if s.details.get("access"):
@@ -176,6 +185,12 @@ def print_access(report: FleetReport, out) -> None:
 @host_task()
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
+    from gpurig.connect.engine import open_engine
+    from gpurig.connect.fleet import Outcome
+    from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
+    from gpurig.steps.slurmconf import NODES_GROUP
+    from gpurig.verify.slurmnode import node_state
+
     chosen = select_hosts(opts)
     slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
     states: dict = {}  # a Slurm node's state as its controller sees it (drained, and why)
@@ -219,6 +234,8 @@ def state_text(ci) -> str:
 
 
 def status_doc(ci) -> dict:
+    from gpurig.deploy.compare import IMAGE_LABEL
+
     return {"name": ci.name, "id": ci.id, "image": ci.labels.get(IMAGE_LABEL) or ci.image, "image_id": ci.image_id,
             "status": ci.status, "health": ci.health if ci.running else None, "exit_code": ci.exit_code, "gpus": list(ci.device_ids or ()),
             "ports": [{"host_ip": ip, "host_port": hp, "container_port": cp, "proto": pr} for ip, hp, cp, pr in ci.ports],
@@ -241,6 +258,10 @@ def uptime(ci) -> str:
            positional=["name"])
 def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
+    from gpurig.connect.engine import open_engine
+    from gpurig.connect.fleet import Outcome
+    from gpurig.deploy.compare import NAME_LABEL
+
     if job:
         from gpurig.cli.jobqueue import job_logs
 
@@ -273,6 +294,10 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
 def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already=lambda ci: "") -> None:
     """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
+    from gpurig.connect.engine import open_engine
+    from gpurig.connect.fleet import Outcome
+    from gpurig.deploy.compare import NAME_LABEL
+
     chosen = select_hosts(opts)
 
     def work(conn: Connection) -> Outcome:

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import positive_number
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import GpurigError
-from gpurig.facts import Facts, gather_complete
-from gpurig.facts.readiness import lacks
 from gpurig.files import write_report
-from gpurig.image.spec import MatrixEntry
-from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column, rows_document
-from gpurig.status import Status
+from gpurig.status import STATUS_STYLE, Status
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.facts import Facts
+    from gpurig.image.spec import MatrixEntry
 
 __all__ = ["hosts", "facts", "exec_"]
 
@@ -46,6 +46,9 @@ def hosts(c, opts: HostOptions):
 @host_task()
 def facts(c, opts: HostOptions):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
+    from gpurig.facts import Facts, gather_complete
+    from gpurig.facts.readiness import lacks
+
     chosen = select_hosts(opts)
     entry = _default_entry(c)
 
@@ -91,6 +94,9 @@ FACTS_COLUMNS = (
 
 def facts_rows(report: FleetReport, entry: MatrixEntry | None) -> tuple[list[Column], list[list[str]]]:
     """One row per host: what it is and what it lacks for ``entry``, or why it could not be asked."""
+    from gpurig.facts import Facts
+    from gpurig.facts.readiness import lacks
+
     columns = list(FACTS_COLUMNS)
     rows = []
     for r in report.results:
@@ -137,6 +143,8 @@ def _gpu_summary(f: Facts) -> str:
 )
 def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
     """Run one shell command on every selected host: a table of each host's exit code and output (like ansible -a)."""
+    from gpurig.connect.fleet import Outcome
+
     line = (c.remainder or "").strip() or (command or "").strip()
     if not line:
         raise Exit("gpurig: no command given; fix: gpurig exec -l PATTERN -- COMMAND", code=2)

@@ -8,20 +8,16 @@ from typing import TYPE_CHECKING
 from gpurig.cli.base import project_root, refuse_dry, task
 from gpurig.config import PROJECT_MARKERS, choice, root_of
 from gpurig.errors import LintError, SpecError, counted
-from gpurig.image import compat
-from gpurig.image.build import human_size, shorten
-from gpurig.image.lint import failing
-from gpurig.image.lint import lint as run_hadolint
-from gpurig.image.lock import Locks
-from gpurig.image.pipeline import BuildObserver
-from gpurig.image.render import BuildContext, check_renderable, render_matrix
-from gpurig.image.spec import ImageSpec, find_specs, load_spec
+from gpurig.files import shown
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import FORMATS, Column, show
 
 if TYPE_CHECKING:
+    from gpurig.image.render import BuildContext
+    from gpurig.image.spec import ImageSpec
+
+if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import TaskID  # rich.progress itself is imported when a build starts
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
@@ -31,6 +27,8 @@ REPORTS_DIR = "reports"
 
 def project_spec_files(c) -> list[Path]:
     """The spec files of the project's images/; outside any project, a SpecError saying to `gpurig init` one first."""
+    from gpurig.image.spec import find_specs
+
     if root_of(c.config) is None:
         *first, last = (m + "/" if m == "images" else m for m in PROJECT_MARKERS)
         markers = f"{', '.join(first)} or {last}"
@@ -41,6 +39,8 @@ def project_spec_files(c) -> list[Path]:
 
 def load_project_spec(c, spec: str | None) -> ImageSpec:
     """--spec FILE, or the one spec in images/."""
+    from gpurig.image.spec import load_spec
+
     if spec:
         return load_spec(spec)
     files = project_spec_files(c)
@@ -63,6 +63,9 @@ def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | 
 
 def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console, relock: bool = False) -> list[BuildContext]:
     """Render what the flags select: from the spec's lock where it locks them, unless ``relock`` resolves afresh."""
+    from gpurig.image.lock import Locks
+    from gpurig.image.render import check_renderable, render_matrix
+
     spec = load_project_spec(c, spec_file)
     entries, variants = select(spec, variant, torch, cuda, all_)
     if not all_:
@@ -106,6 +109,9 @@ def lint(c, spec=None):
 
 def lint_dockerfiles(root: Path, dockerfiles: list[Path], out: Console = console) -> None:
     """hadolint each Dockerfile; a LintError if any has a finding at or above the threshold."""
+    from gpurig.image.lint import failing
+    from gpurig.image.lint import lint as run_hadolint
+
     bad = 0
     for dockerfile in dockerfiles:
         findings = run_hadolint(dockerfile, root / ".hadolint.yaml")
@@ -125,6 +131,8 @@ FORMAT_HELP = "table (default) | tsv | json: how to print the result"
 @task(help={"spec": SELECT_HELP["spec"], "format": FORMAT_HELP})
 def matrix(c, spec=None, format="table"):
     """Show the versions matrix with the minimum host driver each image needs."""
+    from gpurig.image import compat
+
     fmt = choice(format, FORMATS, "--format")
     image = load_project_spec(c, spec)
     columns = [
@@ -168,6 +176,7 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     from gpurig.image.build import refuse_credentials, resolve_ca_bundle
     from gpurig.image.dockercli import find_client
     from gpurig.image.pipeline import build_all
+    from gpurig.report.buildprogress import BuildProgress
 
     labels = parse_labels(label or [])
     image_spec = load_project_spec(c, spec)
@@ -188,85 +197,11 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
 
 def built_row(r: dict) -> tuple[str, ...]:
     """One built image's row of the build summary, from its build report."""
+    from gpurig.image.build import human_size
+
     return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
             f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
             "yes" if r.get("locked") else "no")
-
-
-class BuildProgress(BuildObserver):
-    """The build on a console: a live bar per image, one line per finished step, one line per image built."""
-
-    def __init__(self, root: Path, out: Console = console) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.root, self.out = root, out
-        self.progress = Progress(
-            TextColumn("[bold]{task.fields[image]}[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=out,
-            transient=True,
-        )
-        self.task: TaskID | None = None  # the image being built: set by started(), which the pipeline calls first
-
-    def __enter__(self) -> BuildProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def base(self, line: str) -> None:
-        self.out.print(outside(line))
-
-    def started(self, context: BuildContext) -> None:
-        if self.task is not None:
-            self.progress.remove_task(self.task)
-        self.task = self.progress.add_task("starting", image=context.image_ref, total=None)
-
-    def step(self, context: BuildContext, kind: str, step, parser) -> None:
-        assert self.task is not None, "step() before started()"
-        if kind == "start":
-            self.progress.update(self.task, total=step.total, description=shorten(step.text, 60))
-        elif kind == "done":
-            finished = sum(1 for s in parser.steps.values() if s.state in ("cached", "done"))
-            self.progress.update(self.task, completed=finished)
-            outcome = "cached" if step.state == "cached" else f"{step.seconds:.1f}s" if step.state == "done" else step.state
-            self.out.print(f"  \\[{step.number}/{step.total}] {outside(shorten(step.text, 80))} [dim]{outside(outcome)}[/]")
-
-    def note(self, context: BuildContext, line: str) -> None:
-        self.out.print(f"  {outside(line)}", highlight=False)
-
-    def still_running(self, context: BuildContext, step, seconds: float) -> None:
-        # the live bar is gone when the output is not a terminal: without this a long step is silence
-        self.out.print(f"  still running: \\[{step.number}/{step.total}] {outside(shorten(step.text, 60))} [dim]({seconds:.0f}s)[/]")
-
-    def pushing(self, context: BuildContext, refs: list[str]) -> None:
-        self.out.print(f"pushing {', '.join(refs)}")
-
-    def built(self, result) -> None:
-        report = result.report
-        steps = report["steps"]
-        cache = " (full cache hit)" if not steps["ran"] else ""
-        lock_file = shown(Path(report["lock_file"]), self.root) if report.get("lock_file") else ""
-        locked = f"locked (from {lock_file})" if report["locked"] else f"not locked: resolved afresh, lock written to {lock_file}" \
-            if lock_file else "not locked"
-        self.out.print(
-            f"[green]built[/] {result.context.image_ref} in {report['duration_s']:.1f}s: "
-            f"{steps['ran']} of {counted(steps['total'], 'step')} ran{cache}; {outside(locked)}; report {result.report_path.relative_to(self.root)}"
-        )
-
-
-def shown(path: Path | None, root: Path) -> str:
-    """A path as the user reads it: relative to the project when inside it."""
-    if path is None:
-        return ""
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -287,6 +222,8 @@ IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Co
 
 def image_row(image: dict) -> tuple[str, ...]:
     """One image's row of `gpurig images`, from the engine's inspect of it."""
+    from gpurig.image.build import human_size
+
     labels = (image.get("Config") or {}).get("Labels") or {}
     origin = labels.get("io.gpurig.image.baseimage.source", "")
     base = labels.get("org.opencontainers.image.base.name", "?")
@@ -308,6 +245,7 @@ def images(c, spec=None, format="table"):
     """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
     from gpurig.image.build import project_images
     from gpurig.image.dockercli import find_client
+    from gpurig.image.spec import load_spec
 
     fmt = choice(format, FORMATS, "--format")
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in project_spec_files(c)]

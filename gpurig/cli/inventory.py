@@ -8,8 +8,6 @@ import sys
 from gpurig.cli.base import task
 from gpurig.config import settings
 from gpurig.errors import InventoryError
-from gpurig.inventory import listing as inventory_view
-from gpurig.inventory import load_inventory
 
 __all__ = ["inventory"]
 
@@ -27,6 +25,9 @@ __all__ = ["inventory"]
 )
 def inventory(c, list=False, graph=None, host=None, vars=False, inventory=None):  # noqa: A002 - flag names are Ansible's
     """Show the inventory as ansible-inventory would: --list (JSON), --graph [GROUP] or --host H."""
+    from gpurig.inventory import listing as inventory_view
+    from gpurig.inventory import load_inventory
+
     chosen = [flag for flag, given in (("--list", list), ("--graph", graph), ("--host", host)) if given]
     if len(chosen) != 1:
         raise InventoryError(

@@ -8,25 +8,23 @@ finds the job by its id or a unique prefix of it, and acts on that host.
 from __future__ import annotations
 
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, make_connector, run_hosts, select_hosts
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, Outcome, run_fleet
 from gpurig.errors import ConfigError, GpurigError, counted
-from gpurig.files import write_text_report
-from gpurig.jobs.artifacts import RUNS, fetch
-from gpurig.jobs.remote import JobAgent
-from gpurig.jobs.views import STATES, JobView, check_job_id, duration_text, job_view, pick
+from gpurig.files import RUNS, write_text_report
 from gpurig.report import err_console, outside
-from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.status import Status
-from gpurig.verify.junit import xml_text
+from gpurig.status import STATUS_STYLE, Status
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.jobs.views import JobView
 
 __all__ = ["jobs", "attach", "cancel", "fetch_"]
 
@@ -39,6 +37,10 @@ def views_of(rep: FleetReport) -> list[JobView]:
 
 def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
     """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
+    from gpurig.connect.fleet import Outcome
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.views import job_view
+
     agent_text = None
     controller = slurm_controller(opts)
 
@@ -61,6 +63,8 @@ def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs")
                  "job": "only this job (its id, or a unique start of it)"})
 def jobs(c, opts: HostOptions, state=None, job=None):
     """The jobs on the selected hosts (default: all): state (with why it waits or failed), GPUs, runtime, command."""
+    from gpurig.jobs.views import STATES, check_job_id, duration_text
+
     wanted = [s.strip() for s in (state or "").split(",") if s.strip()]
     for s in wanted:
         if s not in STATES:
@@ -89,6 +93,10 @@ def slurm_controller(opts: HostOptions) -> str | None:
 
 def find_job(opts: HostOptions, wanted: str) -> JobView:
     """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
+    from gpurig.connect.fleet import Outcome, run_fleet
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.views import job_view, pick
+
     if wanted.isdecimal():  # Slurm's
         from gpurig.cli.slurmrun import find, the_cluster
 
@@ -117,6 +125,9 @@ def on_job_host(opts: HostOptions, view: JobView, label: str, work) -> FleetRepo
 
 
 def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
+    from gpurig.connect.fleet import Outcome
+    from gpurig.jobs.remote import JobAgent
+
     def work(conn: Connection) -> Outcome:
         end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
         return Outcome(data=end)
@@ -131,6 +142,8 @@ def print_now(text: str) -> None:
 
 def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
     """``gpurig logs --job ID``: the whole log (or its last ``tail`` lines), with --follow until the job ends."""
+    from gpurig.jobs.views import check_job_id
+
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":
         from gpurig.cli.slurmrun import follow as follow_slurm
@@ -145,6 +158,8 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
            positional=["job"])
 def attach(c, opts: HostOptions, job=None, tail=20):
     """Follow a job's output until it ends, then exit with its exit code; Ctrl-C detaches (the job goes on)."""
+    from gpurig.jobs.views import check_job_id
+
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":
         from gpurig.cli import slurmrun
@@ -168,6 +183,10 @@ def attach(c, opts: HostOptions, job=None, tail=20):
            positional=["job"], changes=True)
 def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
+    from gpurig.connect.fleet import Outcome
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.views import check_job_id
+
     view = find_job(opts, check_job_id(job))
     seconds = float(grace)
     if view.mode == "slurm":
@@ -199,6 +218,11 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
            positional=["job"], name="fetch")
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
+    from gpurig.connect.fleet import Outcome
+    from gpurig.jobs.artifacts import fetch
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.views import check_job_id
+
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":
         raise ConfigError(f"job {view.id} ran through Slurm, whose jobs' artifacts gpurig does not fetch yet",
@@ -221,6 +245,10 @@ def fetch_(c, opts: HostOptions, job=None, into=None):
 
 def job_junit(views: Iterable[JobView]) -> str:
     """Jobs as JUnit XML: one testcase per job, a failure when it did not succeed (with its exit code and why)."""
+    import xml.etree.ElementTree as ET
+
+    from gpurig.verify.junit import xml_text
+
     views = list(views)
     root = ET.Element("testsuites", name="gpurig run")
     suite = ET.SubElement(root, "testsuite", name="gpurig run", tests=str(len(views)),

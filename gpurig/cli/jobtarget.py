@@ -11,24 +11,31 @@ deploy requires. ``--image REF`` runs that image with deploy's defaults;
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from gpurig.cli.deploy import local_engine
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions
-from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine
-from gpurig.deploy.containers import ContainerSpec, load_containers
 from gpurig.errors import ConfigError, InventoryError
-from gpurig.image import compat
-from gpurig.inventory import Host
-from gpurig.jobs import request as jobspec
-from gpurig.jobs.submit import JobTarget
-from gpurig.jobs.tree import Tree
 from gpurig.strict import validate
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.engine import Engine
+    from gpurig.deploy.containers import ContainerSpec
+    from gpurig.inventory import Host
+    from gpurig.jobs import request as jobspec
+    from gpurig.jobs.submit import JobTarget
+    from gpurig.jobs.tree import Tree
 
 
 def resolve_target(c, opts: HostOptions, host: Host, request: jobspec.RunRequest, job: str, key: str, tree: Tree,
                    spec_file: str | None) -> JobTarget:
+    from gpurig.deploy.containers import ContainerSpec
+    from gpurig.image import compat
+    from gpurig.jobs import request as jobspec
+    from gpurig.jobs.submit import JobTarget
+
     base = JobTarget(request=request, job=job, key=key, tree=tree, check=opts.check)
     if request.container:
         problem = validate.container_name_problem(request.container)
@@ -59,6 +66,8 @@ def resolve_target(c, opts: HostOptions, host: Host, request: jobspec.RunRequest
 
 def container_for(host: Host, image_spec, variant: str, source) -> ContainerSpec:
     """The host's gpurig_containers entry of ``variant`` when it has one, else that variant's defaults (gpurig_shm_size still holds)."""
+    from gpurig.deploy.containers import load_containers
+
     if "gpurig_containers" in host.vars:
         specs, _ = load_containers(host, image_spec, variant=variant, source=source) if _has_variant(host, variant) else ([], [])
         if specs:

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
-from rich.live import Live
 
 from gpurig.cli.options import HostOptions, fleet_document, host_task, make_connector, select_hosts
-from gpurig.connect.fleet import FleetReport
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
-from gpurig.monitor import MonitorError
-from gpurig.monitor.agent import agent_source, monitor_fleet
-from gpurig.monitor.csvfile import CsvWriter, write_csv
-from gpurig.monitor.diagnose import diagnose
-from gpurig.monitor.live import findings_view, live_table, summary_table
-from gpurig.monitor.record import Recorder, load_run
-from gpurig.monitor.session import Run
 from gpurig.report import console, err_console, outside
-from gpurig.report.fleetrun import print_recap
-from gpurig.skeleton import shipped
 from gpurig.strict.validate import excerpt, finite_number
+
+if TYPE_CHECKING:
+    from gpurig.connect.fleet import FleetReport
+    from gpurig.monitor.session import Run
 
 __all__ = ["monitor"]
 
@@ -44,6 +38,8 @@ MAX_SECONDS = 366 * 86400.0
 
 
 def _seconds(flag: str, value, default: float, minimum: float = 0.0) -> float:
+    from gpurig.monitor import MonitorError
+
     if value is None:
         return default
     seconds = finite_number(value)
@@ -60,6 +56,10 @@ SCHEMA = "gpurig.monitor/1"
 @host_task(help=_HELP)
 def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, prometheus=None, plot=None, record=None, replay=None):
     """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle."""
+    from gpurig.monitor.csvfile import write_csv
+    from gpurig.monitor.diagnose import diagnose
+    from gpurig.monitor.record import load_run
+
     interval_s = _seconds("--interval", interval, 1.0, minimum=0.05)
     duration_s = _seconds("--duration", duration, 0.0)
     report: FleetReport | None = None
@@ -83,6 +83,13 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
 
 
 def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
+    from rich.live import Live
+
+    from gpurig.monitor.agent import agent_source, monitor_fleet
+    from gpurig.monitor.csvfile import CsvWriter
+    from gpurig.monitor.record import Recorder
+    from gpurig.monitor.session import Run
+
     hosts = select_hosts(opts)
     run = Run()
     # Everything that can refuse to start does so before any file is created: a gpurig without its sampler first.
@@ -129,6 +136,8 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
 
 def _dashboard() -> str:
     """' (Grafana dashboard: PATH)' for the one gpurig ships, wherever this copy is installed; '' if it lacks it (monitoring goes on)."""
+    from gpurig.skeleton import shipped
+
     try:
         return f" (Grafana dashboard: {shipped('gpurig/monitor/grafana-dashboard.json')})"
     except GpurigError:
@@ -137,6 +146,8 @@ def _dashboard() -> str:
 
 def _live(run: Run, interval: float):
     """The live table; a host silent for three intervals is shown as such, not with its last figures."""
+    from gpurig.monitor.live import live_table
+
     latest = run.latest()
     now = time.time()
     silent = {h: f"no sample for {now - s.t:.0f}s" for h, s in latest.items() if now - s.t > max(3 * interval, 3.0)}
@@ -144,6 +155,9 @@ def _live(run: Run, interval: float):
 
 
 def _present(run: Run, findings, report: FleetReport | None, out) -> None:
+    from gpurig.monitor.live import findings_view, summary_table
+    from gpurig.report.fleetrun import print_recap
+
     notes: dict[str, list[str]] = defaultdict(list)
     for host in run.hosts():
         for note in run.state(host).notes:

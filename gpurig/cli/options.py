@@ -23,23 +23,24 @@ import getpass
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, task
-from gpurig.config import Settings, choice, settings
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetInterrupted, FleetReport, jsonable, run_fleet
-from gpurig.connect.ssh import Connector, SSHSettings
-from gpurig.deploy.containers import check_containers
+from gpurig.config import choice, settings
 from gpurig.errors import InventoryError
-from gpurig.files import write_report
-from gpurig.inventory import Host, load_inventory
-from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
-from gpurig.report.fleetrun import FleetProgress, print_recap
-from gpurig.report.tables import FORMATS, Column, Row, document, show
+from gpurig.report.tables import FORMATS, document, show
+
+# The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
+if TYPE_CHECKING:
+    from gpurig.config import Settings
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport
+    from gpurig.connect.ssh import Connector
+    from gpurig.inventory import Host
+    from gpurig.report.tables import Column, Row
 
 SELECT_HELP = {
     "inventory": "inventory file, YAML or INI (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
@@ -144,6 +145,10 @@ def select_hosts(opts: HostOptions) -> list[Host]:
 
     Their gpurig_* vars are validated here, before any task contacts a host.
     """
+    from gpurig.deploy.containers import check_containers
+    from gpurig.inventory import load_inventory
+    from gpurig.inventory.profile import host_profile
+
     chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
     if not chosen:
         raise InventoryError(
@@ -157,6 +162,8 @@ def select_hosts(opts: HostOptions) -> list[Host]:
 
 def make_connector(opts: HostOptions) -> Connector:
     """Connections made as the settings say; the project's known_hosts where the config puts it."""
+    from gpurig.connect.ssh import Connector, SSHSettings
+
     s = opts.settings
     if s.host_key_policy == "off":
         err_console.print(
@@ -183,6 +190,9 @@ def run_hosts(
     ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict). ``finished=False``:
     more work follows (provision's cluster phase), so the report and the recap wait for ``finish``.
     """
+    from gpurig.connect.fleet import FleetInterrupted, run_fleet
+    from gpurig.report.fleetrun import FleetProgress, print_recap
+
     connector = make_connector(opts)
     events = FleetProgress(err_console) if err_console.is_terminal else None
     try:
@@ -200,6 +210,8 @@ def run_hosts(
 
 def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callable[[FleetReport], dict[str, Any]] | None = None) -> None:
     """The JSON report if asked, and the recap."""
+    from gpurig.report.fleetrun import print_recap
+
     _write(opts, report, schema, annotate)
     print_recap(report, err_console)
 
@@ -211,6 +223,9 @@ def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra:
 
 def _write(opts: HostOptions, report: FleetReport, schema: str, annotate) -> None:
     if opts.json:
+        from gpurig.connect.fleet import jsonable
+        from gpurig.files import write_report
+
         extra = annotate(report) if annotate else {}
         write_report(opts.json, fleet_document(opts, report, schema, **extra), default=jsonable)
 

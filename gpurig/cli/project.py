@@ -8,7 +8,6 @@ from gpurig.cli.base import refuse_dry, task
 from gpurig.config import DEFAULTS
 from gpurig.files import output_dir
 from gpurig.report import console
-from gpurig.skeleton import scaffold
 
 __all__ = ["init"]
 
@@ -30,6 +29,8 @@ def init(c, directory):
 
     Nothing is written when DIRECTORY already holds any of them (a tasks.py of your own included): init names them and stops.
     """
+    from gpurig.skeleton import scaffold
+
     refuse_dry(c, "init", "run it without --dry: it only writes into a new or empty DIRECTORY")
     # The whole path checked first: no folder on the way may be another user's symlink.
     written = scaffold(output_dir(directory, "init"), config_template())

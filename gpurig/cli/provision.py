@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpurig.cli.images import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
-from gpurig.image.spec import load_spec
-from gpurig.inventory.profile import host_profile
 from gpurig.report import console, err_console
-from gpurig.report.changes import host_documents, outcome, print_diffs, reason_text, result_rows
-from gpurig.report.fleetrun import STATUS_STYLE
 from gpurig.report.tables import Column
-from gpurig.steps import STEPS, DriverStep, RebootStep, Step, converge_rebooting
-from gpurig.steps.cluster import ClusterHosts, cluster_hosts
-from gpurig.steps.plan import StepResult
+from gpurig.status import STATUS_STYLE
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.steps import Step
+    from gpurig.steps.cluster import ClusterHosts
 
 __all__ = ["provision"]
 
@@ -32,7 +31,10 @@ SCHEMA = "gpurig.provision/1"
 
 
 SLURM = "slurm"  # the cluster's steps (gpurig.steps.cluster), run where the inventory has slurm_controller / slurm_nodes groups
-STEP_NAMES = (*STEPS, SLURM)
+# The steps by name, in the order they run: gpurig.steps.STEPS's names (a unit test keeps them equal), written out
+# so that reading provision's flags does not import every step.
+STEP_NAMES = ("gpus", "nouveau", "driver", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold", "fabric-manager", "mig",
+              "persistence", "python3", "reboot", SLURM)
 
 HELP = {
     "only": "run only these steps, comma-separated (" + ", ".join(STEP_NAMES) + ")",
@@ -44,6 +46,10 @@ HELP = {
 @host_task(help=HELP, changes=True)
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
+    from gpurig.inventory.profile import host_profile
+    from gpurig.report.changes import host_documents, outcome, print_diffs, reason_text, result_rows
+    from gpurig.steps import converge_rebooting
+
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
@@ -89,6 +95,8 @@ def pick_steps(only: str | None, skip: str | None) -> list[str]:
 def slurm_cluster(opts: HostOptions, chosen: list) -> ClusterHosts | None:
     """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None."""
     from gpurig.inventory import load_inventory
+    from gpurig.inventory.profile import host_profile
+    from gpurig.steps.cluster import cluster_hosts
 
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:
@@ -105,9 +113,10 @@ def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport
     """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
     from gpurig.cli.options import make_connector
     from gpurig.connect.fleet import HostResult
-    from gpurig.report.changes import host_results
+    from gpurig.report.changes import host_results, outcome
     from gpurig.status import Status, worst
     from gpurig.steps.cluster import ClusterRun
+    from gpurig.steps.plan import StepResult
 
     by_host = report.by_host()
     failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
@@ -137,6 +146,8 @@ def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport
 
 
 def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:
+    from gpurig.steps import STEPS, DriverStep, RebootStep
+
     made: list[Step] = []
     for name in names:
         if name == "driver":
@@ -150,6 +161,8 @@ def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:
 
 def default_cuda(c) -> str | None:
     """The CUDA of the spec's default image, for hosts whose gpurig_images names none; None without a spec."""
+    from gpurig.image.spec import load_spec
+
     try:
         files = project_spec_files(c)
     except GpurigError:

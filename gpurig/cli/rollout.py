@@ -12,6 +12,7 @@ project lets a re-run pick up where an interrupted one stopped.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
@@ -19,35 +20,21 @@ from gpurig.cli.deploy import ProgressPrinter, local_engine, mover, resolve
 from gpurig.cli.images import load_project_spec
 from gpurig.cli.options import HostOptions, host_task, run_hosts, select_hosts
 from gpurig.cli.verify import make_plan, verdict_outcome
-from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine
-from gpurig.connect.fleet import HostResult
-from gpurig.deploy import containers as container_specs
-from gpurig.deploy.apply import DeployJob, Target
-from gpurig.deploy.rollhost import RolloutJob, prune_host, roll_host
-from gpurig.deploy.rollplan import (
-    MOVED,
-    NOT_MOVED,
-    NOT_REACHED,
-    SKIPPED,
-    WOULD,
-    RolloutState,
-    batch_label,
-    check_max_fail,
-    host_row,
-    on_target,
-    plan_batches,
-    should_stop,
-    state_path,
-)
 from gpurig.errors import ConfigError, counted
 from gpurig.files import write_report
-from gpurig.inventory.profile import host_profile
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column, document
 from gpurig.status import Status
 from gpurig.strict import validate
-from gpurig.verify.runner import VerifyPlan, verify_host
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.engine import Engine
+    from gpurig.connect.fleet import HostResult
+    from gpurig.deploy.apply import Target
+    from gpurig.deploy.rollhost import RolloutJob
+    from gpurig.deploy.rollplan import RolloutState
+    from gpurig.verify.runner import VerifyPlan
 
 __all__ = ["rollout"]
 
@@ -68,6 +55,12 @@ HELP = {
 @host_task(help=HELP, changes=True)
 def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", max_fail=0, level="quick", prune=False, spec=None):
     """Move hosts to a new image as far as verify passes: canary, then batches; a failed host is rolled back; resumable."""
+    from gpurig.deploy import containers as container_specs
+    from gpurig.deploy.apply import DeployJob
+    from gpurig.deploy.rollhost import RolloutJob
+    from gpurig.deploy.rollplan import SKIPPED, WOULD, RolloutState, batch_label, check_max_fail, host_row, on_target, plan_batches, state_path
+    from gpurig.inventory.profile import host_profile
+
     if not variant or not to:
         raise ConfigError("rollout needs --variant and --to", "gpurig rollout -l GROUP --variant slim --to 2.14.1-cu130-slim")
     plan = make_plan(None, None, level)
@@ -109,6 +102,8 @@ def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", 
 
 def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> None:
     """--prune: the images each host ran before the rollout removed, now that none is needed for a rollback; one line says so."""
+    from gpurig.deploy.rollhost import prune_host
+
     olds = {h.name: [p["image_id"] for p in (state.entry(h.name).get("previous") or {}).values() if p.get("image_id")] for h in chosen}
     report = run_hosts(opts, chosen, lambda conn: prune_host(conn, image_id, olds[conn.name]), label="rollout prune", schema=SCHEMA,
                        finished=False)
@@ -119,6 +114,8 @@ def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> 
 
 
 def row_for(host: str, labels: dict[str, str], results: dict[str, HostResult], state: RolloutState) -> list[str]:
+    from gpurig.deploy.rollplan import MOVED, NOT_MOVED, NOT_REACHED, SKIPPED, host_row
+
     r = results.get(host)
     how = SKIPPED if host not in labels else NOT_REACHED if r is None else MOVED if r.status == Status.CHANGED else NOT_MOVED
     return host_row(host, labels.get(host, "-"), state.entry(host), how, r.reason if r is not None else "")
@@ -127,6 +124,9 @@ def row_for(host: str, labels: dict[str, str], results: dict[str, HostResult], s
 def run_batches(opts: HostOptions, chosen, batches: list[list[str]], labels: dict[str, str], job: RolloutJob,
                 max_fail: int) -> dict[str, HostResult]:
     """Each batch over the fleet in turn, until more hosts failed than ``max_fail``; each reached host's result."""
+    from gpurig.deploy.rollhost import roll_host
+    from gpurig.deploy.rollplan import should_stop
+
     by_name = {h.name: h for h in chosen}
     results: dict[str, HostResult] = {}
     for i, names in enumerate(batches):
@@ -146,6 +146,8 @@ def run_batches(opts: HostOptions, chosen, batches: list[list[str]], labels: dic
 
 def verifier(plan: VerifyPlan, expect: dict):
     """``verify --container NAME``'s work on one host: (passed, the first failing record, its fix)."""
+    from gpurig.verify.runner import verify_host
+
 
     def check(conn: Connection, container: str) -> tuple[bool, str, str]:
         gpus = expect[conn.name]
@@ -171,6 +173,8 @@ def target_image(image_spec, to: str, variant: str, local: Engine | None) -> tup
 
 def host_targets(host, image_spec, variant: str, ref: str, local: Engine | None, opts: HostOptions) -> list[Target]:
     """The host's containers of ``variant``, each on the target image."""
+    from gpurig.deploy import containers as container_specs
+
     specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
     for w in warnings:
         err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")

@@ -21,18 +21,17 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.base import remainder_argv
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetInterrupted, FleetReport, Outcome
 from gpurig.errors import ConfigError, GpurigError, InventoryError
-from gpurig.jobs import request as jobspec
-from gpurig.jobs.artifacts import RUNS
-from gpurig.jobs.submit import Submitted
-from gpurig.jobs.sync import sync_key
-from gpurig.jobs.tree import scan
-from gpurig.jobs.views import duration_text
+from gpurig.files import RUNS
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import Status
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.jobs import request as jobspec
+    from gpurig.jobs.submit import Submitted
 
 if TYPE_CHECKING:
     from gpurig.jobs.artifacts import Fetched
@@ -89,6 +88,11 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
+    from gpurig.connect.fleet import FleetInterrupted, Outcome
+    from gpurig.jobs import request as jobspec
+    from gpurig.jobs.sync import sync_key
+    from gpurig.jobs.tree import scan
+
     argv = remainder_argv(c)
     if not argv:
         raise ConfigError("no command given", "gpurig run -l HOST -- python train.py --epochs 3")
@@ -158,6 +162,8 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     from gpurig.cli import slurmrun
     from gpurig.cli.jobtarget import resolve_target
     from gpurig.jobs.slurmjobs import LAUNCHERS, SlurmRequest
+    from gpurig.jobs.sync import sync_key
+    from gpurig.jobs.tree import scan
     from gpurig.steps.slurmconf import name_problem
 
     cluster = slurmrun.the_cluster(opts)
@@ -287,6 +293,8 @@ def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
 
 
 def summary_lines(w: Waited, out) -> None:
+    from gpurig.jobs.views import duration_text
+
     view = w.view
     out.print(f"job {view.id} on {outside(view.host)}: {outside(view.state_text)}, exit code {view.exit_status}, "
               f"wall time {duration_text(view.runtime_s)}" + (f", {len(view.attempts)} attempts" if len(view.attempts) > 1 else ""),

@@ -12,26 +12,28 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.options import HostOptions, make_connector
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import Outcome, run_fleet
-from gpurig.connect.streams import Streams
 from gpurig.errors import ConfigError, HostError, InventoryError
-from gpurig.inventory import load_inventory
-from gpurig.jobs import slurmjobs
-from gpurig.jobs.remote import JobAgent
-from gpurig.jobs.sync import sync
-from gpurig.jobs.views import JobView
 from gpurig.report import err_console, outside
-from gpurig.steps.cluster import ClusterHosts, cluster_hosts
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import Outcome
+    from gpurig.jobs import slurmjobs
+    from gpurig.jobs.views import JobView
+    from gpurig.steps.cluster import ClusterHosts
 
 POLL_S = 1.0
 
 
 def the_cluster(opts: HostOptions) -> ClusterHosts:
+    from gpurig.inventory import load_inventory
+    from gpurig.steps.cluster import cluster_hosts
+
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     if found is None:
         raise InventoryError(f"{opts.settings.inventory} has no Slurm cluster (groups slurm_controller and slurm_nodes)",
@@ -44,6 +46,8 @@ def the_cluster(opts: HostOptions) -> ClusterHosts:
 
 
 def fleet(opts: HostOptions, hosts, work):
+    from gpurig.connect.fleet import run_fleet
+
     connector = make_connector(opts)
     try:
         return run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, label="slurm")
@@ -53,6 +57,8 @@ def fleet(opts: HostOptions, hosts, work):
 
 def hostnames(opts: HostOptions, cluster: ClusterHosts) -> dict[str, str]:
     """Slurm's NodeName (the host's hostname) -> the inventory's name, for finding a job's batch host."""
+    from gpurig.connect.fleet import Outcome
+
     report = fleet(opts, cluster.nodes, lambda conn: Outcome(data=conn.run("hostname -s", timeout=30).stdout.strip()))
     return {r.data: r.host for r in report.results if isinstance(r.data, str) and r.data}
 
@@ -67,6 +73,12 @@ class Submitted:
 
 def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slurmjobs.SlurmRequest) -> Submitted:
     """Every node gets the tree and the image, then the controller queues the job; its Slurm id."""
+    from gpurig.connect.fleet import Outcome
+    from gpurig.connect.streams import Streams
+    from gpurig.jobs import slurmjobs
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.sync import sync
+
     if target.container is None:
         raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
     login = cluster.controller.user or "root"
@@ -126,6 +138,8 @@ def nodes_for(cluster: ClusterHosts, partition: str | None):
 
 
 def slurm_jobs(conn: Connection) -> list[JobView]:
+    from gpurig.jobs import slurmjobs
+
     said = conn.run(["squeue", "--json", "--states=all"], timeout=60, warn=True)  # 24.11 hides ended jobs otherwise
     if said.failed:
         raise HostError(f"squeue --json failed: {(said.stderr or said.stdout).strip()[-200:]}", "check slurmctld on the controller", host=conn.name)
@@ -167,6 +181,10 @@ def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: b
 
 
 def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it: bool) -> JobView:
+    from gpurig.connect.fleet import Outcome
+    from gpurig.connect.streams import Streams
+    from gpurig.jobs import slurmjobs
+
     cluster = controller.cluster
     while follow_it and view.state == "pending":
         time.sleep(POLL_S)  # polling Slurm's queue for the job to start (it has no batch host before)

@@ -4,30 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, project_root, task
 from gpurig.cli.images import REPORTS_DIR, load_project_spec
 from gpurig.cli.options import HostOptions, host_task, make_connector, select_hosts
-from gpurig.connect.fleet import run_fleet
-from gpurig.deploy.rollplan import verified_hosts
 from gpurig.errors import GpurigError, SpecError
-from gpurig.facts import gather_complete
 from gpurig.files import write_report
-from gpurig.image import outdated as od
-from gpurig.image import promote as pm
-from gpurig.image.aliases import named_builds
-from gpurig.image.basecheck import BaseState, base_state
-from gpurig.image.baseimage import inspect_image
-from gpurig.image.build import resolve_ca_bundle
-from gpurig.image.dockercli import find_client
-from gpurig.image.pkgindex import list_all
-from gpurig.image.spec import ImageSpec
 from gpurig.report import console, err_console
 from gpurig.report.tables import Column, document
 from gpurig.strict import validate
+
+if TYPE_CHECKING:
+    from gpurig.image import outdated as od
+    from gpurig.image.basecheck import BaseState
+    from gpurig.image.spec import ImageSpec
 
 __all__ = ["outdated", "promote"]
 
@@ -42,6 +35,8 @@ COLUMNS = [Column("image"), Column("newer", styles={"current": "green"}), Column
 })
 def outdated(c, opts: HostOptions, spec=None, facts=None, fleet=True):
     """What is newer: torch releases and the CUDA builds each ships, base images; the driver each needs against the fleet's. Exit 1 when something is."""
+    from gpurig.image import outdated as od
+
     image_spec = load_project_spec(c, spec)
     drivers, fleet_note = _fleet(opts, facts) if fleet else (None, "not checked (--no-fleet)")
     found = _offers(image_spec)
@@ -71,6 +66,10 @@ def outdated(c, opts: HostOptions, spec=None, facts=None, fleet=True):
 
 
 def _offers(spec: ImageSpec) -> od.Offers:
+    from gpurig.image import outdated as od
+    from gpurig.image.build import resolve_ca_bundle
+    from gpurig.image.pkgindex import list_all
+
     places = od.sources(spec)
     if not places:
         raise SpecError(f"{spec.path}: build.offline with no find_links: there is no index to read", "give build.find_links")
@@ -80,6 +79,10 @@ def _offers(spec: ImageSpec) -> od.Offers:
 
 
 def _bases(spec: ImageSpec) -> list[BaseState]:
+    from gpurig.image.basecheck import BaseState, base_state
+    from gpurig.image.baseimage import inspect_image
+    from gpurig.image.dockercli import find_client
+
     refs = list(dict.fromkeys([spec.base, *(v.base for v in spec.variants.values())]))
     try:
         client = find_client()
@@ -94,6 +97,10 @@ def _bases(spec: ImageSpec) -> list[BaseState]:
 
 def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] | None, str]:
     """GPU host -> driver (None: none loaded), from a facts report or asked of the selected hosts now."""
+    from gpurig.connect.fleet import run_fleet
+    from gpurig.facts import gather_complete
+    from gpurig.image import outdated as od
+
     if facts:
         hosts = _report_hosts(facts)
         source = f"from {facts}"
@@ -135,6 +142,12 @@ PROMOTE_SCHEMA = "gpurig.promote/1"
 })
 def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
     """Move an alias (stable) to an image only when verify passed on --min-hosts hosts; the build report records who proved it."""
+    from gpurig.deploy.rollplan import verified_hosts
+    from gpurig.image import outdated as od
+    from gpurig.image import promote as pm
+    from gpurig.image.aliases import named_builds
+    from gpurig.image.dockercli import find_client
+
     image_spec = load_project_spec(c, spec)
     ref = _image_ref(image_spec, str(tag))
     alias = str(as_)

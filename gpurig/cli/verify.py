@@ -9,22 +9,21 @@ record with -v, the JSON report (--json) and JUnit XML (--junit).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import choice
-from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, Outcome
 from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
-from gpurig.inventory.profile import host_profile
 from gpurig.report.tables import Column
 from gpurig.status import Status
-from gpurig.steps.slurmconf import NODES_GROUP
 from gpurig.strict import validate
-from gpurig.verify.junit import junit_xml
-from gpurig.verify.records import HostVerdict
-from gpurig.verify.runner import LEVELS, VerifyPlan, verify_host
-from gpurig.verify.slurmnode import node_record
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.verify.records import HostVerdict
+    from gpurig.verify.runner import VerifyPlan
 
 __all__ = ["verify"]
 
@@ -59,6 +58,12 @@ RECORD_COLUMNS = (
 @host_task(help=HELP)
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
+    from gpurig.inventory.profile import host_profile
+    from gpurig.steps.slurmconf import NODES_GROUP
+    from gpurig.verify.junit import junit_xml
+    from gpurig.verify.runner import verify_host
+    from gpurig.verify.slurmnode import node_record
+
     plan = make_plan(container, image, level)
     chosen = select_hosts(opts)
     expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
@@ -85,6 +90,8 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
 
 def verdict_outcome(verdict: HostVerdict) -> Outcome:
     """``ok`` only for a proven host: a failure, or a verification that checked nothing, is ``failed`` with one line."""
+    from gpurig.connect.fleet import Outcome
+
     failed = verdict.failures
     if failed:
         return Outcome(status=Status.FAILED, data=verdict, detail=f"{failed[0].id}: {failed[0].detail}", fix=failed[0].fix)
@@ -101,6 +108,8 @@ def fleet_passed(report: FleetReport) -> bool:
 
 def make_plan(container: str | None, image: str | None, level: str | None) -> VerifyPlan:
     """The run's plan from the flags; conflicting or empty values are one clear usage error."""
+    from gpurig.verify.runner import LEVELS, VerifyPlan
+
     if container and image:
         raise ConfigError("--container and --image both given", "verify either a deployed container (--container NAME) or an image (--image TAG)")
     # Docker's own grammars, checked before any host is contacted (a bad tag used to fail on every host, one by one)
@@ -114,6 +123,8 @@ def make_plan(container: str | None, image: str | None, level: str | None) -> Ve
 
 
 def _verdict(data) -> HostVerdict | None:
+    from gpurig.verify.records import HostVerdict
+
     return data if isinstance(data, HostVerdict) else None
 
 

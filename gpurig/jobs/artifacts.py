@@ -22,8 +22,6 @@ from gpurig.errors import GpurigError, HostError, counted
 from gpurig.files import output_dir
 from gpurig.jobs.remote import JobAgent
 
-RUNS = "gpurig-runs"  # under the working directory: where a job's artifacts land by default (never synced up)
-
 
 @dataclass(frozen=True)
 class Fetched:

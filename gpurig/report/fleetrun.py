@@ -12,11 +12,9 @@ from rich.text import Text
 from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
 from gpurig.errors import counted, explain
 from gpurig.report import outside
-from gpurig.status import Status
+from gpurig.status import STATUS_STYLE, Status
 from gpurig.strict.validate import printable
 
-# Keyed by the status's string value (Status is a str): tables and recaps look cells up by their text.
-STATUS_STYLE: dict[str, str] = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "red", Status.UNREACHABLE: "magenta", Status.SKIPPED: "cyan"}
 # The recap's order (Ansible's).
 RECAP = (Status.OK, Status.CHANGED, Status.UNREACHABLE, Status.FAILED, Status.SKIPPED)
 

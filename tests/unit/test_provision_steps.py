@@ -26,6 +26,13 @@ def facts(name: str):
     return parse_facts((FIXTURES / f"{name}.txt").read_text())
 
 
+def test_the_step_names_provision_offers_are_the_steps_in_their_order():
+    from gpurig.cli.provision import SLURM, STEP_NAMES
+    from gpurig.steps import STEPS
+
+    assert STEP_NAMES == (*STEPS, SLURM)
+
+
 def test_only_and_skip_keep_the_run_order():
     assert pick_steps("daemon,docker", None) == ["docker", "daemon"]
     assert pick_steps(None, "reboot,driver") == ["gpus", "nouveau", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold",
