@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,24 @@ def test_the_lock_file_round_trips_without_any_url_and_beside_the_spec(spec):
     assert lock.load(path) == {"2.13.0-cpu-slim": image}
     text = path.read_text()
     assert text.startswith("# Written by `gpurig build --lock`") and "://" not in text and "secret" not in text
+
+
+def test_the_report_an_image_keeps_is_cut_to_what_a_lock_reads(spec, tmp_path):
+    """The image keeps each wheel's name, version and hashes: not pip's whole metadata, nor a URL naming an index's user."""
+    dockerfile = render(spec, cpu(spec), "slim", REPO, tmp_path / "contexts").dockerfile.read_text()
+    words = [shlex.split(line) for line in dockerfile.splitlines() if "python3 -c" in line and "json.dump" in line]
+    trims = [w[w.index("-c") + 1] for w in words]
+    assert len(trims) == 1  # slim has one pip step
+    full = {**PIP_REPORT, "environment": {"platform_release": "6.1"},
+            "install": [{**item, "is_direct": False, "requested": True,
+                         "metadata": {**item["metadata"], "description": "x" * 100_000, "requires_dist": ["sympy"]}}
+                        for item in PIP_REPORT["install"]]}
+    report = tmp_path / "pip-torch.json"
+    report.write_text(json.dumps(full))
+    subprocess.run([sys.executable, "-c", trims[0], str(report)], check=True)
+    kept = report.read_text()
+    assert lock.wheels_of(kept) == lock.wheels_of(json.dumps(PIP_REPORT))
+    assert len(kept) < 1000 and "://" not in kept and "secret" not in kept and "description" not in kept
 
 
 def test_a_locked_render_installs_exactly_the_lock_and_stays_hadolint_clean(spec, tmp_path):
