@@ -90,7 +90,6 @@ def mover(image_spec, local: Engine | None, printer: ProgressPrinter | None):
     """deploy's ``deliver``: the image from this machine's engine (or the spec's registry), its bytes counted on ``printer``."""
     from gpurig.connect.engine import EngineError
 
-
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
 

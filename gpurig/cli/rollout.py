@@ -148,7 +148,6 @@ def verifier(plan: VerifyPlan, expect: dict):
     """``verify --container NAME``'s work on one host: (passed, the first failing record, its fix)."""
     from gpurig.verify.runner import verify_host
 
-
     def check(conn: Connection, container: str) -> tuple[bool, str, str]:
         gpus = expect[conn.name]
         verdict = verify_host(conn, dataclasses.replace(plan, container=container), gpus.count, gpus.model, gpus.mig)
