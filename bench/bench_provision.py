@@ -52,7 +52,7 @@ def main() -> None:
         gpurig = [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)"]
         common = ["--inventory", str(yaml_inv), "--forks", "100", "--host-key-policy", "strict"]
         commands = {
-            "facts": [*gpurig, "facts", *common, "--json", str(work / "facts.json")],
+            "facts": [*gpurig, "facts", "--full", *common, "--json", str(work / "facts.json")],
             "provision": [*gpurig, "provision", *common, "--json", str(work / "provision.json")],
             "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
         }

@@ -39,7 +39,7 @@ def main() -> None:
         common = ["--inventory", str(inventory), "--forks", str(args.hosts), "--host-key-policy", "strict"]
         commands = {
             "verify": [sys.executable, "-c", CLI, "verify", *common, "--json", str(work / "verify.json")],
-            "facts": [sys.executable, "-c", CLI, "facts", *common, "--json", str(work / "facts.json")],
+            "facts": [sys.executable, "-c", CLI, "facts", "--full", *common, "--json", str(work / "facts.json")],
         }
         # verify exits 1 on these GPU-less hosts (host.driver fails): that is its verdict, not a failed run.
         results = run_interleaved(["verify", "facts"], commands, env, work, args.runs, Path("/nonexistent"), accept={"verify": {0, 1}})

@@ -43,12 +43,14 @@ def hosts(c, opts: HostOptions):
     opts.show(columns, rows, doc=doc)
 
 
-@host_task()
-def facts(c, opts: HostOptions):
+@host_task(help={"full": "every fact provision and verify read too: packages, apt, services, host ids, the GPU-host traps "
+                         "(without it those probes are not run, and the JSON lists them as unasked)"})
+def facts(c, opts: HostOptions, full=False):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
-    from gpurig.facts import Facts, gather_complete
+    from gpurig.facts import PROBES, SUMMARY_PROBES, Facts, gather_complete
     from gpurig.facts.readiness import lacks
 
+    probes = PROBES if full else SUMMARY_PROBES
     chosen = select_hosts(opts)
     entry = _default_entry(c)
 
@@ -60,7 +62,10 @@ def facts(c, opts: HostOptions):
             "lacks": {r.host: list(lacks(r.data, entry.cuda)) for r in report.results if isinstance(r.data, Facts)},
         }
 
-    report = run_hosts(opts, chosen, gather_complete, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
+    def work(conn: Connection) -> Facts:
+        return gather_complete(conn, probes=probes)
+
+    report = run_hosts(opts, chosen, work, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
     columns, rows = facts_rows(report, entry)
     opts.show(columns, rows, doc=fleet_document(opts, report, FACTS_SCHEMA, **annotate(report)))
     exit_for(report)

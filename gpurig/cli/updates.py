@@ -98,7 +98,7 @@ def _bases(spec: ImageSpec) -> list[BaseState]:
 def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] | None, str]:
     """GPU host -> driver (None: none loaded), from a facts report or asked of the selected hosts now."""
     from gpurig.connect.fleet import run_fleet
-    from gpurig.facts import gather_complete
+    from gpurig.facts import SUMMARY_PROBES, gather_complete
     from gpurig.image import outdated as od
 
     if facts:
@@ -109,7 +109,8 @@ def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] 
             return None, f"not checked (no inventory at {opts.settings.inventory}; give -i or --facts)"
         connector = make_connector(opts)
         try:
-            report = run_fleet(select_hosts(opts), gather_complete, connector=connector, forks=opts.settings.forks, label="facts")
+            report = run_fleet(select_hosts(opts), lambda conn: gather_complete(conn, probes=SUMMARY_PROBES), connector=connector,
+                               forks=opts.settings.forks, label="facts")
         finally:
             connector.close()
         hosts = report.to_dict()["hosts"]

@@ -74,7 +74,8 @@ class Facts:
     cgroup_version: int | None
     system: SystemFacts = field(default_factory=SystemFacts)  # packages, apt candidates, services, identity
     gpuhost: GpuHostFacts = field(default_factory=GpuHostFacts)  # the traps of a working GPU host (gpurig/facts/gpuhost.py)
-    missing: tuple[str, ...] = field(default=())  # probes whose output never arrived
+    missing: tuple[str, ...] = field(default=())  # probes asked for whose output never arrived
+    unasked: tuple[str, ...] = field(default=())  # probes not sent (a task that reads only SUMMARY_PROBES): their fields hold absent values
 
     @property
     def incomplete(self) -> str:
@@ -122,12 +123,18 @@ PROBES: tuple[Probe, ...] = (
     *SYSTEM_PROBES, *GPUHOST_PROBES,
 )
 FACTS_SCRIPT = facts_script(PROBES)
+# What the facts table, its verdict and `outdated` read: the hardware, the driver, Docker and python3. The rest
+# (packages, apt, services, host ids, the GPU-host traps) is what provision plans from and verify's traps judge,
+# and costs about half the script's time on a host (dpkg-query twice, systemctl per unit, apt-config); a task
+# that reads only these sends only them, still in one exec. `facts --full` asks for every probe.
+SUMMARY_PROBES: tuple[Probe, ...] = tuple(p for p in PROBES if p not in SYSTEM_PROBES and p not in GPUHOST_PROBES) + tuple(
+    p for p in SYSTEM_PROBES if p.name == "python3")
 
 
-def parse_facts(output: str) -> Facts:
-    """Facts from the whole script output; sections that never arrived are listed in ``missing``."""
+def parse_facts(output: str, probes: tuple[Probe, ...] = PROBES) -> Facts:
+    """Facts from the output of ``probes``' script; asked sections that never arrived are listed in ``missing``."""
     sections = split_sections(output)
-    v = read(PROBES, sections)
+    v = read(PROBES, {name: section for name, section in sections.items() if any(p.name == name for p in probes)})
     kernel, arch = v["uname"]
     total, available = v["meminfo"]
     driver, flavour = v["nvidia_version"]
@@ -154,19 +161,21 @@ def parse_facts(output: str) -> Facts:
         cgroup_version=v["cgroup"],
         system=system_facts(v),
         gpuhost=gpuhost_facts(v),
-        missing=tuple(probe.name for probe in PROBES if probe.name not in sections),
+        missing=tuple(probe.name for probe in probes if probe.name not in sections),
+        unasked=tuple(probe.name for probe in PROBES if probe not in probes),
     )
 
 
-def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
-    """Facts of the host behind ``conn``: one exec of ``FACTS_SCRIPT``; no probe section back is an error.
+def gather(conn: Connection, timeout: float | None = 60.0, probes: tuple[Probe, ...] = PROBES) -> Facts:
+    """Facts of the host behind ``conn``: one exec of ``probes``' script (all of them unless told); no section back is an error.
 
     Facts with some sections missing are returned (``missing`` names them, ``incomplete`` says it in
     one line) for the caller to refuse: nothing may be planned or reported ``ok`` from them.
     """
-    result = conn.run(["sh", "-c", FACTS_SCRIPT], warn=True, timeout=timeout)
-    facts = parse_facts(result.stdout)
-    if len(facts.missing) == len(PROBES):  # something else ran in the probe's place, or nothing did
+    script = FACTS_SCRIPT if probes == PROBES else facts_script(probes)
+    result = conn.run(["sh", "-c", script], warn=True, timeout=timeout)
+    facts = parse_facts(result.stdout, probes)
+    if len(facts.missing) == len(probes):  # something else ran in the probe's place, or nothing did
         said = excerpt(last_line(result.stdout, result.stderr), 60) if last_line(result.stdout, result.stderr) else "nothing"
         raise HostError(
             f"the host ran something else than the probe (ForceCommand? broken login shell?): it printed {said} and exited {result.exited}",
@@ -176,9 +185,9 @@ def gather(conn: Connection, timeout: float | None = 60.0) -> Facts:
     return facts
 
 
-def gather_complete(conn: Connection, timeout: float | None = 60.0) -> Facts:
+def gather_complete(conn: Connection, timeout: float | None = 60.0, probes: tuple[Probe, ...] = PROBES) -> Facts:
     """``gather``, where facts with any probe's output missing are a HostError (the ``facts`` task's rule: never ``ok`` from half an answer)."""
-    facts = gather(conn, timeout)
+    facts = gather(conn, timeout, probes)
     if facts.incomplete:
         raise HostError(facts.incomplete, "check the host (disk full? killed session? a login shell that exits early?) and run again", host=conn.name)
     return facts
@@ -199,6 +208,7 @@ __all__ = [
     "PciGpu",
     "Probe",
     "RC_MARK",
+    "SUMMARY_PROBES",
     "Section",
     "SystemFacts",
     "facts_script",

@@ -11,6 +11,7 @@ from gpurig.facts import (
     ABSENT,
     FACTS_SCRIPT,
     PROBES,
+    SUMMARY_PROBES,
     Probe,
     Section,
     facts_script,
@@ -23,6 +24,7 @@ from gpurig.facts import (
     read,
     split_sections,
 )
+from gpurig.facts.readiness import lacks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -192,3 +194,30 @@ def test_a_declared_probe_travels_in_the_one_script_and_gets_its_own_section_bac
     assert script.count("@@gpurig-fact") == 1 and "( cut -d' ' -f1 /proc/uptime ) 2>&1" in script
     assert read((uptime,), split_sections("\n@@gpurig-fact uptime\n12.5\n\n@@gpurig-rc 0\n")) == {"uptime": 12.5}
     assert read((uptime,), {}) == {"uptime": None}  # its section never arrived
+
+
+def test_the_summary_script_leaves_out_provision_and_the_traps_probes_and_keeps_what_the_verdict_reads():
+    script = facts_script(SUMMARY_PROBES)
+    for word in ("dpkg-query", "systemctl", "apt-config", "apt-cache", "/etc/machine-id"):
+        assert word in FACTS_SCRIPT and word not in script
+    for word in ("nvidia-smi", "docker info", "/proc/driver/nvidia/version", "python3 --version", "/etc/os-release"):
+        assert word in script
+    assert script.count("@@gpurig-fact") == len(SUMMARY_PROBES) < len(PROBES) and script.count("\n") < FACTS_SCRIPT.count("\n")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.txt")))
+def test_facts_from_the_summary_probes_judge_a_host_as_the_full_facts_do(name):
+    text = (FIXTURES / f"{name}.txt").read_text()
+    full, summary = parse_facts(text), parse_facts(text, SUMMARY_PROBES)
+    for cuda in ("cpu", "12.8", "13.0"):
+        said, said_full = lacks(summary, cuda), lacks(full, cuda)
+        if full.missing:  # cut short: both say so, the summary naming only the sections it asked for
+            assert said[0].startswith("facts cut short (") and said_full[0].startswith("facts cut short (")
+            said, said_full = said[1:], said_full[1:]
+        assert said == said_full
+    assert (summary.os, summary.gpus, summary.driver_version, summary.docker, summary.toolkit_version) == \
+        (full.os, full.gpus, full.driver_version, full.docker, full.toolkit_version)
+    assert set(summary.missing) <= set(full.missing)  # a recorded run cut short is still cut short, in what was asked
+    assert set(summary.unasked) == {p.name for p in PROBES} - {p.name for p in SUMMARY_PROBES} and full.unasked == ()
+    assert summary.system.installed == {} and summary.system.services == {}  # what was not asked is absent, not guessed
+    assert json.loads(json.dumps(summary.to_dict()))["unasked"] == list(summary.unasked)  # the JSON report names them

@@ -50,6 +50,18 @@ def test_facts_prints_a_table_and_writes_json(cli_hosts, write_inventory, tmp_pa
     assert {h["host"] for h in report["hosts"]} == {cli_hosts[0].name, cli_hosts[1].name}
     # accept-new recorded both keys next to the inventory.
     assert len((inv.parent / "known_hosts").read_text().splitlines()) == 2
+    # facts reads the summary probes only: provision's package, service and trap probes were not run, and the report says so
+    data = report["hosts"][0]["data"]
+    assert {"packages", "services", "held"} <= set(data["unasked"]) and data["missing"] == []
+    assert data["os"]["id"] == "debian" and data["docker"] is not None
+
+
+def test_facts_full_runs_every_probe_as_provision_reads_them(cli_hosts, write_inventory, tmp_path):
+    inv = write_inventory({cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port}})
+    proc = gpurig(tmp_path, "facts", "--full", "--inventory", str(inv), "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)["hosts"][0]["data"]
+    assert data["unasked"] == [] and data["missing"] == []  # every probe asked, and every one's section came back
 
 
 def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path, silent_port):

@@ -124,9 +124,9 @@ def test_daemon_reload_takes_the_gpu_from_a_container_until_gpu_devices_moves_do
         return after
 
     assert "Operation not permitted" in open_error("trapped")  # the trap: the device rule is gone after daemon-reload
-    # gpurig's facts see it: a node, no /dev/char link to it, Docker set to systemd
-    facts = subprocess.run([sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts", "--inventory",
-                            str(inventory), "--json", "facts.json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    # gpurig's facts see it (--full: the traps' probes): a node, no /dev/char link to it, Docker set to systemd
+    facts = subprocess.run([sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts", "--full",
+                            "--inventory", str(inventory), "--json", "facts.json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     assert facts.returncode == 0, facts.stdout + facts.stderr
     data = json.loads((tmp_path / "facts.json").read_text())["hosts"][0]["data"]
