@@ -63,7 +63,7 @@ def build_collection(argv: list[str] | None = None) -> Collection:
     import importlib
 
     ns = Collection()
-    for name in task_modules(argv) if argv is not None else dict.fromkeys(TASK_MODULES.values()):
+    for name in task_modules(argv):
         module = importlib.import_module(f"gpurig.cli.{name}")
         for task_name in module.__all__:
             ns.add_task(getattr(module, task_name))

@@ -13,11 +13,10 @@ from gpurig.report import console, err_console, outside
 from gpurig.report.tables import FORMATS, Column, show
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gpurig.image.render import BuildContext
     from gpurig.image.spec import ImageSpec
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 

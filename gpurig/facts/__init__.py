@@ -129,12 +129,15 @@ FACTS_SCRIPT = facts_script(PROBES)
 # that reads only these sends only them, still in one exec. `facts --full` asks for every probe.
 SUMMARY_PROBES: tuple[Probe, ...] = tuple(p for p in PROBES if p not in SYSTEM_PROBES and p not in GPUHOST_PROBES) + tuple(
     p for p in SYSTEM_PROBES if p.name == "python3")
+# Each script built once: every host of a fleet run sends the same text.
+_SCRIPTS = {PROBES: FACTS_SCRIPT, SUMMARY_PROBES: facts_script(SUMMARY_PROBES)}
 
 
 def parse_facts(output: str, probes: tuple[Probe, ...] = PROBES) -> Facts:
     """Facts from the output of ``probes``' script; asked sections that never arrived are listed in ``missing``."""
-    sections = split_sections(output)
-    v = read(PROBES, {name: section for name, section in sections.items() if any(p.name == name for p in probes)})
+    asked = {probe.name for probe in probes}
+    sections = {name: section for name, section in split_sections(output).items() if name in asked}
+    v = read(PROBES, sections)
     kernel, arch = v["uname"]
     total, available = v["meminfo"]
     driver, flavour = v["nvidia_version"]
@@ -162,7 +165,7 @@ def parse_facts(output: str, probes: tuple[Probe, ...] = PROBES) -> Facts:
         system=system_facts(v),
         gpuhost=gpuhost_facts(v),
         missing=tuple(probe.name for probe in probes if probe.name not in sections),
-        unasked=tuple(probe.name for probe in PROBES if probe not in probes),
+        unasked=tuple(probe.name for probe in PROBES if probe.name not in asked),
     )
 
 
@@ -172,7 +175,7 @@ def gather(conn: Connection, timeout: float | None = 60.0, probes: tuple[Probe, 
     Facts with some sections missing are returned (``missing`` names them, ``incomplete`` says it in
     one line) for the caller to refuse: nothing may be planned or reported ``ok`` from them.
     """
-    script = FACTS_SCRIPT if probes == PROBES else facts_script(probes)
+    script = _SCRIPTS.get(probes) or facts_script(probes)
     result = conn.run(["sh", "-c", script], warn=True, timeout=timeout)
     facts = parse_facts(result.stdout, probes)
     if len(facts.missing) == len(probes):  # something else ran in the probe's place, or nothing did
