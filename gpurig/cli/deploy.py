@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from gpurig.cli.images import load_project_spec
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.errors import ConfigError
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
@@ -184,13 +184,14 @@ def print_access(report: FleetReport, out) -> None:
 @host_task()
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
+    chosen = select_hosts(opts)
+    connect_early(opts, chosen)
     from gpurig.connect.engine import open_engine
     from gpurig.connect.fleet import Outcome
     from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
     from gpurig.steps.slurmconf import NODES_GROUP
     from gpurig.verify.slurmnode import node_state
 
-    chosen = select_hosts(opts)
     slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
     states: dict = {}  # a Slurm node's state as its controller sees it (drained, and why)
 
@@ -271,6 +272,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
         raise ConfigError("which container? `gpurig logs -l HOST NAME` (or a job: `gpurig logs --job ID`)", "see the names with `gpurig status`")
     _names(name)  # checked before any host is contacted
     chosen = select_hosts(opts)
+    connect_early(opts, chosen)
     prefix = len(chosen) > 1
 
     def work(conn: Connection) -> Outcome:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from invoke.exceptions import Exit
 
 from gpurig.cli.images import load_project_spec
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import positive_number
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
@@ -47,11 +47,12 @@ def hosts(c, opts: HostOptions):
                          "(without it those probes are not run, and the JSON lists them as unasked)"})
 def facts(c, opts: HostOptions, full=False):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
+    chosen = select_hosts(opts)
+    connect_early(opts, chosen)  # what loads from here on runs while the logins wait on the network
     from gpurig.facts import PROBES, SUMMARY_PROBES, Facts, gather_complete
     from gpurig.facts.readiness import lacks
 
     probes = PROBES if full else SUMMARY_PROBES
-    chosen = select_hosts(opts)
     entry = _default_entry(c)
 
     def annotate(report: FleetReport) -> dict[str, Any]:
@@ -165,7 +166,9 @@ def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
             return Outcome(status=Status.FAILED, data=data, detail=f"exited {result.exited}")
         return Outcome(data=data)
 
-    report = run_hosts(opts, select_hosts(opts), work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line})
+    chosen = select_hosts(opts)
+    connect_early(opts, chosen)
+    report = run_hosts(opts, chosen, work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line})
     columns = [Column("host"), _STATUS, Column("rc"), Column("stdout"), Column("stderr", drop=1)]
     rows = []
     for r in report.results:

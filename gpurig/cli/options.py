@@ -22,7 +22,7 @@ import functools
 import getpass
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
@@ -84,6 +84,8 @@ class HostOptions:
     json: str | None = None
     format: str = "table"
     ask_sudo_password: bool = False
+    # The connector connect_early made, logins under way, for the next run_hosts to take.
+    started: list[Connector] = field(default_factory=list, compare=False, repr=False)
 
     def show(self, columns: Sequence[Column], rows: Sequence[Row], *, title: str | None = None, doc: dict | None = None, schema: str = "") -> None:
         """The result on stdout in --format; nothing when --json - already put the report there."""
@@ -145,7 +147,6 @@ def select_hosts(opts: HostOptions) -> list[Host]:
 
     Their gpurig_* vars are validated here, before any task contacts a host.
     """
-    from gpurig.deploy.containers import check_containers
     from gpurig.inventory import load_inventory
     from gpurig.inventory.profile import host_profile
 
@@ -156,12 +157,29 @@ def select_hosts(opts: HostOptions) -> list[Host]:
             "check the patterns with 'gpurig hosts -l PATTERN'",
         )
     for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
-        check_containers(host, opts.settings.inventory, host_profile(host, opts.settings.inventory))
+        profile = host_profile(host, opts.settings.inventory)
+        if "gpurig_containers" in host.vars:  # deploy's container rules load only where a host has containers
+            from gpurig.deploy.containers import check_containers
+
+            check_containers(host, opts.settings.inventory, profile)
     return chosen
 
 
+def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> None:
+    """Start logging in to ``hosts`` now, for the next ``run_hosts``: the task's own loading runs during the round trips.
+
+    For the commands people type all day, once every local check has passed
+    (nothing reaches a host for a run that is refused here).
+    """
+    connector = make_connector(opts)
+    connector.start_early(hosts)
+    opts.started.append(connector)
+
+
 def make_connector(opts: HostOptions) -> Connector:
-    """Connections made as the settings say; the project's known_hosts where the config puts it."""
+    """Connections made as the settings say; the project's known_hosts where the config puts it (connect_early's, once)."""
+    if opts.started:
+        return opts.started.pop()
     from gpurig.connect.ssh import Connector, SSHSettings
 
     s = opts.settings

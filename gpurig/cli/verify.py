@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import choice
 from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
@@ -59,14 +59,16 @@ RECORD_COLUMNS = (
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
     from gpurig.inventory.profile import host_profile
+
+    plan = make_plan(container, image, level)
+    chosen = select_hosts(opts)
+    expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
+    connect_early(opts, chosen)
     from gpurig.steps.slurmconf import NODES_GROUP
     from gpurig.verify.junit import junit_xml
     from gpurig.verify.runner import verify_host
     from gpurig.verify.slurmnode import node_record
 
-    plan = make_plan(container, image, level)
-    chosen = select_hosts(opts)
-    expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
     slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
 
     def work(conn: Connection) -> Outcome:

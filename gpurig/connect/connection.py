@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import getpass
+import os
 import secrets
 import shlex
 import threading
@@ -370,3 +371,20 @@ class OutputCollector:
 
     def text(self, stream: str) -> str:
         return "".join(self.parts[stream])
+
+
+_ENV_PASSWORD: dict[str, str | None] = {"value": None}
+_ENV_LOCK = threading.Lock()
+
+
+def env_sudo_password() -> str | None:
+    """$GPURIG_SUDO_PASSWORD, taken OUT of the environment the first time it is seen.
+
+    Every child gpurig starts (local commands, docker, hadolint, git) inherits
+    os.environ: a password left there would reach ``gpurig exec -- env`` and
+    its report. It is kept here instead, for the connectors of this process.
+    """
+    with _ENV_LOCK:
+        if SUDO_PASSWORD_ENV in os.environ:
+            _ENV_PASSWORD["value"] = os.environ.pop(SUDO_PASSWORD_ENV)
+        return _ENV_PASSWORD["value"]

@@ -9,6 +9,7 @@ parsed ~/.ssh/config, the sudo password, one transport per jump host. Its
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -17,28 +18,29 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
 
 from gpurig.connect.connection import (
-    SUDO_PASSWORD_ENV,
     Connection,
     ConnectionLost,
     OutputCollector,
     Result,
     UnreachableError,
+    env_sudo_password,
     short_command,
 )
+from gpurig.connect.early import EARLY_MAX, EarlyLogins
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
 from gpurig.connect.streams import Feeder, SinkFailed, guarded_sink
 from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
-from gpurig.errors import HostError
+from gpurig.errors import GpurigError, HostError
 from gpurig.inventory import Host
 
 log = logging.getLogger(__name__)
@@ -333,23 +335,6 @@ class SSHConnection(Connection):
 # --- connector --------------------------------------------------------------------------------
 
 
-_ENV_PASSWORD: dict[str, str | None] = {"value": None}
-_ENV_LOCK = threading.Lock()
-
-
-def env_sudo_password() -> str | None:
-    """$GPURIG_SUDO_PASSWORD, taken OUT of the environment the first time it is seen.
-
-    Every child gpurig starts (local commands, docker, hadolint, git) inherits
-    os.environ: a password left there would reach ``gpurig exec -- env`` and
-    its report. It is kept here instead, for the connectors of this process.
-    """
-    with _ENV_LOCK:
-        if SUDO_PASSWORD_ENV in os.environ:
-            _ENV_PASSWORD["value"] = os.environ.pop(SUDO_PASSWORD_ENV)
-        return _ENV_PASSWORD["value"]
-
-
 class Connector:
     """Opens connections with shared settings, known_hosts, ssh config and jump-host transports."""
 
@@ -365,6 +350,7 @@ class Connector:
         self._jumps: dict[tuple, paramiko.Transport] = {}
         self._jump_lock = threading.Lock()
         self._stop = threading.Event()
+        self._early = EarlyLogins(self._stop)
 
     def open(self, host: Host) -> Connection:
         """A connection to ``host`` (local for ``ansible_connection: local``), not yet connected.
@@ -392,13 +378,29 @@ class Connector:
         self._stop.set()
 
     def close(self) -> None:
+        self._early.close()
         with self._jump_lock:
             jumps, self._jumps = list(self._jumps.values()), {}
         for t in jumps:
             t.close()
 
+    def start_early(self, hosts: Iterable[Host]) -> None:
+        """Begin logging in to the first EARLY_MAX of ``hosts`` in the background; ``transport`` takes those logins.
+
+        A host whose vars make no target is left to the fleet, which reports it as before.
+        """
+        for host in [h for h in hosts if not h.is_local][:EARLY_MAX]:
+            try:
+                target = resolve_target(host, self._ssh_config)
+            except GpurigError:
+                continue
+            self._early.start(target, functools.partial(self._login, target))
+
     def transport(self, target: SSHTarget) -> paramiko.Transport:
-        """An authenticated transport to ``target``, through its jump hosts if any."""
+        """An authenticated transport to ``target``, through its jump hosts if any (the early login's, where one was started)."""
+        return self._early.take(target) or self._login(target)
+
+    def _login(self, target: SSHTarget) -> paramiko.Transport:
         via = None
         for i, hop in enumerate(target.jumps):
             via = self._jump(hop, via, target.jumps[:i])

@@ -187,7 +187,7 @@ def test_wrong_sudo_password_is_reported_as_such(settings, sudo_user, sshd, make
 
 def test_sudo_without_a_password_says_what_to_set(settings, sudo_user, sshd, monkeypatch, make_host):
     monkeypatch.delenv("GPURIG_SUDO_PASSWORD", raising=False)
-    monkeypatch.setattr("gpurig.connect.ssh._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
+    monkeypatch.setattr("gpurig.connect.connection._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
     name, _ = sudo_user
     with pytest.raises(SudoPasswordError) as err:
         Connector(settings).open(make_host(sshd.port, user=name)).sudo("true")
