@@ -1,18 +1,24 @@
-"""Benchmark: facts from N sshd hosts on loopback, gpurig vs pyinfra vs Ansible, side by side.
+"""Benchmark: facts from N sshd hosts on loopback, gpurig vs pyinfra vs Ansible running the same probe lines, side by side.
 
 Run as root (it starts sshd processes and a throwaway login user):
 
     python -m venv /tmp/gpurig-bench-venv
     /tmp/gpurig-bench-venv/bin/pip install ansible-core pyinfra
     python bench/bench_facts.py --hosts 100 --runs 3 --tools-venv /tmp/gpurig-bench-venv
+    python bench/bench_facts.py --work exec ...     # the same small script through each tool's exec
 
 Every tool gets the same hosts, the same key, the same known_hosts file (host
-keys checked, none recorded during the timed runs) and the same remote work
-for the facts Ansible's setup module and pyinfra's facts do not cover (GPUs,
-driver, Docker, toolkit, Secure Boot, cgroup): gpurig's probe lines. Wall
-time is the whole command, interpreter start-up included. The login user has
-/bin/sh as its shell so a heavy ~/.bashrc on the bench machine (root's runs
-`pyenv init` here) does not weigh on the tool that runs the most commands.
+keys checked, none recorded during the timed runs) and the same remote work:
+with ``--work facts`` (the default) the exact line ``gpurig facts --full``
+sends (every probe section), run by pyinfra's ``exec`` and Ansible's
+``shell`` module; with ``--work exec`` a small script (``EXEC_SCRIPT``)
+through ``gpurig exec``, ``pyinfra exec`` and Ansible's ``shell``. Ansible
+runs in its fastest configuration: no fact gathering, pipelining on,
+ControlPersist (its default), a fresh ControlPath directory per run. Wall
+time is the whole command, interpreter start-up included. The login user
+has /bin/sh as its shell so a heavy ~/.bashrc on the bench machine (root's
+runs `pyenv init` here) does not weigh on the tool that runs the most
+commands.
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpurig.facts import PROBES  # noqa: E402
+from gpurig.facts import FACTS_SCRIPT  # noqa: E402
 from tests.integration.hosts.conftest import SshdFarm, keygen  # noqa: E402
 
 BENCH_USER = "gpurigbench"
-# What setup / pyinfra's facts do not gather: the same probe gpurig runs for these sections.
-GPU_SECTIONS = ("lspci", "pci_sysfs", "nvidia_version", "nvidia_smi", "modules", "secure_boot", "docker_info", "daemon_json", "nvidia_ctk", "cgroup")
-GPU_PROBE = "; ".join(f"echo @@{p.name}; ( {p.shell} ) 2>&1; echo rc=$?" for p in PROBES if p.name in GPU_SECTIONS)
-RAW_GPU_PROBE = "{% raw %}" + GPU_PROBE + "{% endraw %}"  # Ansible templates task args; the probe has {{ and {#
+# What --work exec runs on every host: the issue's "same small script" (a few short processes, a few lines back).
+EXEC_SCRIPT = "uname -sr; nproc; head -n 2 /proc/meminfo; id -un"
+
+
+def raw(line: str) -> str:
+    """``line`` as an Ansible ad-hoc argument, rendered to itself: Ansible templates arguments (the probe holds {{ and {#),
+    and reads one that starts with "{" as JSON, so the raw block opens after the first character."""
+    return line[:1] + "{% raw %}" + line[1:] + "{% endraw %}"
 
 
 def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int, int]:
@@ -97,52 +107,57 @@ def write_inventories(work: Path, hosts, key: Path) -> tuple[Path, Path, Path]:
 
 
 def main() -> None:
-    args, tools, venv_bin = bench_args(__doc__, "bench_facts.py", "gpurig,pyinfra,ansible")
+    args, tools, venv_bin = bench_args(__doc__, "bench_facts.py", "gpurig,pyinfra,ansible",
+                                       lambda ap: ap.add_argument("--work", choices=("facts", "exec"), default="facts"))
+    script = FACTS_SCRIPT if args.work == "facts" else EXEC_SCRIPT
 
     with bench_hosts(args.hosts, "gpurig-bench-") as (work, key, hosts):
         yaml_inv, py_inv, known = write_inventories(work, hosts, key)
-        playbook = work / "facts.yml"
-        playbook.write_text(
-            "- hosts: all\n  gather_facts: true\n  tasks:\n"
-            f"    - name: gpu facts\n      ansible.builtin.shell: {json.dumps(RAW_GPU_PROBE)}\n      changed_when: false\n"
-        )
         env = {**os.environ, "HOME": str(work), "COLUMNS": "200", "PYTHONPATH": str(REPO)}  # this checkout, not whichever gpurig pip installed
         env.pop("SSH_AUTH_SOCK", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # each tool runs with its bytecode cached, as installed
+        shared = ["--inventory", str(yaml_inv), "--forks", str(args.hosts), "--host-key-policy", "strict", "--json", str(work / "gpurig.json")]
+        gpurig = [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)"]
         commands = {
-            "gpurig": [sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "facts",
-                       "--inventory", str(yaml_inv), "--forks", "100", "--host-key-policy", "strict", "--json", str(work / "gpurig.json")],
-            "pyinfra": [str(venv_bin / "pyinfra"), str(py_inv), "--parallel", "100", "-y", "fact",
-                        "server.LinuxDistribution", "server.KernelVersion", "server.Arch", "hardware.Cpus", "hardware.Memory",
-                        "server.Command", f"command={GPU_PROBE}"],
-            "ansible": [str(venv_bin / "ansible-playbook"), "-i", str(yaml_inv), "-f", "100", str(playbook)],
+            "gpurig": [*gpurig, "facts", "--full", *shared] if args.work == "facts" else [*gpurig, "exec", *shared, "--", script],
+            "pyinfra": [str(venv_bin / "pyinfra"), str(py_inv), "--parallel", str(args.hosts), "-y", "exec", "--", script],
+            "ansible": [str(venv_bin / "ansible"), "all", "-i", str(yaml_inv), "-f", str(args.hosts), "-o",
+                        "-m", "ansible.builtin.shell", "-a", raw(script)],
         }
-        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, ansible_ssh_env(known))
+        fastest = {**ansible_ssh_env(known), "ANSIBLE_PIPELINING": "True", "ANSIBLE_GATHERING": "explicit"}
+        results = run_interleaved(tools, commands, env, work, args.runs, venv_bin, fastest)
         gp = json.loads((work / "gpurig.json").read_text()) if "gpurig" in tools else None
         print()
-        print(f"facts from {len(hosts)} hosts, median of {args.runs} runs (wall, CPU of the tool and its children, peak RSS of the main process):")
+        what = "facts (every probe section)" if args.work == "facts" else f"exec of {EXEC_SCRIPT!r}"
+        print(f"{what} on {len(hosts)} hosts, the same lines through each tool, median of {args.runs} runs "
+              "(wall, CPU of the tool and its children, peak RSS of the main process):")
         med = {name: statistics.median(r[0] for r in rs) for name, rs in results.items()}
+        cpu = {name: statistics.median(r[1] for r in rs) for name, rs in results.items()}
         for name, rs in results.items():
-            line = f"  {name:8s} {med[name]:7.2f}s  cpu {statistics.median(r[1] for r in rs):6.2f}s  peak {max(r[2] for r in rs):4d} MiB"
+            line = f"  {name:8s} {med[name]:7.2f}s  cpu {cpu[name]:6.2f}s  peak {max(r[2] for r in rs):4d} MiB"
             if "gpurig" in med and name != "gpurig":
-                line += f"   gpurig/{name} = {med['gpurig'] / med[name]:.2f}x  ({name} takes {med[name] / med['gpurig']:.1f}x as long)"
+                line += (f"   gpurig/{name}: wall {med['gpurig'] / med[name]:.2f}x, cpu {cpu['gpurig'] / cpu[name]:.2f}x"
+                         f"  ({name} takes {med[name] / med['gpurig']:.1f}x as long)")
             print(line)
         if gp:
             print(f"  gpurig report: {gp['summary']}")
 
 
-def bench_args(doc: str, script: str, tools: str) -> tuple[argparse.Namespace, list[str], Path]:
-    """(flags, the tools to run, the tools venv's bin): the flags both benches take; root and the tools' venv checked."""
+def bench_args(doc: str, script: str, tools: str, more=None) -> tuple[argparse.Namespace, list[str], Path]:
+    """(flags, the tools to run, the tools venv's bin): the host benches' flags (``more(parser)`` adds its own); root and the tools' venv checked."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=100)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tools-venv", type=Path, default=Path(os.environ.get("GPURIG_BENCH_VENV", "/tmp/gpurig-bench-venv")))
     ap.add_argument("--only", default=tools)
+    if more:
+        more(ap)
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit(f"{script} must run as root: it starts sshd hosts and creates a throwaway login user")
     chosen = args.only.split(",")
     venv_bin = args.tools_venv / "bin"
-    for tool, binary in {"pyinfra": "pyinfra", "ansible": "ansible-playbook"}.items():
+    for tool, binary in {"pyinfra": "pyinfra", "ansible": "ansible"}.items():
         if tool in chosen and not (venv_bin / binary).exists():
             sys.exit(f"{venv_bin / binary} missing: pip install ansible-core pyinfra into {args.tools_venv}")
     return args, chosen, venv_bin
