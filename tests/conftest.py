@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,11 @@ LONG_TIMEOUT_S = 3600
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a script (`cmd &`, nohup) inherits SIGINT ignored, and every gpurig a test
+    # starts would inherit that too: the Ctrl-C tests would wait for a stop that never comes. A handled SIGINT here
+    # is reset to the default in each child at exec, as a terminal gives it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not config.pluginmanager.hasplugin("timeout"):
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "pytest-timeout is not installed, so a hung test is never stopped: pip install -e '.[test]'"), stacklevel=2)
