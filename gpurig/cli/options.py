@@ -172,7 +172,7 @@ def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> None:
     (nothing reaches a host for a run that is refused here).
     """
     connector = make_connector(opts)
-    connector.start_early(hosts)
+    connector.start_early(hosts, opts.settings.forks)
     opts.started.append(connector)
 
 

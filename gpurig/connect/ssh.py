@@ -384,12 +384,13 @@ class Connector:
         for t in jumps:
             t.close()
 
-    def start_early(self, hosts: Iterable[Host]) -> None:
-        """Begin logging in to the first EARLY_MAX of ``hosts`` in the background; ``transport`` takes those logins.
+    def start_early(self, hosts: Iterable[Host], forks: int) -> None:
+        """Begin logging in to the first of ``hosts`` in the background, as many as the run's forks (EARLY_MAX at most).
 
+        ``transport`` takes those logins; -f 1 still means one login at a time.
         A host whose vars make no target is left to the fleet, which reports it as before.
         """
-        for host in [h for h in hosts if not h.is_local][:EARLY_MAX]:
+        for host in [h for h in hosts if not h.is_local][:max(1, min(forks, EARLY_MAX))]:
             try:
                 target = resolve_target(host, self._ssh_config)
             except GpurigError:

@@ -87,3 +87,24 @@ def test_ctrl_c_ends_the_wait_for_a_login():
         logins.take(target())
     release.set()
     assert hung.closed.wait(5)  # what the login made after the interrupt is closed
+
+
+def test_the_connector_starts_no_more_logins_than_the_runs_forks(tmp_path):
+    from gpurig.connect.early import EARLY_MAX
+    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.inventory import Host
+
+    def started(forks: int, count: int) -> list[str]:
+        connector = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))
+        logins: list[str] = []
+        connector._login = lambda target: logins.append(target.name) or FakeTransport()  # type: ignore[method-assign]
+        hosts = [Host("here", ("ungrouped",), {}, connection="local")]
+        hosts += [Host(f"gpu{i:02d}", ("ungrouped",), {}, address=f"10.0.0.{i + 1}", user="ml") for i in range(count)]
+        connector.start_early(hosts, forks)
+        for host in hosts[1:]:
+            connector._early.take(connector.open(host).target)  # waits for each login that was started
+        connector.close()
+        return sorted(logins)
+
+    assert started(1, 3) == ["gpu00"]  # -f 1: one login at a time, the first host the fleet takes
+    assert started(64, 20) == [f"gpu{i:02d}" for i in range(EARLY_MAX)]  # a big fleet: a head start for its first hosts only
