@@ -1,7 +1,8 @@
 """Package commands every step installs with (apt on Debian and Ubuntu), and Debian version comparison for plans.
 
 Each install first lets dpkg finish what a host lost mid-install left half
-done (``dpkg --configure -a``), waits (bounded, saying so) for another
+done (``dpkg --configure -a``, and a reinstall of a package dpkg was stopped
+in the middle of unpacking), waits (bounded, saying so) for another
 package manager holding dpkg's or apt's lock instead of failing, and never
 asks a question. dpkg runs without a pty of its own: with one it would lead
 a session apart from the command's, and an interrupted run could not stop it
@@ -32,6 +33,16 @@ _LOCKED = (
     r"""sleep 1; waited=$((waited+1)); done; }"""
 ).replace("@WAIT@", str(LOCK_WAIT_S)).replace("@NOTICE@", NOTICE)
 
+# A dpkg stopped at the wrong moment of an unpack leaves the package flagged "reinstall required": `dpkg --configure -a`
+# then refuses it ("package is in a very bad inconsistent state; you should reinstall it before attempting configuration")
+# and so does every apt run after. Such packages are reinstalled from the lists, and what dpkg left unconfigured is
+# configured again; a failure there is the step's failure, with dpkg's reason.
+_REINSTALL_BROKEN = (
+    "broken=$(dpkg-query -W -f '${db:Status-Eflag} ${binary:Package}\\n' | sed -n 's/^reinstreq //p') && "
+    f'{{ [ -z "$broken" ] || locked {_APT} {_FETCH} install --reinstall --no-install-recommends $broken; }} && '
+    '{ [ -z "$unfinished$broken" ] || locked dpkg --configure -a; }'
+)
+
 
 def install_command(*packages: str, update: bool = True, guard: str = "", optional: tuple[str, ...] = ()) -> str:
     """One shell line: finish interrupted installs, refresh the lists, check ``guard`` (a shell test), install.
@@ -40,9 +51,10 @@ def install_command(*packages: str, update: bool = True, guard: str = "", option
     them (Debian 13 splits docker-cli out of docker.io; Debian 12 has none).
     """
     words = " ".join(shlex.quote(p) for p in packages)
-    steps = ["export DEBIAN_FRONTEND=noninteractive", "locked dpkg --configure -a"]
+    steps = ["export DEBIAN_FRONTEND=noninteractive", "unfinished=", "{ locked dpkg --configure -a || unfinished=1; }"]
     if update:
         steps.append(f"locked {_APT} {_FETCH} update")
+    steps.append(_REINSTALL_BROKEN)
     if guard:
         steps.append(guard)
     steps.append(f"locked {_APT} {_FETCH} install --no-install-recommends {words}")

@@ -106,6 +106,9 @@ def test_candidate_guard_refuses_an_old_candidate_on_the_host(tmp_path):
 def test_install_finishes_interrupted_dpkg_first_and_quotes_names():
     line = install_command("docker.io", "nvidia-container-toolkit=1.17.8*", optional=("docker-cli",))
     assert line.index("dpkg --configure -a") < line.index(" update") < line.index("install --no-install-recommends")
+    # a package dpkg left needing a reinstall is reinstalled from the fresh lists, then configured, before the install
+    assert line.index(" update") < line.index("install --reinstall") < line.rindex("dpkg --configure -a") < line.index(
+        "install --no-install-recommends docker.io")
     assert "'nvidia-container-toolkit=1.17.8*'" in line
     assert "if apt-cache show docker-cli" in line
 
