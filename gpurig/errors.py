@@ -100,8 +100,22 @@ def error_line(text: str, skip: frozenset[str] = frozenset()) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip() and line.strip() not in skip]
     for i in range(len(lines) - 1, -1, -1):
         if _ERROR_START.search(lines[i]):
-            return _with_its_list(lines, i)
+            return (_DPKG_SUMMARY.match(lines[i]) and _dpkgs_cause(lines[:i])) or _with_its_list(lines, i)
     return lines[-1] if lines else ""
+
+
+_DPKG_FAILED = re.compile(r"^dpkg: error processing (package|archive) .+:$")
+# What dpkg, and apt after it, end with when a package failed: a summary, not the reason.
+_DPKG_SUMMARY = re.compile(r"^(Errors were encountered while processing:|E: Sub-process /usr/bin/dpkg returned an error code)")
+
+
+def _dpkgs_cause(before: list[str]) -> str:
+    """dpkg ends "Errors were encountered while processing:" and a list of packages, which says what failed but
+    not why; the why is the line under its last "dpkg: error processing package X (--configure):"."""
+    for j in range(len(before) - 2, -1, -1):
+        if _DPKG_FAILED.match(before[j]):
+            return f"{before[j].removesuffix(':')}: {before[j + 1]}"
+    return ""
 
 
 def _with_its_list(lines: list[str], i: int) -> str:

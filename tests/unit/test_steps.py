@@ -248,9 +248,22 @@ Errors were encountered while processing:
 """
 
 
-def test_dpkgs_list_of_the_packages_it_could_not_process_stays_in_the_reason(conn, tmp_path):
+def test_dpkgs_reason_for_the_package_it_could_not_process_is_the_reason(conn, tmp_path):
     assert failed_saying(conn, tmp_path, DPKG_UNCONFIGURED, 1) == (
-        "could not install docker.io: exited 1: Errors were encountered while processing: docker.io")
+        "could not install docker.io: exited 1: dpkg: error processing package docker.io (--configure): "
+        "installed docker.io package post-installation script subprocess returned error exit status 1")
+    through_apt = DPKG_UNCONFIGURED + "E: Sub-process /usr/bin/dpkg returned an error code (1)\n"
+    assert failed_saying(conn, tmp_path, through_apt, 100).endswith(": exited 100: dpkg: error processing package docker.io "
+                                                                    "(--configure): installed docker.io package post-installation "
+                                                                    "script subprocess returned error exit status 1")
+
+
+def test_dpkgs_list_of_the_packages_it_could_not_process_stays_in_the_reason_when_it_gave_no_reason(conn, tmp_path):
+    assert failed_saying(conn, tmp_path, "Errors were encountered while processing:\n runc\n", 1) == (
+        "could not install docker.io: exited 1: Errors were encountered while processing: runc")
+    # an older dpkg error above another tool's error is not that error's reason
+    unrelated = DPKG_UNCONFIGURED + "E: Unable to locate package docker-ce\n"
+    assert failed_saying(conn, tmp_path, unrelated, 100).endswith(": exited 100: E: Unable to locate package docker-ce")
 
 
 def test_a_commands_notice_reaches_the_user_while_it_runs(conn, caplog):
