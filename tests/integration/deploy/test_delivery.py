@@ -9,6 +9,7 @@ not depend on each other's order.
 from __future__ import annotations
 
 import json
+import tarfile
 import time
 import types
 from pathlib import Path
@@ -242,11 +243,14 @@ def test_the_host_pulls_from_the_specs_registry_when_it_holds_the_built_image(sp
     assert 0.1 * link.size(slim) < pulled.bytes_moved < 0.6 * link.size(slim)  # the compressed layers the host downloaded
 
 
-def test_a_registry_holding_another_image_under_the_name_is_passed_over(spec_registry, link, clean_deploy_host, cpu_images):
-    host, slim, ssh = clean_deploy_host, cpu_images["slim"], cpu_images["ssh"]
+def test_a_registry_holding_another_image_under_the_name_is_passed_over(spec_registry, link, clean_deploy_host, cpu_images,
+                                                                         docker_engine, tmp_path):
+    host, slim = clean_deploy_host, cpu_images["slim"]
     bare(host)
     stale = f"{spec_registry.inside}/{slim}"
-    link.local.tag(ssh, stale)  # a stale push: ssh's image under slim's name
+    with tarfile.open(tmp_path / "stale.tar", "w") as tar:  # a stale push: another image (one small file) under slim's name
+        tar.add(__file__, arcname="stale")
+    docker_engine("import", str(tmp_path / "stale.tar"), stale)
     link.local.push(stale)
     link.local.untag(stale)
     moved = link.deliver(slim, registry=spec_registry.outside)
