@@ -185,7 +185,7 @@ def print_access(report: FleetReport, out) -> None:
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
     chosen = select_hosts(opts)
-    connect_early(opts, chosen)
+    early = connect_early(opts, chosen)
     from gpurig.connect.engine import open_engine
     from gpurig.connect.fleet import Outcome
     from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
@@ -205,7 +205,7 @@ def status(c, opts: HostOptions):
         return {"containers": {r.host: [status_doc(ci) for ci in outcomes_of(r)] for r in rep.results},
                 **({"slurm": {h: {"state": s.state, "reason": s.reason} if s else None for h, s in states.items()}} if states else {})}
 
-    report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA, annotate=annotate)
+    report = run_hosts(opts, chosen, work, label="status", schema=STATUS_SCHEMA, annotate=annotate, connector=early)
     columns = [Column("host"), Column("container"), Column("state"), Column("image", drop=2), Column("gpus", drop=3),
                Column("ports", drop=1), Column("up", drop=4)]
     rows = []
@@ -272,7 +272,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
         raise ConfigError("which container? `gpurig logs -l HOST NAME` (or a job: `gpurig logs --job ID`)", "see the names with `gpurig status`")
     _names(name)  # checked before any host is contacted
     chosen = select_hosts(opts)
-    connect_early(opts, chosen)
+    early = connect_early(opts, chosen)
     prefix = len(chosen) > 1
 
     def work(conn: Connection) -> Outcome:
@@ -288,7 +288,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
                 sys.stdout.flush()
         return Outcome(status=Status.OK)
 
-    report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1")
+    report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1", connector=early)
     exit_for(report)
 
 

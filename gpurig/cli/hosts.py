@@ -48,7 +48,7 @@ def hosts(c, opts: HostOptions):
 def facts(c, opts: HostOptions, full=False):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
     chosen = select_hosts(opts)
-    connect_early(opts, chosen)  # what loads from here on runs while the logins wait on the network
+    early = connect_early(opts, chosen)  # what loads from here on runs while the logins wait on the network
     from gpurig.facts import PROBES, SUMMARY_PROBES, Facts, gather_complete
     from gpurig.facts.readiness import lacks
 
@@ -66,7 +66,7 @@ def facts(c, opts: HostOptions, full=False):
     def work(conn: Connection) -> Facts:
         return gather_complete(conn, probes=probes)
 
-    report = run_hosts(opts, chosen, work, label="facts", schema=FACTS_SCHEMA, annotate=annotate)
+    report = run_hosts(opts, chosen, work, label="facts", schema=FACTS_SCHEMA, annotate=annotate, connector=early)
     columns, rows = facts_rows(report, entry)
     opts.show(columns, rows, doc=fleet_document(opts, report, FACTS_SCHEMA, **annotate(report)))
     exit_for(report)
@@ -167,8 +167,8 @@ def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
         return Outcome(data=data)
 
     chosen = select_hosts(opts)
-    connect_early(opts, chosen)
-    report = run_hosts(opts, chosen, work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line})
+    early = connect_early(opts, chosen)
+    report = run_hosts(opts, chosen, work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line}, connector=early)
     columns = [Column("host"), _STATUS, Column("rc"), Column("stdout"), Column("stderr", drop=1)]
     rows = []
     for r in report.results:

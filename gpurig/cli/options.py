@@ -22,7 +22,7 @@ import functools
 import getpass
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
@@ -85,7 +85,6 @@ class HostOptions:
     format: str = "table"
     ask_sudo_password: bool = False
     # The connector connect_early made, logins under way, for the next run_hosts to take.
-    started: list[Connector] = field(default_factory=list, compare=False, repr=False)
 
     def show(self, columns: Sequence[Column], rows: Sequence[Row], *, title: str | None = None, doc: dict | None = None, schema: str = "") -> None:
         """The result on stdout in --format; nothing when --json - already put the report there."""
@@ -165,21 +164,20 @@ def select_hosts(opts: HostOptions) -> list[Host]:
     return chosen
 
 
-def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> None:
-    """Start logging in to ``hosts`` now, for the next ``run_hosts``: the task's own loading runs during the round trips.
+def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
+    """A connector already logging in to ``hosts``, for ``run_hosts(..., connector=)``: the task's own loading runs
+    during the round trips.
 
     For the commands people type all day, once every local check has passed
     (nothing reaches a host for a run that is refused here).
     """
     connector = make_connector(opts)
     connector.start_early(hosts, opts.settings.forks)
-    opts.started.append(connector)
+    return connector
 
 
 def make_connector(opts: HostOptions) -> Connector:
-    """Connections made as the settings say; the project's known_hosts where the config puts it (connect_early's, once)."""
-    if opts.started:
-        return opts.started.pop()
+    """Connections made as the settings say; the project's known_hosts where the config puts it."""
     from gpurig.connect.ssh import Connector, SSHSettings
 
     s = opts.settings
@@ -202,16 +200,18 @@ def run_hosts(
     schema: str,
     annotate: Callable[[FleetReport], dict[str, Any]] | None = None,
     finished: bool = True,
+    connector: Connector | None = None,
 ) -> FleetReport:
     """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
 
     ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict). ``finished=False``:
-    more work follows (provision's cluster phase), so the report and the recap wait for ``finish``.
+    more work follows (provision's cluster phase), so the report and the recap wait for ``finish``. ``connector``:
+    ``connect_early``'s, whose logins are under way (closed here, as one made here is).
     """
     from gpurig.connect.fleet import FleetInterrupted, run_fleet
     from gpurig.report.fleetrun import FleetProgress, print_recap
 
-    connector = make_connector(opts)
+    connector = connector or make_connector(opts)
     events = FleetProgress(err_console) if err_console.is_terminal else None
     try:
         report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label)

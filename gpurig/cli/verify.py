@@ -63,7 +63,7 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     plan = make_plan(container, image, level)
     chosen = select_hosts(opts)
     expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
-    connect_early(opts, chosen)
+    early = connect_early(opts, chosen)
     from gpurig.steps.slurmconf import NODES_GROUP
     from gpurig.verify.junit import junit_xml
     from gpurig.verify.runner import verify_host
@@ -81,7 +81,7 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     def annotate(report: FleetReport) -> dict:
         return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}
 
-    report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate)
+    report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate, connector=early)
     if junit:
         write_text_report(junit, junit_xml(report), "--junit")
     columns, rows = (record_rows(report) if opts.verbose else host_rows(report))
