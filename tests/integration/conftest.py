@@ -28,7 +28,7 @@ import yaml
 
 TEST_LABEL = "io.gpurig.test"
 SESSION = uuid.uuid4().hex[:12]
-BASE_REF = "debian:bookworm-slim"  # the name the image tests' spec uses, so a session bootstraps it once
+BASE_REF = "debian:bookworm-slim"  # the container hosts' base: local if present, else pulled, else bootstrapped
 MIRROR = "http://deb.debian.org/debian"
 LOGIN = "gpurig"
 

@@ -121,7 +121,9 @@ DOCKER = "docker"
 
 
 @pytest.fixture(scope="session")
-def docker_client():
+def docker_client(systemd_images):
+    # systemd_images (lazy: nothing is built until asked) is set up first so that it is torn down last: the base it
+    # made goes only after the images this session built on it.
     from gpurig.image.dockercli import find_client
 
     global DOCKER
@@ -171,11 +173,18 @@ def cli(project) -> Cli:
 
 
 @pytest.fixture(scope="session")
-def base(docker_client, project):
-    """The Debian base, once per session: local if present, else pulled, else bootstrapped (labelled, removed at end)."""
+def base(docker_client, project, systemd_images):
+    """The Debian base, once per session: the systemd hosts' debootstrapped Debian 12 base, named BASE, which
+    ensure_base then finds in the local store (else it pulls, else bootstraps).
+
+    One base for the whole suite: the CPU images built here and the deploy tests' (tests/integration/deploy/
+    cpuimages.py, the same spec on that base) share BuildKit's cache, so whichever builds second takes every
+    layer from it instead of installing torch again. The systemd images' teardown removes the base by id.
+    """
     from gpurig.image.baseimage import ensure_base
     from gpurig.image.spec import load_spec
 
+    docker("tag", systemd_images.base("debian12"), BASE)
     spec = load_spec(project / "images" / "pytorch.yaml")
     said: list[str] = []
     found = ensure_base(docker_client, spec.base, spec.bootstrap, {TEST_LABEL: SESSION}, say=said.append)
