@@ -84,7 +84,6 @@ class HostOptions:
     json: str | None = None
     format: str = "table"
     ask_sudo_password: bool = False
-    # The connector connect_early made, logins under way, for the next run_hosts to take.
 
     def show(self, columns: Sequence[Column], rows: Sequence[Row], *, title: str | None = None, doc: dict | None = None, schema: str = "") -> None:
         """The result on stdout in --format; nothing when --json - already put the report there."""
