@@ -66,7 +66,7 @@ def facts(c, opts: HostOptions, full=False):
     def work(conn: Connection) -> Facts:
         return gather_complete(conn, probes=probes)
 
-    report = run_hosts(opts, chosen, work, label="facts", schema=FACTS_SCHEMA, annotate=annotate, connector=early)
+    report = run_hosts(opts, chosen, work, label="facts", schema=FACTS_SCHEMA, annotate=annotate, connector=early, spread=True)
     columns, rows = facts_rows(report, entry)
     opts.show(columns, rows, doc=fleet_document(opts, report, FACTS_SCHEMA, **annotate(report)))
     exit_for(report)
@@ -168,7 +168,7 @@ def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
 
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)
-    report = run_hosts(opts, chosen, work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line}, connector=early)
+    report = run_hosts(opts, chosen, work, label="exec", schema=EXEC_SCHEMA, annotate=lambda _: {"command": line}, connector=early, spread=True)
     columns = [Column("host"), _STATUS, Column("rc"), Column("stdout"), Column("stderr", drop=1)]
     rows = []
     for r in report.results:

@@ -170,8 +170,11 @@ def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
     For the commands people type all day, once every local check has passed
     (nothing reaches a host for a run that is refused here).
     """
+    from gpurig.connect.spread import SPREAD_MIN
+
     connector = make_connector(opts)
-    connector.start_early(hosts, opts.settings.forks)
+    if len(hosts) < SPREAD_MIN:  # a bigger run may fork workers, which must not inherit login threads (its head start is nothing)
+        connector.start_early(hosts, opts.settings.forks)
     return connector
 
 
@@ -200,20 +203,24 @@ def run_hosts(
     annotate: Callable[[FleetReport], dict[str, Any]] | None = None,
     finished: bool = True,
     connector: Connector | None = None,
+    spread: bool = False,
 ) -> FleetReport:
     """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
 
     ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict). ``finished=False``:
     more work follows (provision's cluster phase), so the report and the recap wait for ``finish``. ``connector``:
-    ``connect_early``'s, whose logins are under way (closed here, as one made here is).
+    ``connect_early``'s, whose logins are under way (closed here, as one made here is). ``spread``: ``work`` keeps
+    nothing across hosts and returns picklable data, so a run over hundreds of hosts may use a worker process per core.
     """
     from gpurig.connect.fleet import FleetInterrupted, run_fleet
+    from gpurig.connect.spread import worker_count
     from gpurig.report.fleetrun import FleetProgress, print_recap
 
     connector = connector or make_connector(opts)
     events = FleetProgress(err_console) if err_console.is_terminal else None
     try:
-        report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label)
+        report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label,
+                           workers=worker_count(len(hosts)) if spread else 1)
     except FleetInterrupted as stop:
         _write(opts, stop.report, schema, annotate)
         print_recap(stop.report, err_console)

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -137,6 +137,7 @@ def run_fleet(
     events: FleetEvents | None = None,
     report_path: str | Path | None = None,
     label: str = "running",
+    workers: int = 1,
 ) -> FleetReport:
     """Run ``work(connection)`` on every host, at most ``forks`` at a time (default: the configured forks).
 
@@ -144,10 +145,18 @@ def run_fleet(
     ``Outcome``. Exceptions become ``failed``; connection problems before
     ``work`` starts become ``unreachable``. ``events`` hears each host's
     progress. On Ctrl-C the report is written and FleetInterrupted raised.
+    ``workers`` > 1 spreads the hosts over that many forked processes
+    (``gpurig.connect.spread``): only for a ``work`` that keeps no state across
+    hosts and returns picklable data.
     """
     hosts = list(hosts)
     forks = max(1, min(forks or DEFAULTS["forks"], len(hosts) or 1))
     display = events or FleetEvents()
+    if workers > 1 and len(hosts) > 1:
+        from gpurig.connect.spread import run_spread
+
+        return run_spread(hosts, work, connector=connector, forks=forks, workers=min(workers, len(hosts)), events=display,
+                          label=label, report_path=report_path)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     results: dict[str, HostResult] = {}
@@ -218,6 +227,12 @@ def run_fleet(
         pool.shutdown(wait=not interrupted)
         display.stop()
 
+    return conclude(hosts, results, started_at, t0, interrupted, stop_code, report_path)
+
+
+def conclude(hosts: Sequence[Host], results: dict[str, HostResult], started_at: str, t0: float, interrupted: bool, stop_code: int,
+             report_path: str | Path | None) -> FleetReport:
+    """The report of a run, in inventory order (a host with no result was interrupted); written if asked; raised after Ctrl-C."""
     ordered = tuple(results.get(h.name) or HostResult(h.name, Status.FAILED, "interrupted") for h in hosts)
     summary = {s.value: sum(1 for r in ordered if r.status == s) for s in Status}
     report = FleetReport(ordered, started_at, time.monotonic() - t0, interrupted, summary, stop_code)

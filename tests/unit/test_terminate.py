@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import running
+
 SCRIPT = """
 import signal, sys
 from invoke import Context
@@ -45,14 +47,6 @@ def test_sigterm_runs_the_tasks_cleanup_and_exits_143(tmp_path: Path):
     assert marker.read_text() == "cleaned up"
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _started(path: Path, proc: subprocess.Popen) -> int:
     """The pid the command wrote once it started, polled for with a deadline."""
     end = time.monotonic() + 60
@@ -84,4 +78,4 @@ def test_a_signal_stops_a_fleet_run_and_its_commands_with_the_signals_exit_code(
     assert proc.returncode == code, stderr
     assert stderr.strip().splitlines()[-1] == said
     assert "here: interrupted; the command was stopped" in stderr  # the host's line in the recap
-    assert not _running(pid)  # the command it ran was stopped, not left behind
+    assert not running(pid)  # the command it ran was stopped, not left behind
