@@ -105,8 +105,8 @@ def print_recap(report: FleetReport, console: Console) -> None:
             console.print(status_text(r.status).append(" " + printable(explain(r.reason, r.fix, r.host))))
     per_host = [(r, host_counts(r)) for r in report.results]
     width = max((len(printable(r.host)) for r in report.results), default=0)
-    for r, counts in per_host:
-        console.print(_counts_line(Text(f"{printable(r.host):<{width}} :"), counts))
+    if per_host:  # one print of every host's line: a print each cost ~0.5 ms, a thousand hosts half a second
+        console.print(Text("\n").join(_counts_line(Text(f"{printable(r.host):<{width}} :"), counts) for r, counts in per_host))
     totals = {s: sum(c[s] for _, c in per_host) for s in RECAP}
     head = Text(f"{counted(len(report.results), 'host')} in {report.duration_s:.1f}s:")
     console.print(_counts_line(head, totals))
