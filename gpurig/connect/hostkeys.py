@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import hashlib
+import hmac
 import logging
 import os
 import threading
@@ -56,17 +57,12 @@ class KnownHosts:
         self.user = user
         self.policy = policy
         self._lock = threading.Lock()
-        self._user_keys = load_host_keys(user) if user else paramiko.HostKeys()
+        self._user_keys = load_host_keys(user) if user else KeyTable()
         self._project_keys = load_host_keys(self.project)
 
     def known_types(self, name: str) -> list[str]:
         """Key types on record for ``name`` (``host`` or ``[host]:port``), to ask the server for first."""
-        found: list[str] = []
-        for keys in (self._project_keys, self._user_keys):
-            entry = keys.lookup(name)
-            if entry:
-                found.extend(t for t in entry.keys() if t not in found)
-        return found
+        return list(dict.fromkeys(k.get_name() for _, k in self._known(name)))
 
     def check(self, target: SSHTarget, key: paramiko.PKey) -> None:
         """Accept, record or refuse ``key`` for ``target`` according to the policy."""
@@ -94,9 +90,7 @@ class KnownHosts:
     def _known(self, name: str) -> list[tuple[Path | None, paramiko.PKey]]:
         found: list[tuple[Path | None, paramiko.PKey]] = []
         for path, keys in ((self.project, self._project_keys), (self.user, self._user_keys)):
-            entry = keys.lookup(name)
-            if entry:
-                found.extend((path, k) for k in entry.values())
+            found.extend((path, k) for k in keys.lookup(name))
         return found
 
     def _changed(self, target: SSHTarget, key: paramiko.PKey, known: list[tuple[Path | None, paramiko.PKey]]) -> HostKeyError:
@@ -123,19 +117,61 @@ class KnownHosts:
                 if current and not current.endswith("\n"):
                     current += "\n"
                 atomic_write(self.project, (current + line).encode())
-            self._project_keys.add(name, key.get_name(), key)
+            self._project_keys.add(name, key)
             log.info("recorded host key %s %s for %s in %s", key.get_name(), fingerprint(key), name, self.project)
         finally:
             fcntl.flock(dir_fd, fcntl.LOCK_UN)
             os.close(dir_fd)
 
 
-def load_host_keys(path: Path | None) -> paramiko.HostKeys:
+def load_host_keys(path: Path | None) -> KeyTable:
     """A known_hosts file's keys (none when it does not exist); a damaged file is a one-line error."""
-    keys = paramiko.HostKeys()
+    keys = KeyTable()
     if path and Path(path).exists():
         try:
-            keys.load(str(path))
-        except (OSError, paramiko.SSHException) as err:
+            keys.load(Path(path))
+        except (OSError, UnicodeDecodeError, paramiko.hostkeys.InvalidHostKey) as err:
             raise HostError(f"cannot read known_hosts file {path}: {err}", "fix or remove the damaged line") from None
     return keys
+
+
+class KeyTable:
+    """A known_hosts file's keys by host name, every key a line records for it, in file order.
+
+    paramiko's HostKeys scans every line for each lookup, and for each line it
+    loads: a project of 10,000 hosts spent seconds loading its known_hosts
+    and milliseconds per host looking one up. Here a plain name is a dict
+    entry; only hashed names (``|1|salt|hash``, which OpenSSH writes with
+    HashKnownHosts) are tried one by one. Lines paramiko cannot read (an
+    unknown key type, a marker) are skipped, as it skips them.
+    """
+
+    def __init__(self) -> None:
+        self._plain: dict[str, list[paramiko.PKey]] = {}
+        self._hashed: list[tuple[str, paramiko.PKey]] = []
+
+    def load(self, path: Path) -> None:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+            except paramiko.SSHException:
+                continue
+            if entry is not None:
+                for name in entry.hostnames:
+                    self.add(name, entry.key)
+
+    def add(self, name: str, key: paramiko.PKey) -> None:
+        if name.startswith("|1|"):
+            self._hashed.append((name, key))
+        elif key not in (known := self._plain.setdefault(name, [])):
+            known.append(key)
+
+    def lookup(self, name: str) -> list[paramiko.PKey]:
+        found = list(self._plain.get(name, ()))
+        for hashed, key in self._hashed:
+            if hmac.compare_digest(paramiko.HostKeys.hash_host(name, hashed), hashed) and key not in found:
+                found.append(key)
+        return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -96,3 +97,29 @@ def test_recorded_key_types_come_first(tmp_path):
     KnownHosts(project, None, "accept-new").check(_target(2222), key)
     assert KnownHosts(project, None, "strict").known_types("[127.0.0.1]:2222") == ["ssh-ed25519"]
     assert KnownHosts(project, None, "strict").known_types("[127.0.0.1]:2223") == []
+
+
+def test_a_name_hashed_by_openssh_is_recognised_and_a_changed_key_still_stops_the_host(tmp_path):
+    """The user's ~/.ssh/known_hosts as Debian's ssh writes it (HashKnownHosts yes): ssh-keygen -H hashes the names."""
+    key, other = _pub_key(tmp_path, "k"), _pub_key(tmp_path, "o")
+    user = tmp_path / "user_known_hosts"
+    user.write_text(f"[127.0.0.1]:2222 {key.get_name()} {key.get_base64()}\n127.0.0.1 {other.get_name()} {other.get_base64()}\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(user)], check=True, capture_output=True)
+    assert "127.0.0.1" not in user.read_text()  # only hashes are left
+    known = KnownHosts(tmp_path / "project", user, "strict")
+    known.check(_target(2222), key)
+    assert known.known_types("[127.0.0.1]:2222") == ["ssh-ed25519"] and known.known_types("[127.0.0.1]:2223") == []
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        known.check(_target(2222), other)
+
+
+def test_a_known_hosts_file_of_ten_thousand_hosts_costs_little_to_load_and_to_look_up(tmp_path):
+    """A 10,000-host project: paramiko's HostKeys scans every line per lookup and per loaded line (6 s to load here)."""
+    key = _pub_key(tmp_path, "k")
+    project = tmp_path / "known_hosts"
+    project.write_text("".join(f"10.0.{i // 250}.{i % 250} {key.get_name()} {key.get_base64()}\n" for i in range(10_000)))
+    start = time.process_time()
+    known = KnownHosts(project, None, "strict")
+    for i in range(10_000):
+        known.check(SSHTarget(name=f"h{i}", hostname=f"10.0.{i // 250}.{i % 250}", port=22, user="root", key_files=()), key)
+    assert time.process_time() - start < 3.0  # about 0.5 s here; HostKeys took minutes
