@@ -78,7 +78,6 @@ def run_spread(
     results: dict[str, HostResult] = {}
     sel = selectors.DefaultSelector()
     children: dict[int, tuple[int, list[Host]]] = {}  # read fd -> (pid, share)
-    events.start(len(hosts), label)
     try:
         for share in shares:
             rfd, wfd = os.pipe()
@@ -92,6 +91,7 @@ def run_spread(
     except BaseException:
         _kill(children, reap=True)
         raise
+    events.start(len(hosts), label)  # after the forks: a terminal's progress display runs a refresh thread
     ended: dict[int, tuple[bool, int]] = {}  # read fd -> the worker's (interrupted, stop code)
     try:
         interrupted, stop_code = _relay_all(sel, children, results, events, ended)
