@@ -119,27 +119,28 @@ def show(
     elif len(rows) > PLAIN_ROWS:
         console.file.write(plain_columns(columns, rows))
         console.file.flush()
-    elif (lines := one_line_table(columns, rows, console.width, title)) is not None:
+    elif (lines := unwrapped_table(columns, rows, console.width, title)) is not None:
         console.print(lines, soft_wrap=True)
     else:
         console.print(rich_table(columns, rows, console.width, title), soft_wrap=False)
 
 
-def one_line_table(columns: Sequence[Column], rows: Sequence[Row], width: int, title: str | None = None) -> Text | None:
-    """The table ``rich_table`` draws, drawn without rich's layout where every cell fits on one line; None where one does not.
+def unwrapped_table(columns: Sequence[Column], rows: Sequence[Row], width: int, title: str | None = None) -> Text | None:
+    """The table ``rich_table`` draws, drawn without rich's layout where no line of a cell wraps; None where one would.
 
     rich measures and renders each cell (about 2 ms a row of the facts table):
     a thousand hosts' facts spent longer drawing the table than reading their
-    answers. When no column is dropped, no cell wraps and every value is
-    ASCII, the layout is plain arithmetic: each column as wide as its longest
-    value, three spaces apart, the header bold and ruled, as rich draws it.
+    answers. When no column is dropped, no line of a cell wraps and every
+    value is ASCII, the layout is plain arithmetic: each column as wide as its
+    longest line, three spaces apart, a row as tall as its tallest cell, the
+    header bold and ruled, as rich draws it.
     """
-    cells = [[printable(row[i], newlines=True) for i in range(len(columns))] for row in rows]
-    widths = [max([len(c.name), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    cells = [[printable(row[i], newlines=True).split("\n") for i in range(len(columns))] for row in rows]
+    widths = [max([len(c.name), *(len(line) for r in cells for line in r[i])]) for i, c in enumerate(columns)]
     total = sum(widths) + 3 * (len(columns) - 1)
     if not columns or total > width or (title and len(title) > total) or fit_columns(columns, rows, width) != list(range(len(columns))):
         return None
-    if not all(c.isascii() and c.isprintable() for r in cells for c in r) or not all(c.name.isascii() for c in columns):
+    if not all(line.isascii() and line.isprintable() for r in cells for cell in r for line in cell) or not all(c.name.isascii() for c in columns):
         return None
     text = Text()
     if title:
@@ -152,11 +153,15 @@ def one_line_table(columns: Sequence[Column], rows: Sequence[Row], width: int, t
             text.append(" ", style="table.header")
     text.append("\n" + "\u2500" * total)
     for row, printed in zip(rows, cells):
-        text.append("\n")
-        for i, c in enumerate(columns):
-            text.append(printed[i].ljust(widths[i]), style=c.styles.get(str(row[i]), ""))
-            if i < len(columns) - 1:
-                text.append("   ")
+        for k in range(max(len(cell) for cell in printed)):
+            text.append("\n")
+            for i, c in enumerate(columns):
+                if k < len(printed[i]):
+                    text.append(printed[i][k].ljust(widths[i]), style=c.styles.get(str(row[i]), ""))
+                else:  # below a shorter cell: rich's blank, unstyled
+                    text.append(" " * widths[i])
+                if i < len(columns) - 1:
+                    text.append("   ")
     return text
 
 

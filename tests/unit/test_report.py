@@ -25,7 +25,7 @@ from gpurig.facts import parse_facts
 from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import host_counts, print_recap
-from gpurig.report.tables import Column, fit_columns, one_line_table, rich_table, rows_document, show
+from gpurig.report.tables import Column, fit_columns, rich_table, rows_document, show, unwrapped_table
 from gpurig.status import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
@@ -108,7 +108,7 @@ def test_json_rows_carry_schema_and_version():
     assert doc["schema"] == "gpurig.test/1" and doc["gpurig_version"] and doc["inventory"] == "inv.yaml"
 
 
-_STYLED = [Column("host"), Column("status", styles={"ok": "green", "failed": "red"}), Column("gpus", drop=1), Column("reason")]
+_STYLED = [Column("host"), Column("status", styles={"ok": "green", "failed": "red", "two\nlines": "bold"}), Column("gpus", drop=1), Column("reason")]
 
 
 @pytest.mark.parametrize("terminal", [False, True])
@@ -116,26 +116,28 @@ _STYLED = [Column("host"), Column("status", styles={"ok": "green", "failed": "re
 @pytest.mark.parametrize("rows", [
     [["gpu000", "ok", "8x H100", "fine"], ["gpu001-long-name", "failed", "", "docker stopped"]],
     [],
+    [["gpu000", "ok", "2", "Linux 6.1\n2\nMemTotal: 1 kB\n"], ["gpu001", "failed", "", "\noops\n\nbad"]],  # exec's output
+    [["gpu000", "two\nlines", "", "a"]],  # a styled cell of two lines
 ])
-def test_a_table_whose_cells_fit_on_one_line_prints_what_rich_prints_without_its_layout(terminal, title, rows):
+def test_a_table_whose_cells_need_no_wrapping_prints_what_rich_prints_without_its_layout(terminal, title, rows):
     """The fast drawing of a fleet's table (a thousand hosts' rows) is byte for byte rich's, colours included."""
     def printed(renderable) -> str:
         buf = io.StringIO()
         Console(file=buf, width=80, force_terminal=terminal, color_system="truecolor" if terminal else None).print(renderable, soft_wrap=False)
         return buf.getvalue()
 
-    fast = one_line_table(_STYLED, rows, 80, title)
+    fast = unwrapped_table(_STYLED, rows, 80, title)
     assert fast is not None and printed(fast) == printed(rich_table(_STYLED, rows, 80, title))
 
 
 @pytest.mark.parametrize(("rows", "width"), [
     ([["gpu000", "ok", "8x H100", "a reason far too long to sit on one line of a table only forty columns wide"]], 40),  # wraps
     ([["gpu000", "ok", "8x H100 80GB HBM3", "fine"]], 30),  # a column dropped
-    ([["gpu000", "ok", "", "two\nlines"]], 80),
+    ([["gpu000", "ok", "", "a\ttab"]], 80),  # rich expands tabs
     ([["gpu000", "ok", "", "réseau"]], 80),  # rich measures what is not ASCII
 ])
 def test_a_table_that_needs_wrapping_or_dropping_is_left_to_rich(rows, width):
-    assert one_line_table(_STYLED, rows, width) is None
+    assert unwrapped_table(_STYLED, rows, width) is None
 
 
 @dataclass(frozen=True)
