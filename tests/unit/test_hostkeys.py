@@ -114,7 +114,7 @@ def test_a_name_hashed_by_openssh_is_recognised_and_a_changed_key_still_stops_th
 
 
 def test_a_known_hosts_file_of_ten_thousand_hosts_costs_little_to_load_and_to_look_up(tmp_path):
-    """A 10,000-host project: paramiko's HostKeys scans every line per lookup and per loaded line (6 s to load here)."""
+    """A 10,000-host project: paramiko's HostKeys scans every line per lookup and per loaded line (17 s of CPU here)."""
     key = _pub_key(tmp_path, "k")
     project = tmp_path / "known_hosts"
     project.write_text("".join(f"10.0.{i // 250}.{i % 250} {key.get_name()} {key.get_base64()}\n" for i in range(10_000)))
@@ -122,4 +122,4 @@ def test_a_known_hosts_file_of_ten_thousand_hosts_costs_little_to_load_and_to_lo
     known = KnownHosts(project, None, "strict")
     for i in range(10_000):
         known.check(SSHTarget(name=f"h{i}", hostname=f"10.0.{i // 250}.{i % 250}", port=22, user="root", key_files=()), key)
-    assert time.process_time() - start < 3.0  # about 0.5 s here; HostKeys took minutes
+    assert time.process_time() - start < 3.0  # about 0.13 s here; HostKeys took 16.9 s
