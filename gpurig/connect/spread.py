@@ -194,7 +194,7 @@ class _Reader:
         return messages
 
 
-def _relay(message: tuple, results: dict, events: Any, ended: dict, fd: int) -> None:
+def _relay(message: tuple, results: dict, events: FleetEvents, ended: dict, fd: int) -> None:
     kind = message[0]
     if kind == "state":
         events.state(message[1], message[2])
