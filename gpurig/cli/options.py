@@ -37,6 +37,7 @@ from gpurig.report.tables import FORMATS, document, show
 if TYPE_CHECKING:
     from gpurig.config import Settings
     from gpurig.connect.connection import Connection
+    from gpurig.connect.early import EarlyLogins
     from gpurig.connect.fleet import FleetReport
     from gpurig.connect.ssh import Connector
     from gpurig.inventory import Host
@@ -168,17 +169,22 @@ def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
     during the round trips.
 
     For the commands people type all day, once every local check has passed
-    (nothing reaches a host for a run that is refused here).
+    (nothing reaches a host for a run that is refused here). The TCP connects
+    go out before the connection code is imported.
     """
-    from gpurig.connect.spread import SPREAD_MIN
+    from gpurig.connect.early import SPREAD_MIN, EarlyLogins
+    from gpurig.connect.target import USER_SSH_CONFIG
 
-    connector = make_connector(opts)
-    if len(hosts) < SPREAD_MIN:  # a bigger run may fork workers, which must not inherit login threads (its head start is nothing)
-        connector.start_early(hosts, opts.settings.forks)
+    if len(hosts) >= SPREAD_MIN:  # a bigger run may fork workers, which must not inherit login threads (its head start is nothing)
+        return make_connector(opts)
+    early = EarlyLogins()
+    early.dial(hosts, opts.settings.forks, opts.settings.connect_timeout, USER_SSH_CONFIG.expanduser())
+    connector = make_connector(opts, early)
+    connector.start_early(hosts, opts.settings.forks)
     return connector
 
 
-def make_connector(opts: HostOptions) -> Connector:
+def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Connector:
     """Connections made as the settings say; the project's known_hosts where the config puts it."""
     from gpurig.connect.ssh import Connector, SSHSettings
 
@@ -190,7 +196,7 @@ def make_connector(opts: HostOptions) -> Connector:
         )
     ssh = SSHSettings(connect_timeout=s.connect_timeout, host_key_policy=s.host_key_policy, project_known_hosts=s.known_hosts)
     password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
-    return Connector(ssh, sudo_password=password)
+    return Connector(ssh, sudo_password=password, early=early)
 
 
 def run_hosts(

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpurig.connect.early import SPREAD_MIN  # from this many hosts a fleet run forks workers (fewer: one process keeps up)
 from gpurig.connect.fleet import SIGINT_EXIT, STOP_WAIT_S, FleetEvents, FleetInterrupted, FleetReport, HostResult, conclude, run_fleet
 from gpurig.status import Status
 
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from gpurig.connect.ssh import Connector
     from gpurig.inventory import Host
 
-SPREAD_MIN = 256  # from this many hosts a fleet run forks workers (fewer: one process keeps up)
 HOSTS_PER_WORKER = 128  # no worker for fewer hosts than this: a fork and its logins cost more than they save
 _FRAME = struct.Struct("!I")
 

@@ -33,12 +33,12 @@ from gpurig.connect.connection import (
     env_sudo_password,
     short_command,
 )
-from gpurig.connect.early import EARLY_MAX, EarlyLogins
+from gpurig.connect.early import EarlyLogins, early_hosts
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
 from gpurig.connect.streams import Feeder, SinkFailed, guarded_sink
-from gpurig.connect.target import SSHTarget, load_ssh_config, resolve_target
+from gpurig.connect.target import USER_SSH_CONFIG, SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
 from gpurig.errors import GpurigError, HostError
 from gpurig.inventory import Host
@@ -67,7 +67,7 @@ class SSHSettings:
     host_key_policy: str = "accept-new"
     project_known_hosts: Path = Path("inventory/known_hosts")
     user_known_hosts: Path | None = field(default_factory=lambda: Path("~/.ssh/known_hosts").expanduser())
-    ssh_config: Path | None = field(default_factory=lambda: Path("~/.ssh/config").expanduser())
+    ssh_config: Path | None = field(default_factory=lambda: USER_SSH_CONFIG.expanduser())
     allow_agent: bool = True
     look_for_keys: bool = True
 
@@ -338,7 +338,9 @@ class SSHConnection(Connection):
 class Connector:
     """Opens connections with shared settings, known_hosts, ssh config and jump-host transports."""
 
-    def __init__(self, settings: SSHSettings | None = None, sudo_password: str | Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self, settings: SSHSettings | None = None, sudo_password: str | Callable[[], str | None] | None = None, early: EarlyLogins | None = None
+    ) -> None:
         self.settings = settings or SSHSettings()
         self.known_hosts = KnownHosts(self.settings.project_known_hosts, self.settings.user_known_hosts, self.settings.host_key_policy)
         if self.settings.host_key_policy == "off":
@@ -349,8 +351,8 @@ class Connector:
         env_sudo_password()  # out of the environment before any child is started
         self._jumps: dict[tuple, paramiko.Transport] = {}
         self._jump_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._early = EarlyLogins(self._stop)
+        self._early = early or EarlyLogins()  # ``early``: connect_early's, its TCP connects begun before this module loaded
+        self._stop = self._early.stop
 
     def open(self, host: Host) -> Connection:
         """A connection to ``host`` (local for ``ansible_connection: local``), not yet connected.
@@ -390,7 +392,7 @@ class Connector:
         ``transport`` takes those logins; -f 1 still means one login at a time.
         A host whose vars make no target is left to the fleet, which reports it as before.
         """
-        for host in [h for h in hosts if not h.is_local][:max(1, min(forks, EARLY_MAX))]:
+        for host in early_hosts(hosts, forks):
             try:
                 target = resolve_target(host, self._ssh_config)
             except GpurigError:
@@ -405,7 +407,7 @@ class Connector:
         via = None
         for i, hop in enumerate(target.jumps):
             via = self._jump(hop, via, target.jumps[:i])
-        return open_transport(target, via, self.settings, self.known_hosts, self._stop)
+        return open_transport(target, via, self.settings, self.known_hosts, self._stop, self._early.dialed)
 
     def _jump(self, hop: SSHTarget, via: paramiko.Transport | None, before: tuple[SSHTarget, ...]) -> paramiko.Transport:
         # One transport per jump host, shared by every host behind it: a bastion sees one login, not a hundred.
@@ -413,6 +415,6 @@ class Connector:
         with self._jump_lock:
             t = self._jumps.get(key)
             if t is None or not t.is_active():
-                t = open_transport(hop, via, self.settings, self.known_hosts, self._stop)
+                t = open_transport(hop, via, self.settings, self.known_hosts, self._stop, self._early.dialed)
                 self._jumps[key] = t
             return t

@@ -15,15 +15,18 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from gpurig.errors import HostError
 from gpurig.inventory import Host
 from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
 from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem, whole_number
 
+if TYPE_CHECKING:
+    import paramiko
+
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+USER_SSH_CONFIG = Path("~/.ssh/config")
 
 
 class TargetError(HostError):
@@ -54,6 +57,8 @@ def load_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
     """The user's ssh config (None when there is none); a line paramiko cannot parse is a one-line error."""
     if not path or not Path(path).exists():
         return None
+    import paramiko  # here, not at the top: connect_early resolves targets and dials before paramiko loads
+
     try:
         return paramiko.SSHConfig.from_path(str(path))
     except (OSError, paramiko.ssh_exception.ConfigParseError) as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -61,7 +61,6 @@ class _Transport(paramiko.Transport):
             held, self._held = self._held, []
             for data in held:
                 self._send_message(data)  # type: ignore[attr-defined]
-
 
     def auth_publickey(self, username, key, event=None):
         """paramiko's key login, with the signed request sent right behind the service request (``_KeyLogin``)."""
@@ -174,12 +173,18 @@ def _keys(target: SSHTarget, allow_agent: bool, look_for_keys: bool) -> Iterator
 
 
 def open_transport(
-    target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, known_hosts: KnownHosts, stop: threading.Event
+    target: SSHTarget,
+    via: paramiko.Transport | None,
+    settings: SSHSettings,
+    known_hosts: KnownHosts,
+    stop: threading.Event,
+    dialed: Callable[[str, int], socket.socket | None] | None = None,
 ) -> paramiko.Transport:
     """An authenticated transport to ``target`` (through ``via``, a jump host's transport, if given).
 
     Connecting is retried ``settings.connect_attempts`` times with exponential
     backoff (``stop`` cuts the wait short); the error names the first reason.
+    ``dialed(hostname, port)``: a TCP connection begun earlier (EarlyLogins.dial), for the first attempt.
     """
     s = settings
     first = ""
@@ -191,7 +196,7 @@ def open_transport(
         sock = None
         transport = None
         try:
-            sock = _socket(target, via, s)
+            sock = _socket(target, via, s, dialed)
             transport = _Transport(sock)
             transport.banner_timeout = s.connect_timeout
             transport.handshake_timeout = s.connect_timeout
@@ -236,13 +241,14 @@ def open_transport(
     return transport
 
 
-def _socket(target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings) -> socket.socket | paramiko.Channel:
+def _socket(target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, dialed=None) -> socket.socket | paramiko.Channel:
     if via is not None:
         try:
             return via.open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=settings.connect_timeout)
         except paramiko.ChannelException as err:
             raise _ConnectFailure(f"jump host could not reach it: {err.text or err}") from None
-    sock = socket.create_connection((target.hostname, target.port), timeout=settings.connect_timeout)
+    # A connect begun earlier is taken once (its error raised as create_connection's would be); a retry connects anew.
+    sock = (dialed and dialed(target.hostname, target.port)) or socket.create_connection((target.hostname, target.port), timeout=settings.connect_timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if settings.keepalive_s:
         # TCP keepalive notices a host that vanished without closing the connection.

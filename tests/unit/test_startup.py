@@ -86,3 +86,13 @@ def test_a_word_that_names_no_task_loads_them_all_for_the_error():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "fatcs" in proc.stderr
+
+
+def test_the_early_tcp_connects_go_out_before_paramiko_loads():
+    # connect_early dials the hosts first; paramiko and the connection code then load during the connects' round trips.
+    loaded = _modules_after(
+        "from gpurig.connect.early import EarlyLogins; from gpurig.inventory import Host; "
+        "EarlyLogins().dial([Host(name='h', groups=(), vars={}, address='127.0.0.1', port=9)], 1, 1.0, None)")
+    assert "gpurig.connect.early" in loaded
+    assert not _heavy(loaded), f"dialing loads {sorted(_heavy(loaded))}"
+    assert not {"gpurig.connect.ssh", "gpurig.connect.transport", "gpurig.connect.fleet"} & loaded
