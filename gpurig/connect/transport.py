@@ -23,6 +23,9 @@ from gpurig.connect.target import SSHTarget
 if TYPE_CHECKING:
     from gpurig.connect.ssh import SSHSettings
 
+# AES-GCM first (paramiko offers it last): an AEAD cipher is checked by OpenSSL with the decryption, where an
+# -ctr cipher's HMAC is compared in Python byte by byte (paramiko's constant_time_bytes_eq), ~20% of a login's CPU.
+AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _KEY_CACHE: dict[tuple[str, float], paramiko.PKey] = {}
 _KEY_LOCK = threading.Lock()
 
@@ -201,12 +204,13 @@ def open_transport(
             transport.banner_timeout = s.connect_timeout
             transport.handshake_timeout = s.connect_timeout
             transport.auth_timeout = s.connect_timeout
+            opts = transport.get_security_options()
+            opts.ciphers = _first(AEAD_CIPHERS, opts.ciphers)
             known = known_hosts.known_types(target.known_hosts_name)
             if known:
                 # Ask for the key type we have on record, as OpenSSH does, so a host
                 # with several key types is not mistaken for one whose key changed.
-                opts = transport.get_security_options()
-                opts.key_types = [t for t in known if t in opts.key_types] + [t for t in opts.key_types if t not in known]
+                opts.key_types = _first(known, opts.key_types)
             transport.start_client(timeout=s.connect_timeout)
             if not transport.initial_kex_done:
                 # start_client returns quietly at its timeout while the banner wait goes on.
@@ -239,6 +243,11 @@ def open_transport(
     if s.keepalive_s:
         transport.set_keepalive(int(max(1, s.keepalive_s)))
     return transport
+
+
+def _first(wanted, offered) -> list[str]:
+    """``offered`` (an algorithm list in preference order) with those of ``wanted`` it has moved to the front, in ``wanted``'s order."""
+    return [a for a in wanted if a in offered] + [a for a in offered if a not in wanted]
 
 
 def _socket(target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, dialed=None) -> socket.socket | paramiko.Channel:

@@ -1,4 +1,4 @@
-"""Key logins against a real sshd: the signed key rides with the service request, a second key is one more trip, RSA still signs SHA-2.
+"""Logins against a real sshd: the signed key rides with the service request, RSA still signs SHA-2, AES-GCM first.
 
 paramiko on its own asks for the ssh-userauth service and waits for the
 accept before it sends the key, on every key it tries; gpurig's login sends
@@ -100,3 +100,15 @@ def test_every_key_refused_is_still_one_clear_error(sshd, settings, login_user, 
     with pytest.raises(AuthError) as err:
         _login(settings, _target(sshd.port, login_user, *wrong))
     assert "server refused" in str(err.value) and all(str(k) in str(err.value) for k in wrong)
+
+
+def test_the_session_is_encrypted_with_aes_gcm_where_the_server_offers_it(farm, settings, client_key, login_user):
+    # AES-GCM's tag is checked by OpenSSL; an -ctr cipher's HMAC is compared in Python, byte by byte, on every packet.
+    transport = _login(settings, _target(farm.start(1, prefix="gcm")[0].port, login_user, client_key))
+    assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com", "aes128-gcm@openssh.com")
+    transport.close()
+    older = farm.start(1, prefix="ctr", extra="Ciphers aes256-ctr,aes128-ctr\n")[0]  # a server without GCM: paramiko's order
+    transport = _login(settings, _target(older.port, login_user, client_key))
+    assert transport.remote_cipher == "aes128-ctr"
+    transport.close()
+
