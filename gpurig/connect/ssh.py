@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 import secrets
-import selectors
 import tempfile
 import threading
 import time
@@ -37,7 +36,7 @@ from gpurig.connect.early import EarlyLogins, early_hosts
 from gpurig.connect.hostkeys import KnownHosts, check_policy
 from gpurig.connect.local import LocalConnection
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
-from gpurig.connect.streams import Feeder, SinkFailed, guarded_sink
+from gpurig.connect.streams import Feeder, OutputWake, SinkFailed, guarded_sink
 from gpurig.connect.target import USER_SSH_CONFIG, SSHTarget, load_ssh_config, resolve_target
 from gpurig.connect.transport import open_transport
 from gpurig.errors import GpurigError, HostError
@@ -190,10 +189,10 @@ class SSHConnection(Connection):
             chan.shutdown_write()  # EOF on stdin: a command that reads it must not wait for us
         deadline = started + timeout if timeout else None
         exited_at: float | None = None
-        sel = selectors.DefaultSelector()
-        sel.register(chan, selectors.EVENT_READ)
+        wake = OutputWake(chan, batched=on_output is None and watcher is None and on_bytes is None)
         try:
             while True:
+                wake.rearm()  # before looking: output that comes from here on ends the wait below at once
                 got = False
                 while chan.recv_ready():
                     got = True
@@ -226,7 +225,7 @@ class SSHConnection(Connection):
                     wait = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))
                     if exited_at is not None:
                         wait = max(0.0, min(wait, exited_at + _EOF_GRACE_S - time.monotonic()))
-                    sel.select(wait)
+                    wake.wait(wait)
                     if self._closed:
                         raise ConnectionLost("connection closed while a command ran", "", host=self.name)
             # Drain what arrived together with the exit status.
@@ -246,7 +245,6 @@ class SSHConnection(Connection):
             raise ConnectionLost(f"connection lost during {short_command(shown)}: {err or type(err).__name__}",
                 "check that the host and its sshd are up", host=self.name) from None
         finally:
-            sel.close()
             chan.close()
             if feeder is not None:
                 feeder.stop()

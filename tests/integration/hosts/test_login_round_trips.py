@@ -1,4 +1,4 @@
-"""Logins against a real sshd: the signed key rides with the service request, RSA still signs SHA-2, AES-GCM first.
+"""Logins and reads against a real sshd: the signed key rides with the service request, RSA still signs SHA-2, AES-GCM first.
 
 paramiko on its own asks for the ssh-userauth service and waits for the
 accept before it sends the key, on every key it tries; gpurig's login sends
@@ -112,3 +112,10 @@ def test_the_session_is_encrypted_with_aes_gcm_where_the_server_offers_it(farm, 
     assert transport.remote_cipher == "aes128-ctr"
     transport.close()
 
+
+def test_output_far_past_the_channel_window_arrives_whole_when_nobody_reads_it_as_it_comes(connector, sshd, make_host):
+    # Nobody reads a probe's output as it comes, so its read loop is woken every 32 chunks, not by each: what it
+    # reads must still keep paramiko's 2 MB window open for the rest (6 MB here), and lose nothing.
+    with connector.open(make_host(sshd.port)) as conn:
+        got = conn.run("head -c 6000000 /dev/zero | tr '\\0' x; echo; echo end >&2", timeout=60)
+    assert len(got.stdout) == 6000001 and got.stdout.count("x") == 6000000 and got.stderr == "end\n"
