@@ -44,7 +44,9 @@ def test_closing_the_forward_ends_an_idle_connection_through_it_at_once(connecto
         forward.close()
         closed_s = time.monotonic() - start
         thread.join(timeout=20)
-        assert results and getattr(results[0], "stdout", results) == "connected\n"  # the host's side saw the connection end
+        transport = conn._transport  # a failure says whether the SSH connection itself died, and of what
+        state = f"transport active: {transport is not None and transport.is_active()}, its error: {transport and transport.get_exception()!r}"
+        assert results and getattr(results[0], "stdout", results) == "connected\n", state  # the host's side saw the connection end
         assert conn.run("echo still here").stdout == "still here\n"
     assert closed_s < 2
 
