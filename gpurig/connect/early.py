@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 # At most this many logins run ahead of the fleet: the hosts a few-host command names. A fleet run beyond it
 # gets no head start past its first hosts (its own forks bound it), so the early threads never double its load.
 EARLY_MAX = 8
-SPREAD_MIN = 256  # from this many hosts a fleet run forks workers (gpurig.connect.spread), which get no early logins
+# From this many hosts a fleet run forks workers (gpurig.connect.spread; fewer: one process keeps up), and those get no
+# early logins: a fork must not inherit login threads.
+SPREAD_MIN = 256
 
 
 def early_hosts(hosts: Iterable[Host], forks: int) -> list[Host]:

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpurig.connect.early import SPREAD_MIN  # from this many hosts a fleet run forks workers (fewer: one process keeps up)
+from gpurig.connect.early import SPREAD_MIN
 from gpurig.connect.fleet import SIGINT_EXIT, STOP_WAIT_S, FleetEvents, FleetInterrupted, FleetReport, HostResult, conclude, run_fleet
 from gpurig.status import Status
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -245,12 +245,14 @@ def open_transport(
     return transport
 
 
-def _first(wanted, offered) -> list[str]:
+def _first(wanted: Sequence[str], offered: Sequence[str]) -> list[str]:
     """``offered`` (an algorithm list in preference order) with those of ``wanted`` it has moved to the front, in ``wanted``'s order."""
     return [a for a in wanted if a in offered] + [a for a in offered if a not in wanted]
 
 
-def _socket(target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, dialed=None) -> socket.socket | paramiko.Channel:
+def _socket(
+    target: SSHTarget, via: paramiko.Transport | None, settings: SSHSettings, dialed: Callable[[str, int], socket.socket | None] | None
+) -> socket.socket | paramiko.Channel:
     if via is not None:
         try:
             return via.open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=settings.connect_timeout)
