@@ -23,8 +23,8 @@ from gpurig.strict import validate
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
-    from gpurig.connect.fleet import FleetReport, HostResult, Outcome
     from gpurig.deploy.apply import Target
+    from gpurig.results import FleetReport, HostResult, Outcome
     from gpurig.steps.plan import StepResult
 
 __all__ = ["deploy", "status", "logs", "stop", "rm"]
@@ -187,8 +187,8 @@ def status(c, opts: HostOptions):
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)
     from gpurig.connect.engine import open_engine
-    from gpurig.connect.fleet import Outcome
     from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
+    from gpurig.results import Outcome
     from gpurig.steps.slurmconf import NODES_GROUP
     from gpurig.verify.slurmnode import node_state
 
@@ -259,8 +259,8 @@ def uptime(ci) -> str:
 def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
     from gpurig.connect.engine import open_engine
-    from gpurig.connect.fleet import Outcome
     from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.results import Outcome
 
     if job:
         from gpurig.cli.jobqueue import job_logs
@@ -296,8 +296,8 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already
     """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
     from gpurig.connect.engine import open_engine
-    from gpurig.connect.fleet import Outcome
     from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.results import Outcome
 
     chosen = select_hosts(opts)
 

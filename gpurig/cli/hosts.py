@@ -16,9 +16,9 @@ from gpurig.status import STATUS_STYLE, Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import FleetReport, Outcome
     from gpurig.facts import Facts
     from gpurig.image.spec import MatrixEntry
+    from gpurig.results import FleetReport, Outcome
 
 __all__ = ["hosts", "facts", "exec_"]
 
@@ -149,7 +149,7 @@ def _gpu_summary(f: Facts) -> str:
 )
 def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
     """Run one shell command on every selected host: a table of each host's exit code and output (like ansible -a)."""
-    from gpurig.connect.fleet import Outcome
+    from gpurig.results import Outcome
 
     line = (c.remainder or "").strip() or (command or "").strip()
     if not line:

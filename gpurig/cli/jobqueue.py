@@ -23,8 +23,8 @@ from gpurig.status import STATUS_STYLE, Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import FleetReport, Outcome
     from gpurig.jobs.views import JobView
+    from gpurig.results import FleetReport, Outcome
 
 __all__ = ["jobs", "attach", "cancel", "fetch_"]
 
@@ -37,9 +37,9 @@ def views_of(rep: FleetReport) -> list[JobView]:
 
 def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
     """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
-    from gpurig.connect.fleet import Outcome
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import job_view
+    from gpurig.results import Outcome
 
     agent_text = None
     controller = slurm_controller(opts)
@@ -93,9 +93,10 @@ def slurm_controller(opts: HostOptions) -> str | None:
 
 def find_job(opts: HostOptions, wanted: str) -> JobView:
     """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
-    from gpurig.connect.fleet import Outcome, run_fleet
+    from gpurig.connect.fleet import run_fleet
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import job_view, pick
+    from gpurig.results import Outcome
 
     if wanted.isdecimal():  # Slurm's
         from gpurig.cli.slurmrun import find, the_cluster
@@ -125,8 +126,8 @@ def on_job_host(opts: HostOptions, view: JobView, label: str, work) -> FleetRepo
 
 
 def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
-    from gpurig.connect.fleet import Outcome
     from gpurig.jobs.remote import JobAgent
+    from gpurig.results import Outcome
 
     def work(conn: Connection) -> Outcome:
         end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
@@ -183,9 +184,9 @@ def attach(c, opts: HostOptions, job=None, tail=20):
            positional=["job"], changes=True)
 def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
-    from gpurig.connect.fleet import Outcome
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
+    from gpurig.results import Outcome
 
     view = find_job(opts, check_job_id(job))
     seconds = float(grace)
@@ -218,10 +219,10 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
            positional=["job"], name="fetch")
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
-    from gpurig.connect.fleet import Outcome
     from gpurig.jobs.artifacts import fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
+    from gpurig.results import Outcome
 
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":

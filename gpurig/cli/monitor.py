@@ -15,8 +15,8 @@ from gpurig.report import console, err_console, outside
 from gpurig.strict.validate import excerpt, finite_number
 
 if TYPE_CHECKING:
-    from gpurig.connect.fleet import FleetReport
     from gpurig.monitor.session import Run
+    from gpurig.results import FleetReport
 
 __all__ = ["monitor"]
 

@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from gpurig.config import Settings
     from gpurig.connect.connection import Connection
     from gpurig.connect.early import EarlyLogins
-    from gpurig.connect.fleet import FleetReport
     from gpurig.connect.ssh import Connector
     from gpurig.inventory import Host
     from gpurig.report.tables import Column, Row
+    from gpurig.results import FleetReport
 
 SELECT_HELP = {
     "inventory": "inventory file, YAML or INI (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
@@ -218,9 +218,10 @@ def run_hosts(
     ``connect_early``'s, whose logins are under way (closed here, as one made here is). ``spread``: ``work`` keeps
     nothing across hosts and returns picklable data, so a run over hundreds of hosts may use a worker process per core.
     """
-    from gpurig.connect.fleet import FleetInterrupted, run_fleet
+    from gpurig.connect.fleet import run_fleet
     from gpurig.connect.spread import worker_count
     from gpurig.report.fleetrun import FleetProgress, print_recap
+    from gpurig.results import FleetInterrupted
 
     connector = connector or make_connector(opts)
     events = FleetProgress(err_console) if err_console.is_terminal else None
@@ -253,8 +254,8 @@ def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra:
 
 def _write(opts: HostOptions, report: FleetReport, schema: str, annotate) -> None:
     if opts.json:
-        from gpurig.connect.fleet import jsonable
         from gpurig.files import write_report
+        from gpurig.results import jsonable
 
         extra = annotate(report) if annotate else {}
         write_report(opts.json, fleet_document(opts, report, schema, **extra), default=jsonable)

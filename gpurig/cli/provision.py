@@ -21,7 +21,7 @@ from gpurig.status import STATUS_STYLE
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.results import FleetReport, Outcome
     from gpurig.steps import Step
     from gpurig.steps.cluster import ClusterHosts
 
@@ -112,8 +112,8 @@ def slurm_cluster(opts: HostOptions, chosen: list) -> ClusterHosts | None:
 def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport:
     """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
     from gpurig.cli.options import make_connector
-    from gpurig.connect.fleet import HostResult
     from gpurig.report.changes import host_results, outcome
+    from gpurig.results import HostResult
     from gpurig.status import Status, worst
     from gpurig.steps.cluster import ClusterRun
     from gpurig.steps.plan import StepResult

@@ -30,10 +30,10 @@ from gpurig.strict import validate
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
-    from gpurig.connect.fleet import HostResult
     from gpurig.deploy.apply import Target
     from gpurig.deploy.rollhost import RolloutJob
     from gpurig.deploy.rollplan import RolloutState
+    from gpurig.results import HostResult
     from gpurig.verify.runner import VerifyPlan
 
 __all__ = ["rollout"]

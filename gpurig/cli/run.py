@@ -29,9 +29,9 @@ from gpurig.status import Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import FleetReport, Outcome
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.submit import Submitted
+    from gpurig.results import FleetReport, Outcome
 
 if TYPE_CHECKING:
     from gpurig.jobs.artifacts import Fetched
@@ -88,10 +88,10 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
-    from gpurig.connect.fleet import FleetInterrupted, Outcome
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
+    from gpurig.results import FleetInterrupted, Outcome
 
     argv = remainder_argv(c)
     if not argv:

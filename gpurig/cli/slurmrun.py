@@ -22,9 +22,9 @@ from gpurig.report import err_console, outside
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import Outcome
     from gpurig.jobs import slurmjobs
     from gpurig.jobs.views import JobView
+    from gpurig.results import Outcome
     from gpurig.steps.cluster import ClusterHosts
 
 POLL_S = 1.0
@@ -57,7 +57,7 @@ def fleet(opts: HostOptions, hosts, work):
 
 def hostnames(opts: HostOptions, cluster: ClusterHosts) -> dict[str, str]:
     """Slurm's NodeName (the host's hostname) -> the inventory's name, for finding a job's batch host."""
-    from gpurig.connect.fleet import Outcome
+    from gpurig.results import Outcome
 
     report = fleet(opts, cluster.nodes, lambda conn: Outcome(data=conn.run("hostname -s", timeout=30).stdout.strip()))
     return {r.data: r.host for r in report.results if isinstance(r.data, str) and r.data}
@@ -73,11 +73,11 @@ class Submitted:
 
 def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slurmjobs.SlurmRequest) -> Submitted:
     """Every node gets the tree and the image, then the controller queues the job; its Slurm id."""
-    from gpurig.connect.fleet import Outcome
     from gpurig.connect.streams import Streams
     from gpurig.jobs import slurmjobs
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.sync import sync
+    from gpurig.results import Outcome
 
     if target.container is None:
         raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
@@ -181,9 +181,9 @@ def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: b
 
 
 def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it: bool) -> JobView:
-    from gpurig.connect.fleet import Outcome
     from gpurig.connect.streams import Streams
     from gpurig.jobs import slurmjobs
+    from gpurig.results import Outcome
 
     cluster = controller.cluster
     while follow_it and view.state == "pending":

@@ -21,7 +21,7 @@ from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.fleet import FleetReport, Outcome
+    from gpurig.results import FleetReport, Outcome
     from gpurig.verify.records import HostVerdict
     from gpurig.verify.runner import VerifyPlan
 
@@ -92,7 +92,7 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
 
 def verdict_outcome(verdict: HostVerdict) -> Outcome:
     """``ok`` only for a proven host: a failure, or a verification that checked nothing, is ``failed`` with one line."""
-    from gpurig.connect.fleet import Outcome
+    from gpurig.results import Outcome
 
     failed = verdict.failures
     if failed:

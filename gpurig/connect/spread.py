@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpurig.connect.early import SPREAD_MIN
-from gpurig.connect.fleet import SIGINT_EXIT, STOP_WAIT_S, FleetEvents, FleetInterrupted, FleetReport, HostResult, conclude, run_fleet
+from gpurig.connect.fleet import STOP_WAIT_S, conclude, run_fleet
+from gpurig.results import SIGINT_EXIT, FleetEvents, FleetInterrupted, FleetReport, HostResult
 from gpurig.status import Status
 
 if TYPE_CHECKING:

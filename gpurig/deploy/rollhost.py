@@ -20,12 +20,12 @@ from typing import Any
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import open_engine
-from gpurig.connect.fleet import Outcome
 from gpurig.deploy.apply import DeployJob, Target, deploy_host
 from gpurig.deploy.compare import IMAGE_LABEL
 from gpurig.deploy.delivery import Delivery, DeliveryError
 from gpurig.deploy.rollplan import DONE, FAILED, ROLLED_BACK, STARTED, RolloutState
 from gpurig.errors import counted
+from gpurig.results import Outcome
 from gpurig.status import Status
 
 # (connection, container name) -> (passed, why not: the first failing record, its fix)

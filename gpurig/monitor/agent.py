@@ -13,13 +13,14 @@ import time
 from pathlib import PurePosixPath
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import FleetReport, run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.connect.launcher import embedded_line
 from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError, HostError, counted
 from gpurig.inventory import Host
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
+from gpurig.results import FleetReport
 from gpurig.skeleton import shipped_text
 
 AGENT = "checks/gpu_sampler.py"  # as shipped (gpurig.skeleton.shipped finds it in a wheel as in a checkout)

@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
-from gpurig.connect.fleet import FleetReport, HostResult, Outcome
 from gpurig.report import outside
+from gpurig.results import FleetReport, HostResult, Outcome
 from gpurig.status import Status, worst
 from gpurig.steps.plan import StepResult
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpurig.connect.fleet import FleetEvents, FleetReport, HostResult
 from gpurig.errors import counted, explain
 from gpurig.report import outside
+from gpurig.results import FleetEvents, FleetReport, HostResult
 from gpurig.status import STATUS_STYLE, Status
 from gpurig.strict.validate import printable
 

@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.fleet import Outcome, run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError, InventoryError, counted
 from gpurig.facts.probes import Section
 from gpurig.inventory import Host, Inventory
 from gpurig.inventory.profile import SlurmSettings, host_profile
+from gpurig.results import Outcome
 from gpurig.skeleton import shipped_text
 from gpurig.status import Status
 from gpurig.steps import slurm

@@ -15,7 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
-from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.results import FleetReport, HostResult
 from gpurig.verify.records import HostVerdict, Record
 
 

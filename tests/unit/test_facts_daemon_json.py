@@ -60,7 +60,7 @@ def test_facts_report_holds_the_parsed_content_not_the_raw_text():
 
 
 def test_reports_carry_no_raw_daemon_json_and_no_proxy_credentials():
-    from gpurig.connect.fleet import FleetReport, HostResult
+    from gpurig.results import FleetReport, HostResult
 
     text = (FIXTURES / "debian12-root.txt").read_text()
     secret = '{"proxies": {"http-proxy": "http://user:hunter2@proxy.example.invalid:3128"}}'

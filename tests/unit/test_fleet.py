@@ -8,10 +8,11 @@ import threading
 
 from rich.console import Console
 
-from gpurig.connect.fleet import Outcome, run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.inventory import Host
 from gpurig.report.fleetrun import FleetProgress, print_recap
+from gpurig.results import Outcome
 from gpurig.status import Status
 
 

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "gpurig"
 LAYERS: list[tuple[str, ...]] = [
     ("gpurig", "gpurig.errors", "gpurig.status"),
     ("gpurig.files", "gpurig.process", "gpurig.skeleton"),
+    ("gpurig.results",),
     ("gpurig.strict",),
     ("gpurig.config",),
     ("gpurig.image", "gpurig.inventory"),
@@ -32,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.report",),
     ("gpurig.cli",),
 ]
-TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "process.py", "config.py", "skeleton.py"}
+TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "process.py", "config.py", "skeleton.py", "results.py"}
 
 
 def _modules() -> dict[str, Path]:

@@ -174,8 +174,8 @@ def test_check_mode_shows_daemon_json_once_as_it_will_be_after_every_step():
 
     from rich.console import Console
 
-    from gpurig.connect.fleet import FleetReport, HostResult
     from gpurig.report.changes import print_diffs
+    from gpurig.results import FleetReport, HostResult
     from gpurig.steps import DaemonStep, converge
 
     host = Host("l4", (), {"gpurig_daemon": {"log-opts": {"max-size": "10m"}}})

@@ -19,13 +19,13 @@ from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
 from gpurig.cli.images import BUILT_COLUMNS, IMAGE_COLUMNS, built_row, image_row
-from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.errors import counted
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
 from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import host_counts, print_recap
 from gpurig.report.tables import Column, fit_columns, rich_table, rows_document, show, unwrapped_table
+from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"

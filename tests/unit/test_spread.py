@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connect.fleet import FleetEvents, Outcome, run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.connect.spread import SPREAD_MIN, worker_count
 from gpurig.connect.ssh import Connector, SSHSettings
 from gpurig.errors import HostError
 from gpurig.inventory import Host
+from gpurig.results import FleetEvents, Outcome
 from gpurig.status import Status
 from tests.processes import running
 

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from gpurig.connect.fleet import FleetInterrupted, Outcome, run_fleet
+from gpurig.connect.fleet import run_fleet
 from gpurig.connect.ssh import Connector
 from gpurig.facts import Facts, gather
 from gpurig.inventory import load_inventory
+from gpurig.results import FleetInterrupted, Outcome
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from gpurig import skeleton
 from gpurig.cli.verify import fleet_passed, verdict_outcome
 from gpurig.connect.connection import Result
 from gpurig.connect.engineinfo import image_info
-from gpurig.connect.fleet import FleetReport, HostResult
+from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 from gpurig.verify import runner
 from gpurig.verify.records import HostVerdict, Record, unchecked

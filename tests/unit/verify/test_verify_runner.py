@@ -11,8 +11,8 @@ from fakes import ScriptedConnection
 from gpurig.cli.verify import host_rows, make_plan, record_rows
 from gpurig.connect.connection import Result
 from gpurig.connect.engineinfo import container_info, image_info
-from gpurig.connect.fleet import FleetReport, HostResult
 from gpurig.errors import ConfigError
+from gpurig.results import FleetReport, HostResult
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
@@ -246,7 +246,7 @@ def test_json_report_validates_against_its_schema():
 
     from gpurig.cli.options import HostOptions, fleet_document
     from gpurig.config import settings
-    from gpurig.connect.fleet import jsonable
+    from gpurig.results import jsonable
 
     schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())
     opts = HostOptions(settings=settings(Config()), limit=())
