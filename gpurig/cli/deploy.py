@@ -189,8 +189,8 @@ def status(c, opts: HostOptions):
     from gpurig.connect.engine import open_engine
     from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
     from gpurig.results import Outcome
-    from gpurig.steps.slurmconf import NODES_GROUP
-    from gpurig.verify.slurmnode import node_state
+    from gpurig.slurm.conf import NODES_GROUP
+    from gpurig.slurm.health import node_state
 
     slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
     states: dict = {}  # a Slurm node's state as its controller sees it (drained, and why)

@@ -85,7 +85,7 @@ def jobs(c, opts: HostOptions, state=None, job=None):
 def slurm_controller(opts: HostOptions) -> str | None:
     """The inventory's Slurm controller, when it has a cluster (its gpurig jobs are listed from there)."""
     from gpurig.inventory import load_inventory
-    from gpurig.steps.cluster import cluster_hosts
+    from gpurig.slurm.cluster import cluster_hosts
 
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     return found.controller.name if found else None

@@ -22,15 +22,15 @@ from gpurig.status import STATUS_STYLE
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.results import FleetReport, Outcome
+    from gpurig.slurm.cluster import ClusterHosts
     from gpurig.steps import Step
-    from gpurig.steps.cluster import ClusterHosts
 
 __all__ = ["provision"]
 
 SCHEMA = "gpurig.provision/1"
 
 
-SLURM = "slurm"  # the cluster's steps (gpurig.steps.cluster), run where the inventory has slurm_controller / slurm_nodes groups
+SLURM = "slurm"  # the cluster's steps (gpurig.slurm.cluster), run where the inventory has slurm_controller / slurm_nodes groups
 # The steps by name, in the order they run: gpurig.steps.STEPS's names (a unit test keeps them equal), written out
 # so that reading provision's flags does not import every step.
 STEP_NAMES = ("gpus", "nouveau", "driver", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold", "fabric-manager", "mig",
@@ -96,7 +96,7 @@ def slurm_cluster(opts: HostOptions, chosen: list) -> ClusterHosts | None:
     """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None."""
     from gpurig.inventory import load_inventory
     from gpurig.inventory.profile import host_profile
-    from gpurig.steps.cluster import cluster_hosts
+    from gpurig.slurm.cluster import cluster_hosts
 
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:
@@ -114,8 +114,8 @@ def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport
     from gpurig.cli.options import make_connector
     from gpurig.report.changes import host_results, outcome
     from gpurig.results import HostResult
+    from gpurig.slurm.cluster import ClusterRun
     from gpurig.status import Status, worst
-    from gpurig.steps.cluster import ClusterRun
     from gpurig.steps.plan import StepResult
 
     by_host = report.by_host()

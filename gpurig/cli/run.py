@@ -161,10 +161,10 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
     from gpurig.cli import slurmrun
     from gpurig.cli.jobtarget import resolve_target
-    from gpurig.jobs.slurmjobs import LAUNCHERS, SlurmRequest
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
-    from gpurig.steps.slurmconf import name_problem
+    from gpurig.slurm.conf import name_problem
+    from gpurig.slurm.sbatch import LAUNCHERS, SlurmRequest
 
     cluster = slurmrun.the_cluster(opts)
     chosen = launcher or ("torchrun" if nodes > 1 else "none")

@@ -22,17 +22,17 @@ from gpurig.report import err_console, outside
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.jobs import slurmjobs
     from gpurig.jobs.views import JobView
     from gpurig.results import Outcome
-    from gpurig.steps.cluster import ClusterHosts
+    from gpurig.slurm import sbatch
+    from gpurig.slurm.cluster import ClusterHosts
 
 POLL_S = 1.0
 
 
 def the_cluster(opts: HostOptions) -> ClusterHosts:
     from gpurig.inventory import load_inventory
-    from gpurig.steps.cluster import cluster_hosts
+    from gpurig.slurm.cluster import cluster_hosts
 
     found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
     if found is None:
@@ -71,18 +71,18 @@ class Submitted:
     via: str = "sbatch"  # or slurmrestd (gpurig_slurm.rest)
 
 
-def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slurmjobs.SlurmRequest) -> Submitted:
+def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest) -> Submitted:
     """Every node gets the tree and the image, then the controller queues the job; its Slurm id."""
     from gpurig.connect.streams import Streams
-    from gpurig.jobs import slurmjobs
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.sync import sync
     from gpurig.results import Outcome
+    from gpurig.slurm import sbatch
 
     if target.container is None:
         raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
     login = cluster.controller.user or "root"
-    script = slurmjobs.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
+    script = sbatch.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
     if opts.check:
         return Submitted("", tuple(h.name for h in nodes_for(cluster, slurm.partition)), script)
 
@@ -96,7 +96,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
                 target.deliver(engine, conn, target.image_ref)
         agent = JobAgent(conn)
         synced = sync(agent, target.key, target.tree)
-        conn.run(["mkdir", "-p", "--", f"{slurmjobs.folder(login, target.key)}/runs"], timeout=30)
+        conn.run(["mkdir", "-p", "--", f"{sbatch.folder(login, target.key)}/runs"], timeout=30)
         return Outcome(changed=synced.moved > 0)
 
     nodes = nodes_for(cluster, slurm.partition)
@@ -110,17 +110,17 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: slu
 
     def queue(conn: Connection) -> Outcome:
         if cluster.settings.rest:
-            from gpurig.jobs.slurmrest import RestClient
+            from gpurig.slurm.rest import RestClient
 
             return Outcome(data=RestClient.for_login(conn).submit(
-                script, name=request.name, workdir=f"{slurmjobs.folder(login, target.key)}/runs", output=slurmjobs.log_path(login, target.key, "%j"),
+                script, name=request.name, workdir=f"{sbatch.folder(login, target.key)}/runs", output=sbatch.log_path(login, target.key, "%j"),
                 nodes=slurm.nodes, gpus_per_node=slurm.gpus_per_node, partition=slurm.partition, comment=comment,
-                minutes=slurmjobs.time_limit(request)))
-        said = conn.run(slurmjobs.submit_line(comment), timeout=60, warn=True, streams=Streams(feed=lambda write: write(script.encode())))
+                minutes=sbatch.time_limit(request)))
+        said = conn.run(sbatch.submit_line(comment), timeout=60, warn=True, streams=Streams(feed=lambda write: write(script.encode())))
         if said.failed:
             raise HostError(f"sbatch refused the job: {(said.stderr or said.stdout).strip()[-300:]}", "see what it says; `sinfo` on the controller",
                             host=conn.name)
-        return Outcome(data=slurmjobs.parse_submitted(said.stdout, conn.name))
+        return Outcome(data=sbatch.parse_submitted(said.stdout, conn.name))
 
     queued = fleet(opts, [cluster.controller], queue).results[0]
     if not queued.succeeded:
@@ -138,12 +138,12 @@ def nodes_for(cluster: ClusterHosts, partition: str | None):
 
 
 def slurm_jobs(conn: Connection) -> list[JobView]:
-    from gpurig.jobs import slurmjobs
+    from gpurig.slurm import sbatch
 
     said = conn.run(["squeue", "--json", "--states=all"], timeout=60, warn=True)  # 24.11 hides ended jobs otherwise
     if said.failed:
         raise HostError(f"squeue --json failed: {(said.stderr or said.stdout).strip()[-200:]}", "check slurmctld on the controller", host=conn.name)
-    return slurmjobs.gpurig_jobs(said.stdout, conn.name)
+    return sbatch.gpurig_jobs(said.stdout, conn.name)
 
 
 class Controller:
@@ -182,8 +182,8 @@ def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: b
 
 def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it: bool) -> JobView:
     from gpurig.connect.streams import Streams
-    from gpurig.jobs import slurmjobs
     from gpurig.results import Outcome
+    from gpurig.slurm import sbatch
 
     cluster = controller.cluster
     while follow_it and view.state == "pending":
@@ -202,7 +202,7 @@ def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it:
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
 
-        said = conn.run(slurmjobs.follow_line(slurmjobs.log_path(user, key, view.id), view.id, follow_it), warn=True, streams=Streams(on_bytes=out))
+        said = conn.run(sbatch.follow_line(sbatch.log_path(user, key, view.id), view.id, follow_it), warn=True, streams=Streams(on_bytes=out))
         return Outcome(data=said.exited)
 
     fleet(opts, [next(h for h in cluster.nodes if h.name == host)], read)

@@ -64,10 +64,10 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     chosen = select_hosts(opts)
     expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
     early = connect_early(opts, chosen)
-    from gpurig.steps.slurmconf import NODES_GROUP
+    from gpurig.slurm.conf import NODES_GROUP
+    from gpurig.slurm.health import node_record
     from gpurig.verify.junit import junit_xml
     from gpurig.verify.runner import verify_host
-    from gpurig.verify.slurmnode import node_record
 
     slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
 

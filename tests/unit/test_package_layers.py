@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.deploy",),
     ("gpurig.verify", "gpurig.monitor"),
     ("gpurig.jobs",),
+    ("gpurig.slurm",),
     ("gpurig.report",),
     ("gpurig.cli",),
 ]

@@ -18,11 +18,9 @@ import pytest
 from gpurig.deploy.containers import ContainerSpec
 from gpurig.inventory import Host
 from gpurig.inventory.profile import SlurmSettings
-from gpurig.jobs import slurmjobs
 from gpurig.jobs.request import RunRequest
+from gpurig.slurm import conf, hoststeps, sbatch
 from gpurig.status import Status
-from gpurig.steps import slurm
-from gpurig.steps import slurmconf as conf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 HARDWARE = conf.parse_slurmd_c((FIXTURES / "slurmd-C.txt").read_text())
@@ -85,42 +83,42 @@ def test_prolog_and_epilog_keep_the_gpu_to_job_mapping(tmp_path):
     assert not (tmp_path / "x").exists() and not (root / "slurm-jobs" / "$(touch x)").exists()
 
 
-def facts(**over) -> slurm.SlurmFacts:
-    return slurm.SlurmFacts(**{"host": "n1", "hostname": "slurm-n1", **over})
+def facts(**over) -> hoststeps.SlurmFacts:
+    return hoststeps.SlurmFacts(**{"host": "n1", "hostname": "slurm-n1", **over})
 
 
 def test_packages_munge_and_files_plan_from_the_facts():
-    assert slurm.plan_packages(facts(), controller=True).status == Status.CHANGED
-    done = {p: "22.05.8" for p in slurm.NODE_PACKAGES}
-    assert slurm.plan_packages(facts(packages=done), controller=False).status == Status.OK
-    assert slurm.plan_controller_key(facts(munge_key="a" * 64, munge_mark="a" * 64)).status == Status.OK
-    assert slurm.plan_controller_key(facts(munge_key="a" * 64)).changes[0].summary == "make the cluster's munge key"
+    assert hoststeps.plan_packages(facts(), controller=True).status == Status.CHANGED
+    done = {p: "22.05.8" for p in hoststeps.NODE_PACKAGES}
+    assert hoststeps.plan_packages(facts(packages=done), controller=False).status == Status.OK
+    assert hoststeps.plan_controller_key(facts(munge_key="a" * 64, munge_mark="a" * 64)).status == Status.OK
+    assert hoststeps.plan_controller_key(facts(munge_key="a" * 64)).changes[0].summary == "make the cluster's munge key"
     key = "ab" * 128 + "\n"
-    plan = slurm.plan_node_key(facts(munge_key="c" * 64), slurm.key_sha(key), key)
+    plan = hoststeps.plan_node_key(facts(munge_key="c" * 64), hoststeps.key_sha(key), key)
     upload = plan.changes[0].commands[0]
-    assert upload.remote == slurm.KEY_STAGE and upload.mode == 0o400 and upload.backup is False
+    assert upload.remote == hoststeps.KEY_STAGE and upload.mode == 0o400 and upload.backup is False
     assert key not in json.dumps([c.for_report(True).to_dict(True) for c in plan.changes])  # the key never reaches a report
-    assert slurm.plan_node_key(facts(munge_key=slurm.key_sha(key)), slurm.key_sha(key), key).status == Status.OK
+    assert hoststeps.plan_node_key(facts(munge_key=hoststeps.key_sha(key)), hoststeps.key_sha(key), key).status == Status.OK
     wanted = conf.files_for(cluster(), "n1")
-    first = slurm.plan_files(facts(), wanted)
+    first = hoststeps.plan_files(facts(), wanted)
     assert first.status == Status.CHANGED and len(first.changes) == len(wanted) and "+ClusterName=lab" in first.changes[0].diff
-    assert slurm.plan_files(facts(files={p: t for p, (t, _) in wanted.items()}), wanted).status == Status.OK
+    assert hoststeps.plan_files(facts(files={p: t for p, (t, _) in wanted.items()}), wanted).status == Status.OK
 
 
 def test_a_node_or_gres_change_restarts_and_any_other_change_reconfigures():
     wanted = conf.files_for(cluster(), "n1")
     same = {p: t for p, (t, _) in wanted.items()}
-    assert not slurm.needs_restart(facts(files=same), wanted)
+    assert not hoststeps.needs_restart(facts(files=same), wanted)
     other_interval = conf.files_for(cluster(health_interval=5), "n1")
-    assert not slurm.needs_restart(facts(files=same), other_interval)
+    assert not hoststeps.needs_restart(facts(files=same), other_interval)
     bigger = conf.SlurmCluster("lab", "slurm-ctl", "ctl", (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0, 1, 2), "a100"),), SlurmSettings())
-    assert slurm.needs_restart(facts(files=same), conf.files_for(bigger, "n1"))
+    assert hoststeps.needs_restart(facts(files=same), conf.files_for(bigger, "n1"))
     running = {"munge": (True, True), "slurmctld": (True, True)}
-    assert slurm.plan_daemons(facts(units=running), True, restart=False, changed=False).status == Status.OK
-    assert [str(c) for c in slurm.plan_daemons(facts(units=running), True, restart=False, changed=True).changes[0].commands] == ["scontrol reconfigure"]
-    assert [str(c) for c in slurm.plan_daemons(facts(units=running), True, restart=True, changed=True).changes[0].commands] == [
+    assert hoststeps.plan_daemons(facts(units=running), True, restart=False, changed=False).status == Status.OK
+    assert [str(c) for c in hoststeps.plan_daemons(facts(units=running), True, restart=False, changed=True).changes[0].commands] == ["scontrol reconfigure"]
+    assert [str(c) for c in hoststeps.plan_daemons(facts(units=running), True, restart=True, changed=True).changes[0].commands] == [
         "systemctl restart slurmctld"]
-    fresh = slurm.plan_daemons(facts(), False, restart=False, changed=True)
+    fresh = hoststeps.plan_daemons(facts(), False, restart=False, changed=True)
     assert [str(c) for c in fresh.changes[0].commands] == ["systemctl enable munge", "systemctl start munge", "systemctl enable slurmd",
                                                            "systemctl start slurmd"]
 
@@ -128,7 +126,7 @@ def test_a_node_or_gres_change_restarts_and_any_other_change_reconfigures():
 def test_the_cluster_comes_from_the_inventorys_groups(tmp_path):
     from gpurig.errors import InventoryError
     from gpurig.inventory import load_inventory
-    from gpurig.steps.cluster import cluster_hosts
+    from gpurig.slurm.cluster import cluster_hosts
 
     inv = tmp_path / "hosts.yaml"
     inv.write_text("all:\n  children:\n    slurm_controller:\n      hosts: {ctl: {gpurig_slurm: {cluster: lab}}}\n"
@@ -157,22 +155,22 @@ def squeue(name: str, comments: dict[int, str]) -> str:
 
 def test_slurms_states_and_exit_codes_as_gpurig_says_them():
     marks = {j: f"gpurig:work-0123456789 python train.py --run {j}" for j in (2, 9, 13, 14, 15)}
-    views = {v.id: v for v in slurmjobs.gpurig_jobs(squeue("squeue-22.05.json", marks), "ctl")}
+    views = {v.id: v for v in sbatch.gpurig_jobs(squeue("squeue-22.05.json", marks), "ctl")}
     assert (views["2"].state, views["2"].exit_status) == ("succeeded", 0)
     assert (views["13"].state, views["13"].exit_code, views["13"].reason) == ("failed", 3, "failed")
     assert (views["14"].state, views["14"].exit_code) == ("failed", 137)  # killed by SIGKILL: 128 + 9
     assert (views["15"].state, views["15"].exit_code) == ("cancelled", 143)
     assert views["9"].state == "failed" and views["9"].reason == "out_of_memory"
     assert views["13"].argv == ("python", "train.py", "--run", "13") and views["13"].raw["batch_host"] == "slurm-n1"
-    assert slurmjobs.gpurig_jobs(squeue("squeue-22.05.json", {}), "ctl") == []  # no comment: not gpurig's
-    [new] = slurmjobs.gpurig_jobs(squeue("squeue-24.11.json", {3: "gpurig:k x"}), "ctl")
+    assert sbatch.gpurig_jobs(squeue("squeue-22.05.json", {}), "ctl") == []  # no comment: not gpurig's
+    [new] = sbatch.gpurig_jobs(squeue("squeue-24.11.json", {3: "gpurig:k x"}), "ctl")
     assert (new.state, new.exit_code, new.started_at) == ("failed", 3, 1796162885.0)
 
 
 def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpus():
     spec = ContainerSpec(host="n1", name="gpurig-job-slurm", variant="", image="img:1", entry=None, env=(("TOKEN", "s p$(x)"),))
     request = RunRequest(argv=("python", "train.py", "a b", "$(touch /tmp/pwned)"), workdir=Path("."), name="train")
-    script = slurmjobs.batch_script(request, slurmjobs.SlurmRequest(nodes=2, gpus_per_node=1), spec, "img:1", "gpurig", "work-01")
+    script = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, gpus_per_node=1), spec, "img:1", "gpurig", "work-01")
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:1" in script and "#SBATCH --output=/srv/gpurig/sync/gpurig/work-01/runs/%j.log" in script
     node = shlex.split(script[script.index("exec srun"):])[-1]  # srun ... sh -c NODE_SCRIPT
     last = node.splitlines()[-1]
@@ -180,8 +178,8 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     assert "TOKEN" not in last and '--env-file "$envs"' in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
     assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n" in node  # written by the node's shell, 0600, never an argv
     with pytest.raises(Exception, match="line break"):
-        slurmjobs.batch_script(request, slurmjobs.SlurmRequest(), dataclasses.replace(spec, env=(("A", "1\n2"),)), "img:1", "gpurig", "k")
-    torch = slurmjobs.batch_script(request, slurmjobs.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
+        sbatch.batch_script(request, sbatch.SlurmRequest(), dataclasses.replace(spec, env=(("A", "1\n2"),)), "img:1", "gpurig", "k")
+    torch = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
     launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
     assert "python train.py" not in launched
@@ -197,10 +195,10 @@ def test_with_rest_the_controller_gets_slurmrestd_behind_jwt_on_its_loopback():
     assert conf.REST_DROPIN not in conf.files_for(rest, "n1")
     assert "-s openapi/slurmctld " in conf.rest_dropin((24, 11))  # 23.11 renamed the plugins
     assert [conf.rest_api(v) for v in ((22, 5), (23, 11), (24, 11))] == ["v0.0.38", "v0.0.40", "v0.0.42"]
-    assert slurm.plan_rest(facts()).changes[0].summary == "make slurmctld's JWT key, add the slurmrestd user"
-    assert slurm.plan_rest(facts(rest=("key", "user"))).status == Status.OK
-    installed = {p: "22.05.8" for p in slurm.CONTROLLER_PACKAGES}
-    assert "slurmrestd slurm-wlm-jwt-plugin" in slurm.plan_packages(facts(packages=installed), True, rest=True).changes[0].summary
+    assert hoststeps.plan_rest(facts()).changes[0].summary == "make slurmctld's JWT key, add the slurmrestd user"
+    assert hoststeps.plan_rest(facts(rest=("key", "user"))).status == Status.OK
+    installed = {p: "22.05.8" for p in hoststeps.CONTROLLER_PACKAGES}
+    assert "slurmrestd slurm-wlm-jwt-plugin" in hoststeps.plan_packages(facts(packages=installed), True, rest=True).changes[0].summary
     assert facts(packages={"slurmctld": "22.05.8-4+deb12u3"}).version == (22, 5)
 
 
@@ -208,7 +206,7 @@ class Recorded:
     """A RestClient whose requests are kept, not sent."""
 
     def __init__(self, api):
-        from gpurig.jobs.slurmrest import RestClient
+        from gpurig.slurm.rest import RestClient
 
         self.client = RestClient(conn=None, user="gpurig", token="t", api=api)
         self.sent = []

@@ -1,6 +1,6 @@
 """Submitting through slurmrestd (``gpurig_slurm.rest``): the login user's JWT from ``scontrol token``, HTTP over the SSH connection.
 
-slurmrestd listens on the controller's loopback only (gpurig.steps.slurmconf.
+slurmrestd listens on the controller's loopback only (gpurig.slurm.conf.
 rest_dropin); gpurig reaches it through a direct-tcpip channel of the SSH
 connection it already holds, so nothing listens on the network and the token
 (made on the controller for the login user, five minutes long) travels in a
@@ -21,7 +21,7 @@ from typing import Any
 
 from gpurig.connect.connection import Connection
 from gpurig.errors import HostError
-from gpurig.steps.slurmconf import REST_PORT, rest_api
+from gpurig.slurm.conf import REST_PORT, rest_api
 
 JOB_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the batch script's PATH: srun, scontrol, docker
 TOKEN_LIFESPAN_S = 300

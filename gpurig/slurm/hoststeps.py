@@ -28,7 +28,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from gpurig.facts.probes import Probe, Section, facts_script, read, split_sections
-from gpurig.steps import slurmconf as conf
+from gpurig.slurm import conf
 from gpurig.steps.apt import install_command
 from gpurig.steps.commands import Shell, Upload
 from gpurig.steps.hostfiles import unified_diff

@@ -1,4 +1,4 @@
-"""Provisioning a Slurm cluster: the steps of gpurig.steps.slurm run host by host, in the order a cluster needs, over the fleet.
+"""Provisioning a Slurm cluster: the steps of gpurig.slurm.hoststeps run host by host, in the order a cluster needs, over the fleet.
 
 The hosts come from the inventory's groups (``slurm_controller``: one host;
 ``slurm_nodes``: the compute nodes, whose child groups are partitions), and
@@ -33,9 +33,8 @@ from gpurig.inventory import Host, Inventory
 from gpurig.inventory.profile import SlurmSettings, host_profile
 from gpurig.results import Outcome
 from gpurig.skeleton import shipped_text
+from gpurig.slurm import conf, hoststeps
 from gpurig.status import Status
-from gpurig.steps import slurm
-from gpurig.steps import slurmconf as conf
 from gpurig.steps.commands import run_change
 from gpurig.steps.plan import Change, Plan, StepResult
 
@@ -91,7 +90,7 @@ class _Host:
 
     host: Host
     controller: bool
-    facts: slurm.SlurmFacts | None = None
+    facts: hoststeps.SlurmFacts | None = None
     results: list[StepResult] = field(default_factory=list)
 
     @property
@@ -148,7 +147,7 @@ class ClusterRun:
         return any(r.step == "slurm-packages" and r.status == Status.CHANGED for r in self.state[name].results)
 
     def _gather(self, conn: Connection, h: _Host) -> None:
-        h.facts = slurm.gather(conn)
+        h.facts = hoststeps.gather(conn)
 
     def _record(self, conn: Connection, h: _Host, step: str, plan: Plan) -> bool:
         """Apply ``plan`` (not in check mode) and keep its result; whether the host may go on."""
@@ -166,19 +165,19 @@ class ClusterRun:
 
     def _packages(self, conn: Connection, h: _Host) -> None:
         assert h.facts is not None
-        self._record(conn, h, "slurm-packages", slurm.plan_packages(h.facts, h.controller, self.cluster.settings.rest))
+        self._record(conn, h, "slurm-packages", hoststeps.plan_packages(h.facts, h.controller, self.cluster.settings.rest))
 
     def _controller_key(self, conn: Connection, h: _Host) -> None:
         assert h.facts is not None
-        if self.cluster.settings.rest and not self._record(conn, h, "slurm-rest", slurm.plan_rest(h.facts)):
+        if self.cluster.settings.rest and not self._record(conn, h, "slurm-rest", hoststeps.plan_rest(h.facts)):
             return
-        plan = slurm.plan_controller_key(h.facts)
+        plan = hoststeps.plan_controller_key(h.facts)
         if not self._record(conn, h, "slurm-munge", plan):
             return
         if self.check and plan.status == Status.CHANGED:
             return  # no key made: the nodes' plans say they would get it
         # read once, into memory: never a command line, a file on this machine, a log or a report
-        self.key = conn.admin(["cat", slurm.MUNGE_KEY], timeout=60).stdout
+        self.key = conn.admin(["cat", hoststeps.MUNGE_KEY], timeout=60).stdout
 
     def _model(self) -> conf.SlurmCluster | None:
         """The cluster from every host's facts; None (each node without hardware says why) until slurmd can describe them."""
@@ -215,24 +214,24 @@ class ClusterRun:
         if not h.controller and model.node(h.host.name) is None:
             return
         if not h.controller:
-            sha = slurm.key_sha(self.key) if self.key is not None else None
-            if not self._record(conn, h, "slurm-munge", slurm.plan_node_key(h.facts, sha, self.key)):
+            sha = hoststeps.key_sha(self.key) if self.key is not None else None
+            if not self._record(conn, h, "slurm-munge", hoststeps.plan_node_key(h.facts, sha, self.key)):
                 return
         wanted = conf.files_for(model, h.host.name)
         if not h.controller:
-            wanted.update({path: (shipped_text(src), 0o755) for path, src in slurm.SHIPPED.items()})
-        restart = slurm.needs_restart(h.facts, wanted)
-        plan = slurm.plan_files(h.facts, wanted)
+            wanted.update({path: (shipped_text(src), 0o755) for path, src in hoststeps.SHIPPED.items()})
+        restart = hoststeps.needs_restart(h.facts, wanted)
+        plan = hoststeps.plan_files(h.facts, wanted)
         if self._record(conn, h, "slurm-config", plan) and plan.status == Status.CHANGED:
             self.changed = True
             self.restart = self.restart or restart
-            self.rest_changed = self.rest_changed or slurm.differs(h.facts, wanted, (conf.REST_DROPIN,))
+            self.rest_changed = self.rest_changed or hoststeps.differs(h.facts, wanted, (conf.REST_DROPIN,))
 
     def _daemons(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         assert h.facts is not None
         if not h.controller and model.node(h.host.name) is None:
             return
-        self._record(conn, h, "slurm-daemons", slurm.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
+        self._record(conn, h, "slurm-daemons", hoststeps.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
                                                                   self.rest_changed and h.controller))
 
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
@@ -241,7 +240,7 @@ class ClusterRun:
         going = self._going()
         names = {n.name: n.host for n in model.nodes if n.host in going}
         while True:
-            seen = slurm.sinfo_nodes(Section(0, conn.admin(SINFO, warn=True, timeout=60).stdout))
+            seen = hoststeps.sinfo_nodes(Section(0, conn.admin(SINFO, warn=True, timeout=60).stdout))
             down = {name: seen.get(name, ("unknown", "")) for name in names if seen.get(name, ("",))[0].rstrip("*~#!%$@^-") not in UP_STATES}
             if not down or time.monotonic() > deadline:
                 break
