@@ -37,8 +37,9 @@ import paramiko
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
+from gpurig.connect.forward import Meter, ReverseForward
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
-from gpurig.deploy.registry import Meter, RegistryError, ReverseForward, find_registry_binary, parse_reference, shared_registry, staging_reference
+from gpurig.deploy.registry import RegistryError, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
 from gpurig.errors import HostError, last_line
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.connect.forward import Meter, pump
 from gpurig.deploy.progress import CountPace, PullFailed, PullProgress, PushProgress
-from gpurig.deploy.registry import Meter, RegistryError, parse_reference, pump, staging_reference
+from gpurig.deploy.registry import RegistryError, parse_reference, staging_reference
 from gpurig.deploy.stages import stage_cuts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deploy"

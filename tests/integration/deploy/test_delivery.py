@@ -167,7 +167,8 @@ def spec_registry(clean_deploy_host, tmp_path):
     import time
     import urllib.request
 
-    from gpurig.deploy.registry import CONFIG, Meter, pump
+    from gpurig.connect.forward import Meter, pump
+    from gpurig.deploy.registry import CONFIG
 
     host = clean_deploy_host
     binary = shutil.which("docker-registry")

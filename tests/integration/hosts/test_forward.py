@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpurig.deploy.registry import ReverseForward
+from gpurig.connect.forward import ReverseForward
 
 # Connects through the forward, says so, and waits for the forward's side to close the connection.
 HOLD = ("python3 -c \"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); "

@@ -1,0 +1,139 @@
+"""A reverse SSH port forward: a port on the host's 127.0.0.1 whose connections are pumped to an address on this machine.
+
+``ReverseForward`` asks the host's sshd to listen on its own 127.0.0.1 (a
+port it picks) and pumps every connection made there to the target,
+counting the bytes that cross the SSH connection (``Meter``). Delivery uses
+it so that a host's dockerd pulls from the build machine's registry:
+Docker lets dockerd use plain HTTP for registries on 127.0.0.0/8, so the
+host pulls ``127.0.0.1:<port>/<repo>:<tag>`` through SSH with no daemon
+setting.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+
+CHUNK = 256 * 1024
+
+
+class Meter:
+    """Bytes that crossed the SSH connection, both ways, counted by the pumps (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down = 0  # build machine -> host
+        self.up = 0
+
+    def add(self, down: int = 0, up: int = 0) -> None:
+        with self._lock:
+            self.down += down
+            self.up += up
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return self.down + self.up
+
+
+def pump(chan, sock: socket.socket, meter: Meter, stop: threading.Event) -> None:
+    """Copy a forwarded channel and a local socket into each other until both sides said EOF, counting bytes."""
+
+    def one_way(read: Callable[[int], bytes], write: Callable[[bytes], None], eof: Callable[[], None], count: Callable[[int], None]) -> None:
+        try:
+            while not stop.is_set():
+                data = read(CHUNK)
+                if not data:
+                    break
+                write(data)
+                count(len(data))
+        except (OSError, EOFError):
+            pass
+        finally:
+            try:
+                eof()
+            except (OSError, EOFError):
+                pass
+
+    up = threading.Thread(target=one_way, daemon=True, args=(
+        chan.recv, sock.sendall, lambda: sock.shutdown(socket.SHUT_WR), lambda n: meter.add(up=n)))
+    up.start()
+    one_way(sock.recv, chan.sendall, chan.shutdown_write, lambda n: meter.add(down=n))
+    up.join()
+    chan.close()
+    sock.close()
+
+
+class ReverseForward:
+    """127.0.0.1:``port`` on the host, each connection pumped to ``target`` (host, port) on this machine."""
+
+    def __init__(self, transport, target: tuple[str, int], meter: Meter | None = None) -> None:
+        self.transport = transport
+        self.target = target
+        self.meter = meter or Meter()
+        self.port = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._open: set = set()  # (channel, socket) pairs being pumped
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        """Ask the host's sshd to listen; paramiko.SSHException when it refuses (AllowTcpForwarding)."""
+        if not self.port:
+            self.port = self.transport.request_port_forward("127.0.0.1", 0, handler=self._accept)
+        return self.port
+
+    def __enter__(self) -> ReverseForward:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            if self.port and self.transport.is_active():
+                # Not Transport.cancel_port_forward: it clears the handler first, and a connection the host's sshd
+                # opened just before the cancel then meets None on paramiko's thread, which dies of the TypeError.
+                # The handler stays: _accept closes what arrives after _stop.
+                self.transport.global_request("cancel-tcpip-forward", ("127.0.0.1", self.port), wait=True)
+        except Exception:  # noqa: BLE001 - the connection may already be gone; nothing is left to cancel then
+            pass
+        with self._lock:
+            threads, pairs = list(self._threads), list(self._open)
+        for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
+            chan.close()
+            try:  # close() alone does not wake a pump blocked in recv() on an idle keep-alive connection to the registry
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for thread in threads:
+            thread.join(timeout=5)
+
+    def _accept(self, chan, origin, server) -> None:
+        """paramiko calls this on its transport thread for each new connection: hand it to a pump thread at once."""
+        if self._stop.is_set():
+            chan.close()
+            return
+        thread = threading.Thread(target=self._serve, args=(chan,), daemon=True, name="gpurig-forward")
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _serve(self, chan) -> None:
+        try:
+            sock = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            chan.close()
+            return
+        sock.settimeout(None)
+        with self._lock:
+            self._open.add((chan, sock))
+        try:
+            pump(chan, sock, self.meter, self._stop)
+        finally:
+            with self._lock:
+                self._open.discard((chan, sock))
