@@ -39,8 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
 
+from gpurig.connect.connector import Connector  # noqa: E402
 from gpurig.connect.engine import open_engine  # noqa: E402
-from gpurig.connect.ssh import Connector, SSHSettings  # noqa: E402
+from gpurig.connect.ssh import SSHSettings  # noqa: E402
 from gpurig.deploy.delivery import deliver, local_engine  # noqa: E402
 from gpurig.inventory import load_inventory  # noqa: E402
 

@@ -176,7 +176,8 @@ def bench_fleet(hosts: int, seconds: float) -> None:
     if os.geteuid() != 0 or shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
         print("fleet: skipped (needs root and openssh-server)")
         return
-    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
     from gpurig.inventory import Host
     from gpurig.monitor.agent import monitor_fleet
     from gpurig.monitor.session import Run

@@ -75,7 +75,8 @@ TOOLS = ("gpurig", "rsync")
 def gpurig_client(inventory: str, root: str, out: str) -> None:
     """Scan ``root`` and sync it to the inventory's one host as `gpurig run` does; what it did, as JSON, to ``out``."""
     t0 = time.monotonic()
-    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
     from gpurig.inventory.source import load_inventory
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.sync import sync, sync_key
@@ -137,7 +138,8 @@ def gpurig_client(inventory: str, root: str, out: str) -> None:
 
 def pipe_client(inventory: str, path: str) -> None:
     """``path``'s bytes through gpurig's SSH connection into ``cat > /dev/null``, in writes the size tarfile's stream makes (10 kB)."""
-    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
     from gpurig.connect.streams import Streams
     from gpurig.inventory.source import load_inventory
 

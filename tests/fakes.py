@@ -35,7 +35,7 @@ class ScriptedConnection(Connection):
         self._script: Script | None = answers if callable(answers) else None
         self._queue: list[Answer] = [] if callable(answers) else list(answers)
         self.lines: list[str] = []
-        self.closed = False
+        self._closed = False
 
     def _execute(self, line: str, shown: str, *, timeout: float | None, on_output: Any, watcher: Any = None, streams: Any = None) -> Result:
         self.lines.append(line)
@@ -58,8 +58,12 @@ class ScriptedConnection(Connection):
             raise OSError("Socket is closed")
         return open_stream
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        self.closed = True
+        self._closed = True
 
 
 class RecordedEngine:

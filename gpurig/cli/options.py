@@ -37,8 +37,8 @@ from gpurig.report.tables import FORMATS, document, show
 if TYPE_CHECKING:
     from gpurig.config import Settings
     from gpurig.connect.connection import Connection
+    from gpurig.connect.connector import Connector
     from gpurig.connect.early import EarlyLogins
-    from gpurig.connect.ssh import Connector
     from gpurig.inventory import Host
     from gpurig.report.tables import Column, Row
     from gpurig.results import FleetReport
@@ -186,7 +186,8 @@ def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
 
 def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Connector:
     """Connections made as the settings say; the project's known_hosts where the config puts it."""
-    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
 
     s = opts.settings
     if s.host_key_policy == "off":

@@ -1,7 +1,7 @@
 """The Connection interface: run / sudo / put / get on one host, the Result of a command, its errors, quoting.
 
 Everything above this module holds a ``Connection`` and never asks which kind
-it is (``gpurig.connect.local`` or ``gpurig.connect.ssh``; ``gpurig.connect.ssh.Connector`` opens
+it is (``gpurig.connect.local`` or ``gpurig.connect.ssh``; ``gpurig.connect.connector.Connector`` opens
 either from an inventory host).
 
 Commands are shell lines. Pass a list to have every element quoted with
@@ -11,27 +11,30 @@ shell that way (or through ``quote``).
 
 from __future__ import annotations
 
-import codecs
 import getpass
-import os
+import http.client
 import secrets
 import shlex
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from gpurig.connect.collect import SUDO_PASSWORD_ENV, OutputHandler, SudoPrompt
 from gpurig.connect.streams import Streams
 from gpurig.errors import HostError, error_line
 
-SUDO_PASSWORD_ENV = "GPURIG_SUDO_PASSWORD"
+if TYPE_CHECKING:
+    from gpurig.connect.forward import Meter, ReverseForward
+    from gpurig.connect.target import SSHTarget
+
 
 # The command runs under a shell that kills its whole process group when sudo relays a TERM to it
 # (a command timeout): the login user may signal sudo, but not the root processes it started.
 _SUDO_SHELL = 'trap "kill -s KILL 0" TERM; sh -c "$1" & wait $!'
 
 Command = str | Sequence[str]
-OutputHandler = Callable[[str, str], None]  # (stream name "stdout"|"stderr", text chunk)
 
 
 
@@ -77,6 +80,10 @@ class ConnectionLost(HostError):
 
 class CommandInterrupted(HostError):
     """gpurig was interrupted (Ctrl-C, SIGTERM) while a command ran, or before one started; the problem says where it stands."""
+
+
+class ChannelError(HostError):
+    """A channel or port forward the host could not give: the connection is not SSH, or the host's sshd refused it."""
 
 
 class SudoPasswordError(HostError):
@@ -158,6 +165,18 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    runs_here = False  # the machine gpurig itself runs on (ansible_connection: local): never rebooted, reached without SSH
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran (the fleet closes every connection on Ctrl-C): waits on the host stop then."""
+        return False
+
+    @property
+    def ssh_target(self) -> SSHTarget | None:
+        """Where an ssh client reaches this host (address, port, login, keys, jumps); None for the machine gpurig runs on."""
+        return None
 
     def connect(self) -> None:
         """Open the connection now (it otherwise opens on first use)."""
@@ -279,6 +298,30 @@ class Connection:
         """
         return None
 
+    def open_channel(self, host: str, port: int, timeout: float = 30) -> Any:
+        """A socket-like byte stream to ``host:port`` as the host sees it (its own loopback, say); the caller closes it.
+
+        ``ChannelError`` where the connection is not SSH or the host's sshd
+        refuses the channel (``AllowTcpForwarding``, nothing listening).
+        """
+        raise ChannelError(f"{host}:{port} on this host is reached through an SSH connection, and this one is local",
+                           "reach the host over SSH (ansible_connection: ssh)", host=self.name)
+
+    def http(self, host: str, port: int, timeout: float = 60) -> http.client.HTTPConnection:
+        """An HTTP client whose connection is a channel to ``host:port`` as the host sees it (``open_channel``)."""
+        from gpurig.connect.httpwire import ChannelHTTPConnection
+
+        return ChannelHTTPConnection(lambda t: self.open_channel(host, port, 30 if t is None else t), host, port, timeout)
+
+    def reverse_forward(self, target: tuple[str, int], meter: Meter | None = None) -> ReverseForward:
+        """An open reverse forward: the host's 127.0.0.1:``port`` pumped to ``target`` on this machine; the caller closes it.
+
+        ``ChannelError`` where the connection is not SSH or the host's sshd
+        refuses to listen (``AllowTcpForwarding no``).
+        """
+        raise ChannelError("a port forward needs an SSH connection, and this one is local",
+                           "reach the host over SSH (ansible_connection: ssh)", host=self.name)
+
     def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
         """Copy a local file to the host, atomically (temp name, then rename)."""
         raise NotImplementedError
@@ -318,73 +361,5 @@ class Connection:
         return result
 
 
-class SudoPrompt:
-    """Answers sudo's password prompt once; a second prompt means the password was wrong."""
-
-    def __init__(self, prompt: str, password: str) -> None:
-        self.prompt = prompt
-        self._password = password
-        self.asked = 0
-        self._seen = ""
-
-    def feed(self, stderr_text: str) -> tuple[bytes | None, bool]:
-        """(bytes to send to stdin or None, whether to close stdin) after more stderr arrived."""
-        self._seen += stderr_text
-        count = self._seen.count(self.prompt)
-        if count == self.asked:
-            return None, False
-        self.asked = count
-        if count == 1:
-            return (self._password + "\n").encode(), False
-        return None, True  # wrong password: end sudo's retries with EOF instead of guessing again
-
-    def clean(self, stderr: str) -> str:
-        return stderr.replace(self.prompt, "")
-
-
 def _replace_stderr(result: Result, stderr: str) -> Result:
     return Result(result.host, result.command, result.exited, result.stdout, stderr, result.duration_s)
-
-
-class OutputCollector:
-    """Gathers a command's output, decoding incrementally so streamed chunks never split a character."""
-
-    def __init__(self, on_output: OutputHandler | None, watcher: SudoPrompt | None) -> None:
-        self.on_output = on_output
-        self.watcher = watcher
-        self.parts: dict[str, list[str]] = {"stdout": [], "stderr": []}
-        self._decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in self.parts}
-
-    def add(self, stream: str, data: bytes, final: bool = False) -> tuple[bytes | None, bool]:
-        """Record a chunk; returns what to answer on stdin (the sudo password) and whether to close it."""
-        text = self._decoders[stream].decode(data, final)
-        if not text:
-            return None, False
-        self.parts[stream].append(text)
-        if self.on_output:
-            shown = self.watcher.clean(text) if self.watcher else text
-            if shown:
-                self.on_output(stream, shown)
-        if stream == "stderr" and self.watcher:
-            return self.watcher.feed(text)
-        return None, False
-
-    def text(self, stream: str) -> str:
-        return "".join(self.parts[stream])
-
-
-_ENV_PASSWORD: dict[str, str | None] = {"value": None}
-_ENV_LOCK = threading.Lock()
-
-
-def env_sudo_password() -> str | None:
-    """$GPURIG_SUDO_PASSWORD, taken OUT of the environment the first time it is seen.
-
-    Every child gpurig starts (local commands, docker, hadolint, git) inherits
-    os.environ: a password left there would reach ``gpurig exec -- env`` and
-    its report. It is kept here instead, for the connectors of this process.
-    """
-    with _ENV_LOCK:
-        if SUDO_PASSWORD_ENV in os.environ:
-            _ENV_PASSWORD["value"] = os.environ.pop(SUDO_PASSWORD_ENV)
-        return _ENV_PASSWORD["value"]

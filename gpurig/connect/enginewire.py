@@ -5,33 +5,26 @@ running ``docker system dial-stdio`` (the engine's unix socket on
 stdin/stdout, as the docker CLI's own ``ssh://`` mode does). The transport is
 the one gpurig opened and checked the host key of, so nothing here trusts an
 unknown key (docker-py's own ``ssh://`` mode would). Only
-``gpurig.connect.engine`` uses this module.
+``gpurig.connect.engine`` uses this module; the stream part is httpwire's.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import docker
 import urllib3.connection
 from docker.transport.basehttpadapter import BaseHTTPAdapter
 from docker.transport.sshconn import SSHConnectionPool
 
+from gpurig.connect.httpwire import OverStream, StreamOpener
+
 API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
 
-StreamOpener = Callable[[float | None], Any]  # (timeout) -> a socket-like stream (an SSH channel)
-
-
-class _StreamConnection(urllib3.connection.HTTPConnection):
+class _StreamConnection(OverStream, urllib3.connection.HTTPConnection):
     """One HTTP connection = one stream (an SSH channel running ``docker system dial-stdio``)."""
 
     def __init__(self, open_stream: StreamOpener, timeout) -> None:
         super().__init__("localhost", timeout=timeout)
         self._open_stream = open_stream
-
-    def connect(self) -> None:
-        self.sock = self._open_stream(self.timeout)
 
 
 class _StreamPool(SSHConnectionPool):

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpurig.config import DEFAULTS
 from gpurig.connect.connection import CommandInterrupted, ConnectError, Connection
-from gpurig.connect.ssh import Connector
+from gpurig.connect.connector import Connector
 from gpurig.errors import GpurigError
 from gpurig.inventory import Host
 from gpurig.results import SIGINT_EXIT, FleetEvents, FleetInterrupted, FleetReport, HostResult, Outcome

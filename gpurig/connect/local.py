@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpurig.connect.connection import Connection, OutputCollector, Result
+from gpurig.connect.collect import OutputCollector
+from gpurig.connect.connection import Connection, Result
 from gpurig.connect.streams import Feeder
 from gpurig.errors import HostError
 from gpurig.process import stop
@@ -18,6 +19,8 @@ from gpurig.process import stop
 
 class LocalConnection(Connection):
     """Commands run in their own process group, so a timeout or an interrupt ends everything they started."""
+
+    runs_here = True
 
     def _execute(self, line, shown, *, timeout, on_output, watcher=None, streams=None) -> Result:
         started = time.monotonic()

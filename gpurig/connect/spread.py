@@ -44,7 +44,7 @@ from gpurig.status import Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.ssh import Connector
+    from gpurig.connect.connector import Connector
     from gpurig.inventory import Host
 
 HOSTS_PER_WORKER = 128  # no worker for fewer hosts than this: a fork and its logins cost more than they save

@@ -9,7 +9,6 @@ parsed ~/.ssh/config, the sudo password, one transport per jump host. Its
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import secrets
@@ -17,30 +16,31 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import paramiko
 
+from gpurig.connect.collect import OutputCollector
 from gpurig.connect.connection import (
+    ChannelError,
     Connection,
     ConnectionLost,
-    OutputCollector,
     Result,
     UnreachableError,
-    env_sudo_password,
     short_command,
 )
-from gpurig.connect.early import EarlyLogins, early_hosts
-from gpurig.connect.hostkeys import KnownHosts, check_policy
-from gpurig.connect.local import LocalConnection
+from gpurig.connect.forward import Meter, ReverseForward
+from gpurig.connect.hostkeys import check_policy
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
 from gpurig.connect.streams import Feeder, OutputWake, SinkFailed, guarded_sink
-from gpurig.connect.target import USER_SSH_CONFIG, SSHTarget, load_ssh_config, resolve_target
-from gpurig.connect.transport import open_transport
-from gpurig.errors import GpurigError, HostError
-from gpurig.inventory import Host
+from gpurig.connect.target import USER_SSH_CONFIG, SSHTarget
+from gpurig.errors import HostError, last_line
+
+if TYPE_CHECKING:
+    from gpurig.connect.connector import Connector
 
 log = logging.getLogger(__name__)
 _STOP_WAIT_S = 8.0  # how long an interrupted command's stop script is awaited (it takes up to 5 s)
@@ -100,6 +100,10 @@ class SSHConnection(Connection):
         return self._closed
 
     @property
+    def ssh_target(self) -> SSHTarget:
+        return self.target
+
+    @property
     def target(self) -> SSHTarget:
         """Where this connection goes; resolved (and validated) on first use."""
         if self._target is None:
@@ -139,13 +143,30 @@ class SSHConnection(Connection):
                 except Exception:  # closing a half-dead transport may raise; there is nothing left to do
                     pass
 
-    def paramiko_transport(self) -> paramiko.Transport:
-        """The connected transport, for what needs more than commands (port forwards, engine streams)."""
+    def _live_transport(self) -> paramiko.Transport:
+        """The connected transport, for what needs more than commands (channels, port forwards, engine streams)."""
         self.connect()
         transport = self._transport
         if transport is None:
             raise ConnectionLost("connection was closed", "open a new connection", host=self.name)
         return transport
+
+    def open_channel(self, host: str, port: int, timeout: float = 30) -> paramiko.Channel:
+        try:
+            return self._live_transport().open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as err:  # ChannelException: the host's sshd said no, or nothing listens
+            raise ChannelError(f"no channel to {host}:{port} on the host: {err or type(err).__name__}",
+                               f"is something listening on the host's {host}:{port}, and is AllowTcpForwarding on?", host=self.name) from None
+
+    def reverse_forward(self, target: tuple[str, int], meter: Meter | None = None) -> ReverseForward:
+        forward = ReverseForward(self._live_transport(), target, meter)
+        try:
+            forward.open()
+        except paramiko.SSHException as err:
+            forward.close()
+            raise ChannelError(f"the host's sshd refused a port forward ({last_line(str(err)) or 'AllowTcpForwarding no?'})",
+                               "set AllowTcpForwarding yes (or remote) in the host's sshd_config", host=self.name) from None
+        return forward
 
     def open_stream(self, line: str, timeout: float | None = None) -> paramiko.Channel:
         """A channel running ``line`` with its stdin/stdout as a byte stream (e.g. ``docker system dial-stdio``).
@@ -155,7 +176,7 @@ class SSHConnection(Connection):
         """
         if self.interrupted:  # no new engine request once the run was interrupted (a retry, a cleanup)
             raise self._interrupted_error(started=False)
-        transport = self.paramiko_transport()
+        transport = self._live_transport()
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.settimeout(timeout)
@@ -291,7 +312,7 @@ class SSHConnection(Connection):
             chan.shutdown_write()
 
     def _sftp_client(self) -> paramiko.SFTPClient:
-        transport = self.paramiko_transport()
+        transport = self._live_transport()
         if self._sftp is None:
             try:
                 self._sftp = transport.open_sftp_client()
@@ -328,91 +349,3 @@ class SSHConnection(Connection):
         except (OSError, paramiko.SSHException) as err:
             Path(tmp).unlink(missing_ok=True)
             raise HostError(f"cannot get {remote}: {err}", "check the remote path exists and is readable by the login user", host=self.name) from None
-
-
-# --- connector --------------------------------------------------------------------------------
-
-
-class Connector:
-    """Opens connections with shared settings, known_hosts, ssh config and jump-host transports."""
-
-    def __init__(
-        self, settings: SSHSettings | None = None, sudo_password: str | Callable[[], str | None] | None = None, early: EarlyLogins | None = None
-    ) -> None:
-        self.settings = settings or SSHSettings()
-        self.known_hosts = KnownHosts(self.settings.project_known_hosts, self.settings.user_known_hosts, self.settings.host_key_policy)
-        if self.settings.host_key_policy == "off":
-            log.warning("HOST KEY CHECKING IS OFF: unknown host keys are accepted without being recorded")
-        self._ssh_config = load_ssh_config(self.settings.ssh_config)
-        self._sudo = sudo_password
-        self._sudo_lock = threading.Lock()
-        env_sudo_password()  # out of the environment before any child is started
-        self._jumps: dict[tuple, paramiko.Transport] = {}
-        self._jump_lock = threading.Lock()
-        self._early = early or EarlyLogins()  # ``early``: connect_early's, its TCP connects begun before this module loaded
-        self._stop = self._early.stop
-
-    def open(self, host: Host) -> Connection:
-        """A connection to ``host`` (local for ``ansible_connection: local``), not yet connected.
-
-        The SSH target is resolved, and the host's vars validated, on first use,
-        so a bad host fails alone instead of stopping a fleet run.
-        """
-        if host.is_local:
-            return LocalConnection(
-                host.name, user=host.user, become=host.become, command_timeout=self.settings.command_timeout, sudo_password=self.sudo_password
-            )
-        return SSHConnection(host.name, self, lambda: resolve_target(host, self._ssh_config), become=host.become)
-
-    def sudo_password(self) -> str | None:
-        """The sudo password: given value, or from a callable asked once (e.g. a prompt), or $GPURIG_SUDO_PASSWORD."""
-        with self._sudo_lock:
-            if callable(self._sudo):
-                self._sudo = self._sudo()
-            if self._sudo is None:
-                return env_sudo_password()
-            return self._sudo
-
-    def stop(self) -> None:
-        """Make pending retries give up at once (Ctrl-C)."""
-        self._stop.set()
-
-    def close(self) -> None:
-        self._early.close()
-        with self._jump_lock:
-            jumps, self._jumps = list(self._jumps.values()), {}
-        for t in jumps:
-            t.close()
-
-    def start_early(self, hosts: Iterable[Host], forks: int) -> None:
-        """Begin logging in to the first of ``hosts`` in the background, as many as the run's forks (EARLY_MAX at most).
-
-        ``transport`` takes those logins; -f 1 still means one login at a time.
-        A host whose vars make no target is left to the fleet, which reports it as before.
-        """
-        for host in early_hosts(hosts, forks):
-            try:
-                target = resolve_target(host, self._ssh_config)
-            except GpurigError:
-                continue
-            self._early.start(target, functools.partial(self._login, target))
-
-    def transport(self, target: SSHTarget) -> paramiko.Transport:
-        """An authenticated transport to ``target``, through its jump hosts if any (the early login's, where one was started)."""
-        return self._early.take(target) or self._login(target)
-
-    def _login(self, target: SSHTarget) -> paramiko.Transport:
-        via = None
-        for i, hop in enumerate(target.jumps):
-            via = self._jump(hop, via, target.jumps[:i])
-        return open_transport(target, via, self.settings, self.known_hosts, self._stop, self._early.dialed)
-
-    def _jump(self, hop: SSHTarget, via: paramiko.Transport | None, before: tuple[SSHTarget, ...]) -> paramiko.Transport:
-        # One transport per jump host, shared by every host behind it: a bastion sees one login, not a hundred.
-        key = (hop.hostname, hop.port, hop.user, tuple((b.hostname, b.port) for b in before))
-        with self._jump_lock:
-            t = self._jumps.get(key)
-            if t is None or not t.is_active():
-                t = open_transport(hop, via, self.settings, self.known_hosts, self._stop, self._early.dialed)
-                self._jumps[key] = t
-            return t

@@ -24,7 +24,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def endpoint(conn: Connection) -> tuple[str, int, str, tuple]:
     """(address, ssh port, login, jump targets) of the host, as gpurig reaches it."""
-    target = getattr(conn, "target", None)
+    target = conn.ssh_target
     if target is None:
         return "localhost", 22, conn.user or "", ()
     return target.hostname, target.port, target.user, target.jumps
@@ -32,7 +32,7 @@ def endpoint(conn: Connection) -> tuple[str, int, str, tuple]:
 
 def login_flags(conn: Connection) -> list[str]:
     """ssh's ``-i KEY`` for the key gpurig logs in with (the inventory's ansible_ssh_private_key_file first), if any."""
-    target = getattr(conn, "target", None)
+    target = conn.ssh_target
     keys = target.key_files if target is not None else ()
     return ["-i", keys[0]] if keys else []
 

@@ -33,9 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-
-from gpurig.connect.connection import Connection
+from gpurig.connect.connection import ChannelError, Connection
 from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
 from gpurig.connect.forward import Meter, ReverseForward
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
@@ -160,9 +158,6 @@ def _pull_from_registry(remote: Engine, conn: Connection, ref: str, registry: st
 
 
 def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id: str, progress: Progress, say, cache_dir) -> int:
-    transport_of = getattr(conn, "paramiko_transport", None)
-    if transport_of is None:
-        raise _FallBack("no SSH connection to forward a port over")
     if find_registry_binary() is None:
         raise _FallBack("no docker-registry on this machine, so the whole image moved by docker save | docker load "
                         "(install Debian's docker-registry package to move only missing layers)")
@@ -175,12 +170,10 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
                 staged = stage_image(registry.address, parsed.path, parsed.tag)
             except StageError:  # one pull of the whole image: still only missing layers, but no resume point
                 staged = Staged((), ())
-            forward = ReverseForward(transport_of(), ("127.0.0.1", registry.port))
             try:
-                forward.open()
-            except paramiko.SSHException as err:
-                raise _FallBack(f"the host's sshd refused a port forward ({last_line(str(err)) or 'AllowTcpForwarding no?'}), "
-                                "so the whole image moved by docker save | docker load") from None
+                forward = conn.reverse_forward(("127.0.0.1", registry.port))
+            except ChannelError as err:
+                raise _FallBack(f"{err.problem}, so the whole image moved by docker save | docker load") from None
             with forward:
                 _pull_forwarded(remote, conn, ref, parsed, image_id, forward, staged, progress, say)
             return forward.meter.total

@@ -13,9 +13,9 @@ import time
 from pathlib import PurePosixPath
 
 from gpurig.connect.connection import Connection
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
 from gpurig.connect.launcher import embedded_line
-from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError, HostError, counted
 from gpurig.inventory import Host
 from gpurig.monitor import MonitorError

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpurig.connect.connection import Connection
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
-from gpurig.connect.ssh import Connector
 from gpurig.errors import GpurigError, InventoryError, counted
 from gpurig.facts.probes import Section
 from gpurig.inventory import Host, Inventory

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from gpurig.connect.connection import Connection
+from gpurig.connect.connection import ChannelError, Connection
 from gpurig.errors import HostError
 from gpurig.slurm.conf import REST_PORT, rest_api
 
@@ -50,17 +50,6 @@ def user_token(conn: Connection) -> str:
     return found.group(1)
 
 
-class _ChannelHTTP(http.client.HTTPConnection):
-    """HTTP on an already open channel (the SSH connection's direct-tcpip to the controller's slurmrestd)."""
-
-    def __init__(self, channel) -> None:
-        super().__init__("127.0.0.1", REST_PORT, timeout=60)
-        self._channel = channel
-
-    def connect(self) -> None:
-        self.sock = self._channel
-
-
 class RestClient:
     def __init__(self, conn: Connection, user: str, token: str, api: str) -> None:
         self.conn, self.user, self.token, self.api = conn, user, token, api
@@ -70,17 +59,13 @@ class RestClient:
         return cls(conn, conn.user or "root", user_token(conn), rest_api(controller_release(conn)))
 
     def request(self, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
-        transport = getattr(self.conn, "paramiko_transport", None)
-        if transport is None:
-            raise RestError("slurmrestd is reached through an SSH connection, and this host is not one", "reach the controller over SSH",
-                            host=self.conn.name)
         try:
-            channel = transport().open_channel("direct-tcpip", ("127.0.0.1", REST_PORT), ("127.0.0.1", 0), timeout=30)
-        except Exception as err:  # paramiko's ChannelException, or a transport gone: the daemon is not there to ask
-            raise RestError(f"cannot reach slurmrestd on the controller's 127.0.0.1:{REST_PORT}: {err}",
+            session = self.conn.http("127.0.0.1", REST_PORT)
+            session.connect()
+        except ChannelError as err:  # not an SSH connection, or the host's sshd found nothing listening
+            raise RestError(f"cannot reach slurmrestd on the controller's 127.0.0.1:{REST_PORT}: {err.problem}",
                             "is it running? `systemctl status slurmrestd` (gpurig provision starts it with gpurig_slurm.rest: true)",
                             host=self.conn.name) from None
-        session = _ChannelHTTP(channel)
         try:
             headers = {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self.token, "Content-Type": "application/json"}
             session.request(method, f"/slurm/{self.api}{path}", body=json.dumps(body) if body is not None else None, headers=headers)

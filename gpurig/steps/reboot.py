@@ -14,7 +14,6 @@ import time
 from functools import partial
 
 from gpurig.connect.connection import CommandError, Connection
-from gpurig.connect.local import LocalConnection
 from gpurig.errors import GpurigError, HostError
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
@@ -72,13 +71,13 @@ class RebootStep(Step):
 
 def reboot_and_wait(conn: Connection, *, old_boot: str, wait_s: float) -> None:
     """Reboot the host, then poll (bounded) until it answers with another boot id than ``old_boot``."""
-    if isinstance(conn, LocalConnection):
+    if conn.runs_here:
         raise HostError("this is the machine gpurig runs on (ansible_connection: local); gpurig never reboots it",
                         "reboot it by hand")
     came_back = f'test "$(cat /proc/sys/kernel/random/boot_id)" != {shlex.quote(old_boot)}'
     conn.admin(REBOOT)
     end = time.monotonic() + wait_s
-    while time.monotonic() < end and not getattr(conn, "closed", False):  # closed: Ctrl-C, stop waiting
+    while time.monotonic() < end and not conn.closed:  # closed: Ctrl-C, stop waiting
         try:
             conn.run(came_back, timeout=15)
             return

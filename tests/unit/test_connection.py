@@ -8,7 +8,8 @@ import time
 import pytest
 
 from gpurig.connect.connection import CommandError, CommandTimeout, to_shell
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.connector import Connector
+from gpurig.connect.ssh import SSHSettings
 from gpurig.errors import HostError, last_line
 from gpurig.inventory import Host
 
@@ -80,3 +81,17 @@ def test_last_line_prefers_stderr_and_skips_blank_lines():
 def test_command_error_quotes_the_last_stderr_line(local):
     with pytest.raises(CommandError, match="exited 2: .*: the reason; fix"):
         local.run("echo noise >&2; echo 'the reason' >&2; echo >&2; exit 2")
+
+
+def test_the_machine_gpurig_runs_on_gives_no_channel_nor_forward_and_says_why():
+    from gpurig.connect.connection import ChannelError
+    from gpurig.connect.local import LocalConnection
+
+    conn = LocalConnection("here")
+    with pytest.raises(ChannelError, match="this one is local"):
+        conn.open_channel("127.0.0.1", 6820)
+    with pytest.raises(ChannelError, match="this one is local"):
+        conn.http("127.0.0.1", 6820).connect()
+    with pytest.raises(ChannelError, match="port forward needs an SSH connection"):
+        conn.reverse_forward(("127.0.0.1", 5000))
+    assert conn.runs_here and conn.ssh_target is None and not conn.closed

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.connector import Connector
+from gpurig.connect.ssh import SSHSettings
 from gpurig.errors import HostError
 from gpurig.facts import parse_facts
 from gpurig.inventory import Host

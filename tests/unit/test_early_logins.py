@@ -92,7 +92,8 @@ def test_ctrl_c_ends_the_wait_for_a_login():
 
 
 def test_the_connector_starts_no_more_logins_than_the_runs_forks(tmp_path):
-    from gpurig.connect.ssh import Connector, SSHSettings
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
 
     def started(forks: int, count: int) -> list[str]:
         connector = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))

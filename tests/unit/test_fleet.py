@@ -8,8 +8,9 @@ import threading
 
 from rich.console import Console
 
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import SSHSettings
 from gpurig.inventory import Host
 from gpurig.report.fleetrun import FleetProgress, print_recap
 from gpurig.results import Outcome

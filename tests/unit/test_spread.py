@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
 from gpurig.connect.spread import SPREAD_MIN, worker_count
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import SSHSettings
 from gpurig.errors import HostError
 from gpurig.inventory import Host
 from gpurig.results import FleetEvents, Outcome

@@ -46,11 +46,12 @@ def test_the_remote_pid_line_is_taken_off_stderr_wherever_it_arrives():
 
 
 def test_the_sudo_password_leaves_the_environment_before_any_child_starts(monkeypatch, tmp_path):
-    import gpurig.connect.connection
-    from gpurig.connect.ssh import Connector, SSHSettings
+    import gpurig.connect.collect
+    from gpurig.connect.connector import Connector
+    from gpurig.connect.ssh import SSHSettings
     from gpurig.inventory import Host
 
-    monkeypatch.setattr(gpurig.connect.connection, "_ENV_PASSWORD", {"value": None})
+    monkeypatch.setattr(gpurig.connect.collect, "_ENV_PASSWORD", {"value": None})
     monkeypatch.setenv("GPURIG_SUDO_PASSWORD", "s3cret-pw")
     connector = Connector(SSHSettings(project_known_hosts=tmp_path / "kh", user_known_hosts=None, ssh_config=None))
     local = connector.open(Host("here", ("ungrouped",), {}, connection="local"))

@@ -9,7 +9,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.connector import Connector
+from gpurig.connect.ssh import SSHSettings
 from gpurig.connect.target import TargetError, load_ssh_config, resolve_target
 from gpurig.inventory import Host
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.connect.connector import Connector
 from gpurig.connect.engine import open_engine
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.ssh import SSHSettings
 from gpurig.deploy.delivery import DeliveryInterrupted, deliver, local_engine
 from gpurig.inventory import load_inventory
 

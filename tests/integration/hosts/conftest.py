@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.connector import Connector
+from gpurig.connect.ssh import SSHSettings
 from gpurig.inventory import Host
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
-from gpurig.connect.ssh import Connector
 from gpurig.facts import Facts, gather
 from gpurig.inventory import load_inventory
 from gpurig.results import FleetInterrupted, Outcome

@@ -7,10 +7,14 @@ once and leave the SSH connection working.
 
 from __future__ import annotations
 
+import http.server
+import socket
 import threading
 import time
 
-from gpurig.connect.forward import ReverseForward
+import pytest
+
+from gpurig.connect.connection import ChannelError
 
 # Connects through the forward, says so, and waits for the forward's side to close the connection.
 HOLD = ("python3 -c \"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); "
@@ -37,8 +41,8 @@ def _run_in_background(conn, command: str) -> tuple[threading.Thread, threading.
 def test_closing_the_forward_ends_an_idle_connection_through_it_at_once(connector, sshd, make_host, silent_port):
     # silent_port: a registry holding a keep-alive connection that never answers, nor hangs up on EOF
     with connector.open(make_host(sshd.port)) as conn:
-        forward = ReverseForward(conn.paramiko_transport(), ("127.0.0.1", silent_port))
-        thread, said, results = _run_in_background(conn, HOLD.format(port=forward.open()))
+        forward = conn.reverse_forward(("127.0.0.1", silent_port))
+        thread, said, results = _run_in_background(conn, HOLD.format(port=forward.port))
         assert said.wait(20), "the host never connected through the forward"
         start = time.monotonic()
         forward.close()
@@ -54,11 +58,50 @@ def test_closing_the_forward_ends_an_idle_connection_through_it_at_once(connecto
 def test_connections_opened_while_the_forward_is_cancelled_leave_the_ssh_connection_alive(connector, sshd, make_host, silent_port):
     with connector.open(make_host(sshd.port)) as conn:
         for _ in range(25):  # the race: sshd opens a forwarded channel just as the cancel goes out
-            forward = ReverseForward(conn.paramiko_transport(), ("127.0.0.1", silent_port))
-            thread, said, results = _run_in_background(conn, HAMMER.format(port=forward.open()))
+            forward = conn.reverse_forward(("127.0.0.1", silent_port))
+            thread, said, results = _run_in_background(conn, HAMMER.format(port=forward.port))
             assert said.wait(20)
             forward.close()
             thread.join(timeout=20)
             assert results and getattr(results[0], "exited", results) == 0  # refused once the forward was gone
-            assert conn.paramiko_transport().is_active()
+            assert conn._live_transport().is_active()
         assert conn.run("echo still here").stdout == "still here\n"
+
+
+def test_http_rides_a_channel_to_a_port_on_the_hosts_loopback(connector, sshd, make_host):
+    # slurmrestd's way in: nothing listens on the network, the request goes through the SSH connection gpurig holds.
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = f"asked for {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        with connector.open(make_host(sshd.port)) as conn:
+            session = conn.http("127.0.0.1", server.server_address[1])
+            session.request("GET", "/slurm/v0.0.40/ping")
+            answer = session.getresponse()
+            assert (answer.status, answer.read()) == (200, b"asked for /slurm/v0.0.40/ping")
+            session.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join(timeout=10)
+
+
+def test_a_channel_to_a_port_nothing_listens_on_is_one_channel_error(connector, sshd, make_host):
+    with socket.socket() as held:  # bound, never listening: the port is ours and refuses connections, with no race
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        with connector.open(make_host(sshd.port)) as conn:
+            with pytest.raises(ChannelError, match=f"no channel to 127.0.0.1:{port}"):
+                conn.open_channel("127.0.0.1", port, timeout=10)
+            assert conn.run("echo still here").stdout == "still here\n"

@@ -18,7 +18,7 @@ import pytest
 from delayproxy import DelayProxy
 
 from gpurig.connect.connection import AuthError
-from gpurig.connect.ssh import Connector
+from gpurig.connect.connector import Connector
 from gpurig.connect.target import SSHTarget
 
 from .conftest import _authorize, keygen

@@ -17,7 +17,7 @@ from gpurig.connect.connection import (
     SudoPasswordError,
     UnreachableError,
 )
-from gpurig.connect.ssh import Connector
+from gpurig.connect.connector import Connector
 from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
 
@@ -187,7 +187,7 @@ def test_wrong_sudo_password_is_reported_as_such(settings, sudo_user, sshd, make
 
 def test_sudo_without_a_password_says_what_to_set(settings, sudo_user, sshd, monkeypatch, make_host):
     monkeypatch.delenv("GPURIG_SUDO_PASSWORD", raising=False)
-    monkeypatch.setattr("gpurig.connect.connection._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
+    monkeypatch.setattr("gpurig.connect.collect._ENV_PASSWORD", {"value": None})  # nor one taken from the environment earlier
     name, _ = sudo_user
     with pytest.raises(SudoPasswordError) as err:
         Connector(settings).open(make_host(sshd.port, user=name)).sudo("true")
@@ -257,10 +257,10 @@ def test_sudo_password_from_the_environment(settings, sudo_user, sshd, make_host
 def test_commands_that_end_while_paramiko_rekeys_do_not_kill_the_connection(connector, sshd, make_host):
     """paramiko rekeys each 512 MB it sends (a deploy's image crosses it): a command ending then must not stall the transport 30 s and kill it."""
     with connector.open(make_host(sshd.port)) as conn:
-        packetizer = conn.paramiko_transport().packetizer
+        packetizer = conn._live_transport().packetizer
         packetizer.REKEY_BYTES = packetizer.REKEY_PACKETS = 1 << 12  # a rekey every few KB sent: every command's close meets one
         start = time.monotonic()
         for i in range(40):
             got = conn.run(f"head -c 300000 /dev/zero | tr '\\0' x; echo {i}", timeout=20)
             assert got.stdout.endswith(f"x{i}\n")
-        assert conn.paramiko_transport() is not None and time.monotonic() - start < 60
+        assert conn._live_transport() is not None and time.monotonic() - start < 60

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpurig.connect.connection import CommandInterrupted, CommandTimeout, UnreachableError
+from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
-from gpurig.connect.ssh import Connector
 from gpurig.facts import gather
 from gpurig.inventory import load_inventory
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from gpurig.connect.ssh import Connector, SSHSettings
+from gpurig.connect.connector import Connector
+from gpurig.connect.ssh import SSHSettings
 from gpurig.inventory import load_inventory
 from gpurig.inventory.profile import host_profile
 from gpurig.steps import STEPS, converge

@@ -13,7 +13,7 @@ class Conn:
     name = "a100-01"
 
     def __init__(self, target):
-        self.target = target
+        self.ssh_target = target
 
 
 def container(bind: str, port: int = 2222) -> ContainerInfo:
