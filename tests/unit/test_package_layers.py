@@ -104,3 +104,25 @@ def test_the_layer_check_sees_a_climbing_import(tmp_path):
     assert _layer_of("gpurig.connect.engine")[0] < _layer_of("gpurig.steps.plan")[0]
     assert _layer_of("gpurig.monitor.agent")[0] == _layer_of("gpurig.verify.runner")[0]
     assert _layer_of("gpurig.monitor.agent")[1] != _layer_of("gpurig.verify.runner")[1]
+
+
+def _readme_layers() -> list[set[str]]:
+    """The README's Layout list: each line's leading names (``image/ inventory/``), one rank a line, lowest first."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text.split("`gpurig/` is one folder per layer", 1)[1].split("\n\n", 2)[1]
+    ranks = []
+    for line in block.splitlines():
+        if not line.startswith("    ") or line.startswith("     "):
+            continue  # a continuation line: the description goes on
+        names = []
+        for word in line.split():
+            if not (word.endswith(".py") or word.endswith("/")):
+                break
+            names.append("gpurig." + word.removesuffix(".py").removesuffix("/"))
+        ranks.append(set(names))
+    return ranks
+
+
+def test_the_readme_states_the_same_layers():
+    stated = [set(names) - {"gpurig"} for names in LAYERS]
+    assert _readme_layers() == stated
