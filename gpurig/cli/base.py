@@ -9,16 +9,19 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Argument, Task
 from invoke import task as invoke_task
 from invoke.exceptions import Exit, ParseError
 
-from gpurig.config import root_of
-from gpurig.errors import GpurigError
+from gpurig.config import PROJECT_MARKERS, root_of
+from gpurig.errors import GpurigError, SpecError
 from gpurig.report import configure_logging, silence_broken_pipe
 from gpurig.strict.validate import excerpt, printable, whole_number
+
+if TYPE_CHECKING:
+    from gpurig.image.spec import ImageSpec
 
 # Ansible's short flags, given explicitly: Invoke's automatic ones would make -h mean --host, not help.
 SHORT_FLAGS = {"inventory": "i", "limit": "l", "forks": "f", "verbose": "v"}
@@ -160,6 +163,35 @@ def remainder_argv(c) -> tuple[str, ...]:
 def project_root(c) -> Path:
     """The project gpurig acts on: the configured root, else found from the working directory upwards."""
     return root_of(c.config) or Path.cwd()
+
+CONTEXTS_DIR = "build-contexts"
+REPORTS_DIR = "reports"
+
+
+def project_spec_files(c) -> list[Path]:
+    """The spec files of the project's images/; outside any project, a SpecError saying to `gpurig init` one first."""
+    from gpurig.image.spec import find_specs
+
+    if root_of(c.config) is None:
+        *first, last = (m + "/" if m == "images" else m for m in PROJECT_MARKERS)
+        markers = f"{', '.join(first)} or {last}"
+        raise SpecError(f"not in a gpurig project: {Path.cwd()} and the folders above it have no {markers}",
+                        "start one with `gpurig init DIR` and run from DIR, or give an image spec with --spec FILE")
+    return find_specs(project_root(c) / "images")
+
+
+def load_project_spec(c, spec: str | None) -> ImageSpec:
+    """--spec FILE, or the one spec in images/."""
+    from gpurig.image.spec import load_spec
+
+    if spec:
+        return load_spec(spec)
+    files = project_spec_files(c)
+    if len(files) > 1:
+        names = ", ".join(str(f) for f in files)
+        raise SpecError(f"several image specs in images/ ({names})", "pick one with --spec FILE")
+    return load_spec(files[0])
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, ``timeout``, a CI runner's cancel), raised where the task is, like Ctrl-C's KeyboardInterrupt.

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import dry_run
-from gpurig.cli.images import load_project_spec
+from gpurig.cli.base import dry_run, load_project_spec
 from gpurig.cli.options import HostOptions, host_task, select_hosts
 from gpurig.errors import ConfigError, InventoryError
 from gpurig.report import err_console, outside
@@ -54,7 +53,7 @@ def ci(c, opts: HostOptions, variant="slim", skip=None, level="quick", artifacts
     if len(chosen) != 1:
         raise InventoryError(f"ci runs its job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
     from gpurig.cli.base import remainder_argv
-    from gpurig.cli.jobtarget import container_for
+    from gpurig.jobs.placement import container_for
 
     if not remainder_argv(c):
         raise ConfigError("no command given", "gpurig ci -l HOST -- python train.py")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from gpurig.cli.images import load_project_spec
+from gpurig.cli.base import load_project_spec
 from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.errors import ConfigError
 from gpurig.report import console, err_console, outside
@@ -22,7 +22,6 @@ from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.connect.engine import Engine
     from gpurig.deploy.apply import Target
     from gpurig.results import FleetReport, HostResult, Outcome
     from gpurig.steps.plan import StepResult
@@ -44,7 +43,9 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     """Run the images on hosts: GPUs, ports, volumes, keys and tokens from gpurig_containers; move only missing layers."""
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
+    from gpurig.deploy.imagesource import local_engine, mover, resolve
     from gpurig.report.changes import host_documents, outcome, print_diffs, result_rows
+    from gpurig.report.deliveryprogress import ProgressPrinter
 
     image_spec = load_project_spec(c, spec)
     chosen = select_hosts(opts)
@@ -84,64 +85,6 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     if opts.format == "table":
         print_access(report, out)
     exit_for(report)
-
-
-def mover(image_spec, local: Engine | None, printer: ProgressPrinter | None):
-    """deploy's ``deliver``: the image from this machine's engine (or the spec's registry), its bytes counted on ``printer``."""
-    from gpurig.connect.engine import EngineError
-
-    def move(engine: Engine, conn: Connection, t: Target, say):
-        from gpurig.deploy.delivery import deliver
-
-        def count(done: int, total: int) -> None:
-            if printer is not None:
-                printer.count(conn.name, done, total, f"{t.image_ref}: {human(done)} of {human(total)}")
-
-        if local is None:  # the image is not on the host and this machine has no engine to send it from
-            raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
-                              "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
-        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say, progress=count)
-
-    return move
-
-
-class ProgressPrinter:
-    """Deploy's lines on stderr: every phase line (what a delivery does, and why that path), byte counts paced."""
-
-    def __init__(self, every_s: float = 1.0) -> None:
-        from gpurig.deploy.progress import CountPace
-
-        self.pace = CountPace(every_s)
-
-    def phase(self, host: str, text: str) -> None:
-        self.pace.phase(host)
-        err_console.print(f"{outside(host)}: {outside(text)}", highlight=False, soft_wrap=True)
-
-    def count(self, host: str, done: int, total: int, text: str) -> None:
-        if self.pace.allow(host, done, total):
-            err_console.print(f"{outside(host)}: {outside(text)}", highlight=False, soft_wrap=True)
-
-
-def resolve(image_spec, cs, local: Engine | None) -> Target:
-    """The container with its image as this machine has it (None: only a registry has it, the host pulls it)."""
-    from gpurig.deploy.apply import Target
-
-    image = local.image(cs.image) if local else None
-    if image is None and cs.entry is not None and not image_spec.registry:
-        raise ConfigError(f"{cs.host}: {cs.name}: the image {cs.image} is not built on this machine",
-                          f"build it first: invoke build --variant {cs.variant} --torch {cs.entry.torch} --cuda {cs.entry.cuda}")
-    return Target(cs, cs.image, image, login=image_spec.user.name, uid=image_spec.user.uid)
-
-
-def local_engine() -> Engine | None:
-    """This machine's engine (where the images were built), or None when there is none."""
-    from gpurig.connect.engine import EngineError
-    from gpurig.deploy.delivery import local_engine as build_engine
-
-    try:
-        return build_engine()
-    except EngineError:
-        return None
 
 
 def outcomes_of(r: HostResult) -> tuple:

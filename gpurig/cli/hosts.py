@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.images import load_project_spec
+from gpurig.cli.base import load_project_spec
 from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.config import positive_number
 from gpurig.errors import GpurigError

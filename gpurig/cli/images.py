@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.cli.base import project_root, refuse_dry, task
-from gpurig.config import PROJECT_MARKERS, choice, root_of
+from gpurig.cli.base import CONTEXTS_DIR, REPORTS_DIR, load_project_spec, project_root, project_spec_files, refuse_dry, task
+from gpurig.config import choice
 from gpurig.errors import LintError, SpecError, counted
 from gpurig.files import shown
 from gpurig.report import console, err_console, outside
@@ -19,35 +19,6 @@ if TYPE_CHECKING:
     from gpurig.image.spec import ImageSpec
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
-
-CONTEXTS_DIR = "build-contexts"
-REPORTS_DIR = "reports"
-
-
-def project_spec_files(c) -> list[Path]:
-    """The spec files of the project's images/; outside any project, a SpecError saying to `gpurig init` one first."""
-    from gpurig.image.spec import find_specs
-
-    if root_of(c.config) is None:
-        *first, last = (m + "/" if m == "images" else m for m in PROJECT_MARKERS)
-        markers = f"{', '.join(first)} or {last}"
-        raise SpecError(f"not in a gpurig project: {Path.cwd()} and the folders above it have no {markers}",
-                        "start one with `gpurig init DIR` and run from DIR, or give an image spec with --spec FILE")
-    return find_specs(project_root(c) / "images")
-
-
-def load_project_spec(c, spec: str | None) -> ImageSpec:
-    """--spec FILE, or the one spec in images/."""
-    from gpurig.image.spec import load_spec
-
-    if spec:
-        return load_spec(spec)
-    files = project_spec_files(c)
-    if len(files) > 1:
-        names = ", ".join(str(f) for f in files)
-        raise SpecError(f"several image specs in images/ ({names})", "pick one with --spec FILE")
-    return load_spec(files[0])
-
 
 def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | None, all_: bool):
     """(entries, variants) chosen by the flags: --all is everything, else the default entry and slim."""

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.cli.images import project_spec_files
+from gpurig.cli.base import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
 from gpurig.report import console, err_console

@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.deploy import ProgressPrinter, local_engine, mover, resolve
-from gpurig.cli.images import load_project_spec
+from gpurig.cli.base import load_project_spec
 from gpurig.cli.options import HostOptions, host_task, run_hosts, select_hosts
-from gpurig.cli.verify import make_plan, verdict_outcome
 from gpurig.errors import ConfigError, counted
 from gpurig.files import write_report
 from gpurig.report import err_console, outside
@@ -57,9 +55,12 @@ def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", 
     """Move hosts to a new image as far as verify passes: canary, then batches; a failed host is rolled back; resumable."""
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob
+    from gpurig.deploy.imagesource import local_engine, mover
     from gpurig.deploy.rollhost import RolloutJob
     from gpurig.deploy.rollplan import SKIPPED, WOULD, RolloutState, batch_label, check_max_fail, host_row, on_target, plan_batches, state_path
     from gpurig.inventory.profile import host_profile
+    from gpurig.report.deliveryprogress import ProgressPrinter
+    from gpurig.verify.gate import make_plan
 
     if not variant or not to:
         raise ConfigError("rollout needs --variant and --to", "gpurig rollout -l GROUP --variant slim --to 2.14.1-cu130-slim")
@@ -146,6 +147,7 @@ def run_batches(opts: HostOptions, chosen, batches: list[list[str]], labels: dic
 
 def verifier(plan: VerifyPlan, expect: dict):
     """``verify --container NAME``'s work on one host: (passed, the first failing record, its fix)."""
+    from gpurig.verify.gate import verdict_outcome
     from gpurig.verify.runner import verify_host
 
     def check(conn: Connection, container: str) -> tuple[bool, str, str]:
@@ -173,6 +175,7 @@ def target_image(image_spec, to: str, variant: str, local: Engine | None) -> tup
 def host_targets(host, image_spec, variant: str, ref: str, local: Engine | None, opts: HostOptions) -> list[Target]:
     """The host's containers of ``variant``, each on the target image."""
     from gpurig.deploy import containers as container_specs
+    from gpurig.deploy.imagesource import resolve
 
     specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
     for w in warnings:

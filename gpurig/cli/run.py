@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import remainder_argv
+from gpurig.cli.base import load_project_spec, remainder_argv
 from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.errors import ConfigError, GpurigError, InventoryError
 from gpurig.files import RUNS
@@ -123,10 +123,11 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
     for skipped in tree.skipped:
         err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
-    from gpurig.cli.jobtarget import resolve_target
+    from gpurig.jobs.placement import resolve_target
 
     job = jobspec.new_job_id()
-    target = resolve_target(c, opts, host, request, job, sync_key(request.workdir), tree, spec)
+    target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
+                            load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     into_dir = Path(into).resolve() if into else request.workdir / RUNS / job
 
     def work(conn: Connection) -> Outcome:
@@ -160,7 +161,7 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
     from gpurig.cli import slurmrun
-    from gpurig.cli.jobtarget import resolve_target
+    from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
     from gpurig.slurm.conf import name_problem
@@ -180,7 +181,8 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
     for skipped in tree.skipped:
         err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
-    target = resolve_target(c, opts, cluster.nodes[0], request, "slurm", sync_key(request.workdir), tree, spec)
+    target = resolve_target(cluster.nodes[0], request, "slurm", sync_key(request.workdir), tree, check=opts.check,
+                            load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     per_node = request.gpus.count if request.gpus is not None else (1 if target.cuda else 0)
     submitted = slurmrun.submit(opts, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node))
     if opts.check:

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import dry_run, project_root, task
-from gpurig.cli.images import REPORTS_DIR, load_project_spec
+from gpurig.cli.base import REPORTS_DIR, dry_run, load_project_spec, project_root, task
 from gpurig.cli.options import HostOptions, host_task, make_connector, select_hosts
 from gpurig.errors import GpurigError, SpecError
 from gpurig.files import write_report

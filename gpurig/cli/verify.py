@@ -12,18 +12,12 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.config import choice
-from gpurig.errors import ConfigError
 from gpurig.files import write_text_report
 from gpurig.report.tables import Column
-from gpurig.status import Status
-from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.results import FleetReport, Outcome
-    from gpurig.verify.records import HostVerdict
-    from gpurig.verify.runner import VerifyPlan
 
 __all__ = ["verify"]
 
@@ -59,6 +53,7 @@ RECORD_COLUMNS = (
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
     from gpurig.inventory.profile import host_profile
+    from gpurig.verify.gate import fleet_passed, make_plan, verdict_outcome
 
     plan = make_plan(container, image, level)
     chosen = select_hosts(opts)
@@ -90,51 +85,13 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     exit_for(report)
 
 
-def verdict_outcome(verdict: HostVerdict) -> Outcome:
-    """``ok`` only for a proven host: a failure, or a verification that checked nothing, is ``failed`` with one line."""
-    from gpurig.results import Outcome
-
-    failed = verdict.failures
-    if failed:
-        return Outcome(status=Status.FAILED, data=verdict, detail=f"{failed[0].id}: {failed[0].detail}", fix=failed[0].fix)
-    if not verdict.passed:  # every host record skipped: records.unchecked adds a failure for it, this is the backstop
-        return Outcome(status=Status.FAILED, data=verdict, detail="nothing was checked on the host: every host record was skipped")
-    return Outcome(data=verdict)
-
-
-def fleet_passed(report: FleetReport) -> bool:
-    """The JSON's ``passed``: at least one host, every one verified and proven (not unreachable, not skipped, not unchecked)."""
-    verdicts = [_verdict(r.data) for r in report.results]
-    return report.exit_code == 0 and bool(verdicts) and all(v is not None and v.passed for v in verdicts)
-
-
-def make_plan(container: str | None, image: str | None, level: str | None) -> VerifyPlan:
-    """The run's plan from the flags; conflicting or empty values are one clear usage error."""
-    from gpurig.verify.runner import LEVELS, VerifyPlan
-
-    if container and image:
-        raise ConfigError("--container and --image both given", "verify either a deployed container (--container NAME) or an image (--image TAG)")
-    # Docker's own grammars, checked before any host is contacted (a bad tag used to fail on every host, one by one)
-    checks = (("--container", container, validate.container_name_problem, "the container's name, e.g. alice-jupyter"),
-              ("--image", image, validate.image_ref_problem, "an image reference, e.g. registry.example.com/ml/pytorch:2.9.1-cu128-slim"))
-    for flag, value, problem, fix in checks:
-        rule = problem(value) if value is not None else None
-        if rule:
-            raise ConfigError(f"{flag} {validate.excerpt(value)} {rule}", f"give {flag} {fix}")
-    return VerifyPlan.from_checks(choice(level or "quick", LEVELS, "--level"), container, image)
-
-
-def _verdict(data) -> HostVerdict | None:
-    from gpurig.verify.records import HostVerdict
-
-    return data if isinstance(data, HostVerdict) else None
-
-
 def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
     """One row per host: worst status, the first failing record, its fix, the key figures, the time taken."""
+    from gpurig.verify.gate import verdict_of
+
     rows = []
     for r in report.results:
-        v = _verdict(r.data)
+        v = verdict_of(r.data)
         if v is None:
             rows.append([r.host, r.status, "-", r.reason, "", f"{r.duration_s:.1f}s"])
             continue
@@ -147,9 +104,11 @@ def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
 
 def record_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
     """-v: every record of every host, with its fix under the detail."""
+    from gpurig.verify.gate import verdict_of
+
     rows = []
     for r in report.results:
-        v = _verdict(r.data)
+        v = verdict_of(r.data)
         if v is None:
             rows.append([r.host, r.status, "-", "-", "-", r.reason])
             continue

@@ -21,12 +21,12 @@ from fakes import ScriptedConnection
 from test_verify_host import nvidia_on_this_pci_bus
 
 from gpurig import skeleton
-from gpurig.cli.verify import fleet_passed, verdict_outcome
 from gpurig.connect.connection import Result
 from gpurig.connect.engineinfo import image_info
 from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 from gpurig.verify import runner
+from gpurig.verify.gate import fleet_passed, verdict_outcome
 from gpurig.verify.records import HostVerdict, Record, unchecked
 from gpurig.verify.runner import DockerFacts, VerifyPlan, container_records, read_probe, verify_host
 

@@ -8,11 +8,12 @@ import xml.etree.ElementTree as ET
 import pytest
 from fakes import ScriptedConnection
 
-from gpurig.cli.verify import host_rows, make_plan, record_rows
+from gpurig.cli.verify import host_rows, record_rows
 from gpurig.connect.connection import Result
 from gpurig.connect.engineinfo import container_info, image_info
 from gpurig.errors import ConfigError
 from gpurig.results import FleetReport, HostResult
+from gpurig.verify.gate import make_plan
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (

@@ -11,11 +11,11 @@ deploy requires. ``--image REF`` runs that image with deploy's defaults;
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.cli.deploy import local_engine
-from gpurig.cli.images import load_project_spec
-from gpurig.cli.options import HostOptions
+from gpurig.deploy.imagesource import local_engine
 from gpurig.errors import ConfigError, InventoryError
 from gpurig.strict import validate
 
@@ -23,20 +23,22 @@ if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
     from gpurig.deploy.containers import ContainerSpec
+    from gpurig.image.spec import ImageSpec
     from gpurig.inventory import Host
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.submit import JobTarget
     from gpurig.jobs.tree import Tree
 
 
-def resolve_target(c, opts: HostOptions, host: Host, request: jobspec.RunRequest, job: str, key: str, tree: Tree,
-                   spec_file: str | None) -> JobTarget:
+def resolve_target(host: Host, request: jobspec.RunRequest, job: str, key: str, tree: Tree, *, check: bool,
+                   load_spec: Callable[[], ImageSpec], source: str | Path) -> JobTarget:
+    """The job's target on ``host``; ``load_spec`` gives the project's image spec, read only for ``--variant``."""
     from gpurig.deploy.containers import ContainerSpec
     from gpurig.image import compat
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.submit import JobTarget
 
-    base = JobTarget(request=request, job=job, key=key, tree=tree, check=opts.check)
+    base = JobTarget(request=request, job=job, key=key, tree=tree, check=check)
     if request.container:
         problem = validate.container_name_problem(request.container)
         if problem:
@@ -52,8 +54,8 @@ def resolve_target(c, opts: HostOptions, host: Host, request: jobspec.RunRequest
         cuda = (image.labels.get("io.gpurig.cuda", "") if image else "") != compat.CPU
         return dataclasses.replace(base, container=template, image_ref=request.image, image=image, uid=_uid(image.user if image else ""),
                          cuda=cuda, deliver=_deliver(local, None))
-    image_spec = load_project_spec(c, spec_file)
-    template = container_for(host, image_spec, request.variant or "slim", opts.settings.inventory)
+    image_spec = load_spec()
+    template = container_for(host, image_spec, request.variant or "slim", source)
     image = local.image(template.image) if local else None
     if image is None and template.entry is not None and not image_spec.registry:
         raise ConfigError(f"the image {template.image} is not built on this machine",
@@ -64,7 +66,7 @@ def resolve_target(c, opts: HostOptions, host: Host, request: jobspec.RunRequest
                      deliver=_deliver(local, image_spec.registry or None))
 
 
-def container_for(host: Host, image_spec, variant: str, source) -> ContainerSpec:
+def container_for(host: Host, image_spec: ImageSpec, variant: str, source: str | Path) -> ContainerSpec:
     """The host's gpurig_containers entry of ``variant`` when it has one, else that variant's defaults (gpurig_shm_size still holds)."""
     from gpurig.deploy.containers import load_containers
 
