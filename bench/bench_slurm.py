@@ -89,7 +89,9 @@ GPURIG_HEALTH_INTERVAL = 60  # gpurig_slurm.health_interval's default: what a pr
 RUN_PHASES = r"""
 import json, os, sys, time
 started = time.process_time()
-from gpurig.cli import main, jobtarget, run, slurmrun
+from gpurig.cli import main, run
+from gpurig.jobs import placement
+from gpurig.slurm import scheduler
 imported = time.process_time()
 marks = []
 def timed(module, name, label):
@@ -102,10 +104,10 @@ def timed(module, name, label):
             what = label(a) if callable(label) else label
             marks.append({"phase": what, "cpu": time.process_time() - cpu, "wall": time.monotonic() - wall})
     setattr(module, name, wrapper)
-timed(slurmrun, "the_cluster", "read the inventory")
+timed(scheduler, "the_cluster", "read the inventory")
 timed(run, "scan", "scan the working directory")
-timed(jobtarget, "resolve_target", "resolve the image (this machine's engine asked)")
-timed(slurmrun, "fleet", lambda a: "fleet from {}(): {} on {} host(s)".format(sys._getframe(2).f_code.co_name, getattr(a[2], "__name__", "?"),
+timed(placement, "resolve_target", "resolve the image (this machine's engine asked)")
+timed(scheduler, "fleet", lambda a: "fleet from {}(): {} on {} host(s)".format(sys._getframe(2).f_code.co_name, getattr(a[2], "__name__", "?"),
                                                                                 len(a[1])))
 def report():
     with open(os.environ["GPURIG_BENCH_PHASES"], "w") as f:

@@ -34,7 +34,7 @@ TASK_MODULES = {
     "hosts": "hosts", "facts": "hosts", "exec": "hosts",
     "inventory": "inventory",
     "provision": "provision",
-    "deploy": "deploy", "status": "deploy", "logs": "deploy", "stop": "deploy", "rm": "deploy",
+    "deploy": "deploy", "status": "deploy", "logs": "jobqueue", "stop": "deploy", "rm": "deploy",
     "verify": "verify",
     "rollout": "rollout",
     "monitor": "monitor",

@@ -9,16 +9,14 @@ the person at the terminal. The JSON report never holds a token.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import load_project_spec
-from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, connect_early, container_names, exit_for, fleet_document, host_task, run_hosts, select_hosts
 from gpurig.errors import ConfigError
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE, Status
-from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
@@ -26,7 +24,7 @@ if TYPE_CHECKING:
     from gpurig.results import FleetReport, HostResult, Outcome
     from gpurig.steps.plan import StepResult
 
-__all__ = ["deploy", "status", "logs", "stop", "rm"]
+__all__ = ["deploy", "status", "stop", "rm"]
 
 SCHEMA = "gpurig.deploy/1"
 STATUS_SCHEMA = "gpurig.status/1"
@@ -194,47 +192,6 @@ def uptime(ci) -> str:
     return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-@host_task(help={"name": "the container (as in gpurig status), or with --job the job's id (or a unique start of it)",
-                 "follow": "keep printing new lines until Ctrl-C (a job's: until it ends)",
-                 "tail": "how many lines from the end (default 100 for a container, a job's whole log; 0 = all)",
-                 "job": "NAME is a job: its log, from whichever host runs it (every host is searched unless -l narrows)"},
-           positional=["name"])
-def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
-    """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
-    from gpurig.connect.engine import open_engine
-    from gpurig.deploy.compare import NAME_LABEL
-    from gpurig.results import Outcome
-
-    if job:
-        from gpurig.cli.jobqueue import job_logs
-
-        job_logs(opts, name, bool(follow), max(int(tail), 0))
-        return
-    tail = 100 if int(tail) < 0 else tail
-    if not name:
-        raise ConfigError("which container? `gpurig logs -l HOST NAME` (or a job: `gpurig logs --job ID`)", "see the names with `gpurig status`")
-    _names(name)  # checked before any host is contacted
-    chosen = select_hosts(opts)
-    early = connect_early(opts, chosen)
-    prefix = len(chosen) > 1
-
-    def work(conn: Connection) -> Outcome:
-        with open_engine(conn) as engine:
-            found = engine.container(name)
-            if found is None or NAME_LABEL not in found.labels:
-                return Outcome(status=Status.FAILED, detail=f"no gpurig container named {name} (see gpurig status)")
-            for chunk in engine.follow_logs(name, tail=int(tail) or "all", follow=bool(follow)):
-                text = chunk.decode(errors="replace")
-                if prefix:
-                    text = "".join(f"{conn.name} | {line}" for line in text.splitlines(keepends=True))
-                sys.stdout.write(text)
-                sys.stdout.flush()
-        return Outcome(status=Status.OK)
-
-    report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1", connector=early)
-    exit_for(report)
-
-
 def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already=lambda ci: "") -> None:
     """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
@@ -270,21 +227,11 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already
     exit_for(report)
 
 
-def _names(name: str | None) -> list[str]:
-    """The container names of a NAME[,NAME] flag, each by Docker's grammar (one line before any host is contacted)."""
-    names = [n.strip() for n in (name or "").split(",") if n.strip()]
-    for one in names:
-        rule = validate.container_name_problem(one)
-        if rule:
-            raise ConfigError(f"container {validate.excerpt(one)} {rule}", "name containers as `gpurig status` shows them")
-    return names
-
-
 # stop and rm take --name, not a positional: Invoke makes positionals required, and both have a no-name form.
 @host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True)
 def stop(c, opts: HostOptions, name=None):
     """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
-    _lifecycle(opts, _names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30),
+    _lifecycle(opts, container_names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30),
                done_already=lambda ci: "" if ci.status in ("running", "paused", "restarting")
                else "already stopped" if ci.status == "exited" else f"not running ({ci.status})")
 
@@ -292,7 +239,7 @@ def stop(c, opts: HostOptions, name=None):
 @host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True)
 def rm(c, opts: HostOptions, name=None, all=False):
     """Remove gpurig's containers (only ones gpurig made; their volumes' host folders stay)."""
-    names = _names(name)
+    names = container_names(name)
     if not names and not all:
         raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST --name NAME[,NAME] (see gpurig status)")
     _lifecycle(opts, names, "rm", lambda engine, ci: engine.remove(ci.name))

@@ -8,15 +8,27 @@ finds the job by its id or a unique prefix of it, and acts on that host.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, make_connector, run_hosts, select_hosts
+from gpurig.cli.options import (
+    HostOptions,
+    connect_early,
+    container_names,
+    exit_for,
+    exit_with_job,
+    fleet_document,
+    host_task,
+    make_connector,
+    run_hosts,
+    select_hosts,
+    slurm_reach,
+    to_stdout,
+)
 from gpurig.errors import ConfigError, GpurigError, counted
-from gpurig.files import RUNS, write_text_report
+from gpurig.files import RUNS
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE, Status
@@ -26,7 +38,7 @@ if TYPE_CHECKING:
     from gpurig.jobs.views import JobView
     from gpurig.results import FleetReport, Outcome
 
-__all__ = ["jobs", "attach", "cancel", "fetch_"]
+__all__ = ["jobs", "logs", "attach", "cancel", "fetch_"]
 
 JOBS_SCHEMA = "gpurig.jobs/1"
 
@@ -50,7 +62,7 @@ def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs")
         agent_text = agent.source
         views = [job_view(conn.name, d) for d in agent.jobs(ids)]
         if conn.name == controller:
-            from gpurig.cli.slurmrun import slurm_jobs
+            from gpurig.slurm.scheduler import slurm_jobs
 
             views += [v for v in slurm_jobs(conn) if not ids or v.id in ids]
         return Outcome(data=tuple(views))
@@ -99,9 +111,9 @@ def find_job(opts: HostOptions, wanted: str) -> JobView:
     from gpurig.results import Outcome
 
     if wanted.isdecimal():  # Slurm's
-        from gpurig.cli.slurmrun import find, the_cluster
+        from gpurig.slurm.scheduler import find, the_cluster
 
-        return find(opts, the_cluster(opts), wanted)
+        return find(slurm_reach(opts), the_cluster(opts.settings.inventory), wanted)
     hosts = select_hosts(opts)
     connector = make_connector(opts)
     try:
@@ -147,12 +159,51 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
 
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":
-        from gpurig.cli.slurmrun import follow as follow_slurm
-        from gpurig.cli.slurmrun import the_cluster
+        from gpurig.slurm.scheduler import follow as follow_slurm
+        from gpurig.slurm.scheduler import the_cluster
 
-        follow_slurm(opts, the_cluster(opts), view, follow_it=follow)
+        follow_slurm(slurm_reach(opts), the_cluster(opts.settings.inventory), view, to_stdout, follow_it=follow)
         return
     exit_for(stream_log(opts, view, follow=follow, tail=tail, label="logs"))
+
+
+@host_task(help={"name": "the container (as in gpurig status), or with --job the job's id (or a unique start of it)",
+                 "follow": "keep printing new lines until Ctrl-C (a job's: until it ends)",
+                 "tail": "how many lines from the end (default 100 for a container, a job's whole log; 0 = all)",
+                 "job": "NAME is a job: its log, from whichever host runs it (every host is searched unless -l narrows)"},
+           positional=["name"])
+def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
+    """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
+    from gpurig.connect.engine import open_engine
+    from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.results import Outcome
+
+    if job:
+        job_logs(opts, name, bool(follow), max(int(tail), 0))
+        return
+    tail = 100 if int(tail) < 0 else tail
+    if not name:
+        raise ConfigError("which container? `gpurig logs -l HOST NAME` (or a job: `gpurig logs --job ID`)", "see the names with `gpurig status`")
+    container_names(name)  # checked before any host is contacted
+    chosen = select_hosts(opts)
+    early = connect_early(opts, chosen)
+    prefix = len(chosen) > 1
+
+    def work(conn: Connection) -> Outcome:
+        with open_engine(conn) as engine:
+            found = engine.container(name)
+            if found is None or NAME_LABEL not in found.labels:
+                return Outcome(status=Status.FAILED, detail=f"no gpurig container named {name} (see gpurig status)")
+            for chunk in engine.follow_logs(name, tail=int(tail) or "all", follow=bool(follow)):
+                text = chunk.decode(errors="replace")
+                if prefix:
+                    text = "".join(f"{conn.name} | {line}" for line in text.splitlines(keepends=True))
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        return Outcome(status=Status.OK)
+
+    report = run_hosts(opts, chosen, work, label="logs", schema="gpurig.logs/1", connector=early)
+    exit_for(report)
 
 
 @host_task(help={"job": "the job (its id, or a unique start of it)", "tail": "lines of the log already written to show first (default 20; 0 = all)"},
@@ -163,9 +214,9 @@ def attach(c, opts: HostOptions, job=None, tail=20):
 
     view = find_job(opts, check_job_id(job))
     if view.mode == "slurm":
-        from gpurig.cli import slurmrun
+        from gpurig.slurm import scheduler
 
-        slurmrun.exit_with(slurmrun.follow(opts, slurmrun.the_cluster(opts), view))
+        exit_with_job(scheduler.follow(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view, to_stdout))
         return
     try:
         report = stream_log(opts, view, follow=True, tail=int(tail), label="attach")
@@ -191,12 +242,12 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
     view = find_job(opts, check_job_id(job))
     seconds = float(grace)
     if view.mode == "slurm":
-        from gpurig.cli import slurmrun
+        from gpurig.slurm import scheduler
 
         if opts.check:
             err_console.print(f"would scancel slurm job {view.id} ({view.state_text})", highlight=False)
             return
-        after = slurmrun.cancel(opts, slurmrun.the_cluster(opts), view.id)
+        after = scheduler.cancel(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view.id)
         opts.show([Column("job"), Column("state")], [[after.id, after.state_text]])
         return
 
@@ -242,31 +293,3 @@ def fetch_(c, opts: HostOptions, job=None, into=None):
     exit_for(report)
     if not view.ended:
         err_console.print(f"job {view.id} is still {view.state}: fetch again when it ends for the rest", highlight=False)
-
-
-def job_junit(views: Iterable[JobView]) -> str:
-    """Jobs as JUnit XML: one testcase per job, a failure when it did not succeed (with its exit code and why)."""
-    import xml.etree.ElementTree as ET
-
-    from gpurig.verify.junit import xml_text
-
-    views = list(views)
-    root = ET.Element("testsuites", name="gpurig run")
-    suite = ET.SubElement(root, "testsuite", name="gpurig run", tests=str(len(views)),
-                          failures=str(sum(v.state != "succeeded" for v in views)), errors="0", skipped="0")
-    for v in views:
-        case = ET.SubElement(suite, "testcase", classname=xml_text(f"{v.host}.run"), name=xml_text(f"{v.name} ({v.id})"),
-                             time=f"{v.runtime_s or 0:.3f}")
-        text = f"command: {' '.join(v.argv)}\nstate: {v.state_text}\nexit code: {v.exit_status}\nattempts: {len(v.attempts)}"
-        if v.state == "succeeded":
-            ET.SubElement(case, "system-out").text = xml_text(text)
-        else:
-            failure = ET.SubElement(case, "failure", message=xml_text(v.state_text), type=v.state)
-            failure.text = xml_text(text + f"\nlogs: gpurig logs --job {v.id}")
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
-
-def write_junit(target: str, views: list[JobView]) -> None:
-    write_text_report(target, job_junit(views), "--junit")
-

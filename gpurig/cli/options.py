@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import getpass
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,10 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, task
 from gpurig.config import choice, settings
-from gpurig.errors import InventoryError
-from gpurig.report import console, err_console
+from gpurig.errors import ConfigError, InventoryError
+from gpurig.report import console, err_console, outside
 from gpurig.report.tables import FORMATS, document, show
+from gpurig.strict import validate
 
 # The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
 if TYPE_CHECKING:
@@ -40,8 +42,10 @@ if TYPE_CHECKING:
     from gpurig.connect.connector import Connector
     from gpurig.connect.early import EarlyLogins
     from gpurig.inventory import Host
+    from gpurig.jobs.views import JobView
     from gpurig.report.tables import Column, Row
     from gpurig.results import FleetReport
+    from gpurig.slurm.scheduler import Reach
 
 SELECT_HELP = {
     "inventory": "inventory file, YAML or INI (default: inventory in gpurig.yaml / $GPURIG_INVENTORY, else inventory/hosts.yaml)",
@@ -198,6 +202,36 @@ def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Conne
     ssh = SSHSettings(connect_timeout=s.connect_timeout, host_key_policy=s.host_key_policy, project_known_hosts=s.known_hosts)
     password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
     return Connector(ssh, sudo_password=password, early=early)
+
+
+def container_names(name: str | None) -> list[str]:
+    """The container names of a NAME[,NAME] flag, each by Docker's grammar (one line before any host is contacted)."""
+    names = [n.strip() for n in (name or "").split(",") if n.strip()]
+    for one in names:
+        rule = validate.container_name_problem(one)
+        if rule:
+            raise ConfigError(f"container {validate.excerpt(one)} {rule}", "name containers as `gpurig status` shows them")
+    return names
+
+
+def slurm_reach(opts: HostOptions) -> Reach:
+    """How the Slurm library reaches the inventory's cluster under these flags (connections, forks)."""
+    from gpurig.slurm.scheduler import Reach
+
+    return Reach(lambda: make_connector(opts), opts.settings.forks)
+
+
+def to_stdout(data: bytes) -> None:
+    """A job's log as it comes, byte for byte."""
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+def exit_with_job(view: JobView) -> None:
+    """How a Slurm job ended, on stderr; exit with its code."""
+    err_console.print(f"slurm job {view.id}: {outside(view.state_text)}, exit code {view.exit_status}", highlight=False)
+    if view.exit_status:
+        raise Exit(code=view.exit_status)
 
 
 def run_hosts(

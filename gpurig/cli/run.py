@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec, remainder_argv
-from gpurig.cli.options import HostOptions, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, exit_for, exit_with_job, fleet_document, host_task, run_hosts, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, InventoryError
 from gpurig.files import RUNS
 from gpurig.report import console, err_console, outside
@@ -149,9 +149,10 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         raise
     show_run(opts, report, wait)
     if junit:
-        from gpurig.cli.jobqueue import write_junit
+        from gpurig.files import write_text_report
+        from gpurig.jobs.views import job_junit
 
-        write_junit(junit, [w.view for w in waited(report)])
+        write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
     exit_for(report)
     done = waited(report)
     if done and done[0].view.exit_status:
@@ -160,14 +161,15 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
 
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
-    from gpurig.cli import slurmrun
     from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
+    from gpurig.slurm import scheduler
     from gpurig.slurm.conf import name_problem
     from gpurig.slurm.sbatch import LAUNCHERS, SlurmRequest
 
-    cluster = slurmrun.the_cluster(opts)
+    reach = slurm_reach(opts)
+    cluster = scheduler.the_cluster(opts.settings.inventory)
     chosen = launcher or ("torchrun" if nodes > 1 else "none")
     if chosen not in LAUNCHERS:
         raise ConfigError(f"--launcher {chosen!r} is not one gpurig knows", f"use {' or '.join(LAUNCHERS)}")
@@ -184,7 +186,7 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     target = resolve_target(cluster.nodes[0], request, "slurm", sync_key(request.workdir), tree, check=opts.check,
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     per_node = request.gpus.count if request.gpus is not None else (1 if target.cuda else 0)
-    submitted = slurmrun.submit(opts, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node))
+    submitted = scheduler.submit(reach, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node), check=opts.check)
     if opts.check:
         err_console.print(f"would sync {request.workdir} to {', '.join(submitted.nodes)} and submit to Slurm on {cluster.controller.name}:",
                           highlight=False)
@@ -201,12 +203,13 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
                                                           "nodes": list(submitted.nodes)}}))
     if not wait:
         return
-    view = slurmrun.follow(opts, cluster, slurmrun.find(opts, cluster, submitted.job))
+    view = scheduler.follow(reach, cluster, scheduler.find(reach, cluster, submitted.job), to_stdout)
     if junit:
-        from gpurig.cli.jobqueue import write_junit
+        from gpurig.files import write_text_report
+        from gpurig.jobs.views import job_junit
 
-        write_junit(junit, [view])
-    slurmrun.exit_with(view)
+        write_text_report(junit, job_junit([view]), "--junit")
+    exit_with_job(view)
 
 
 def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path) -> Waited:

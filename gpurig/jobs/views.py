@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,3 +143,26 @@ def pick(found: list[JobView], wanted: str, searched: int) -> JobView:
         listed = ", ".join(f"{j.id} ({j.host})" for j in matches[:6])
         raise ConfigError(f"{wanted} is the start of several jobs: {listed}", "give more of the id")
     return matches[0]
+
+
+def job_junit(views: Iterable[JobView]) -> str:
+    """Jobs as JUnit XML: one testcase per job, a failure when it did not succeed (with its exit code and why)."""
+    import xml.etree.ElementTree as ET
+
+    from gpurig.verify.junit import xml_text
+
+    views = list(views)
+    root = ET.Element("testsuites", name="gpurig run")
+    suite = ET.SubElement(root, "testsuite", name="gpurig run", tests=str(len(views)),
+                          failures=str(sum(v.state != "succeeded" for v in views)), errors="0", skipped="0")
+    for v in views:
+        case = ET.SubElement(suite, "testcase", classname=xml_text(f"{v.host}.run"), name=xml_text(f"{v.name} ({v.id})"),
+                             time=f"{v.runtime_s or 0:.3f}")
+        text = f"command: {' '.join(v.argv)}\nstate: {v.state_text}\nexit code: {v.exit_status}\nattempts: {len(v.attempts)}"
+        if v.state == "succeeded":
+            ET.SubElement(case, "system-out").text = xml_text(text)
+        else:
+            failure = ET.SubElement(case, "failure", message=xml_text(v.state_text), type=v.state)
+            failure.text = xml_text(text + f"\nlogs: gpurig logs --job {v.id}")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,6 +1,6 @@
 """``gpurig run --scheduler slurm``: the same job through the inventory's Slurm cluster, and Slurm's jobs for jobs/logs/cancel/attach.
 
-Thin: the nodes get the working directory and the image over the fleet (as
+Library code, driven from Python as from the run and jobs tasks: the nodes get the working directory and the image over the fleet (as
 ``run`` gives one host), the controller ``sbatch``, and with ``--wait`` the
 log is followed on the batch host until Slurm says the job ended; the exit
 code is Slurm's (``squeue --json``). Jobs are Slurm's by their ids (numbers,
@@ -9,19 +9,17 @@ which gpurig's own job ids never are).
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invoke.exceptions import Exit
-
-from gpurig.cli.options import HostOptions, make_connector
 from gpurig.errors import ConfigError, HostError, InventoryError
-from gpurig.report import err_console, outside
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
+    from gpurig.connect.connector import Connector
     from gpurig.jobs.views import JobView
     from gpurig.results import Outcome
     from gpurig.slurm import sbatch
@@ -30,13 +28,22 @@ if TYPE_CHECKING:
 POLL_S = 1.0
 
 
-def the_cluster(opts: HostOptions) -> ClusterHosts:
+@dataclass(frozen=True)
+class Reach:
+    """How the cluster's hosts are reached: a new connector for each fleet run, and how many hosts at once (the task's -f)."""
+
+    connector: Callable[[], Connector]
+    forks: int
+
+
+def the_cluster(source: str | Path) -> ClusterHosts:
+    """The inventory's Slurm cluster; one line when it has none, or when its hosts log in as different users."""
     from gpurig.inventory import load_inventory
     from gpurig.slurm.cluster import cluster_hosts
 
-    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
+    found = cluster_hosts(load_inventory(source), source)
     if found is None:
-        raise InventoryError(f"{opts.settings.inventory} has no Slurm cluster (groups slurm_controller and slurm_nodes)",
+        raise InventoryError(f"{source} has no Slurm cluster (groups slurm_controller and slurm_nodes)",
                              "put the controller in slurm_controller and the nodes in slurm_nodes, then gpurig provision them")
     users = {h.user for h in found.hosts}
     if len(users) > 1:
@@ -45,21 +52,21 @@ def the_cluster(opts: HostOptions) -> ClusterHosts:
     return found
 
 
-def fleet(opts: HostOptions, hosts, work):
+def fleet(reach: Reach, hosts, work):
     from gpurig.connect.fleet import run_fleet
 
-    connector = make_connector(opts)
+    connector = reach.connector()
     try:
-        return run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, label="slurm")
+        return run_fleet(hosts, work, connector=connector, forks=reach.forks, label="slurm")
     finally:
         connector.close()
 
 
-def hostnames(opts: HostOptions, cluster: ClusterHosts) -> dict[str, str]:
+def hostnames(reach: Reach, cluster: ClusterHosts) -> dict[str, str]:
     """Slurm's NodeName (the host's hostname) -> the inventory's name, for finding a job's batch host."""
     from gpurig.results import Outcome
 
-    report = fleet(opts, cluster.nodes, lambda conn: Outcome(data=conn.run("hostname -s", timeout=30).stdout.strip()))
+    report = fleet(reach, cluster.nodes, lambda conn: Outcome(data=conn.run("hostname -s", timeout=30).stdout.strip()))
     return {r.data: r.host for r in report.results if isinstance(r.data, str) and r.data}
 
 
@@ -71,8 +78,8 @@ class Submitted:
     via: str = "sbatch"  # or slurmrestd (gpurig_slurm.rest)
 
 
-def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest) -> Submitted:
-    """Every node gets the tree and the image, then the controller queues the job; its Slurm id."""
+def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest, *, check: bool = False) -> Submitted:
+    """Every node gets the tree and the image, then the controller queues the job; its Slurm id (with ``check``, only the script)."""
     from gpurig.connect.streams import Streams
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.sync import sync
@@ -83,7 +90,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: sba
         raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
     login = cluster.controller.user or "root"
     script = sbatch.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
-    if opts.check:
+    if check:
         return Submitted("", tuple(h.name for h in nodes_for(cluster, slurm.partition)), script)
 
     def prepare(conn: Connection) -> Outcome:
@@ -100,7 +107,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: sba
         return Outcome(changed=synced.moved > 0)
 
     nodes = nodes_for(cluster, slurm.partition)
-    ready = fleet(opts, nodes, prepare)
+    ready = fleet(reach, nodes, prepare)
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
@@ -122,7 +129,7 @@ def submit(opts: HostOptions, cluster: ClusterHosts, target, request, slurm: sba
                             host=conn.name)
         return Outcome(data=sbatch.parse_submitted(said.stdout, conn.name))
 
-    queued = fleet(opts, [cluster.controller], queue).results[0]
+    queued = fleet(reach, [cluster.controller], queue).results[0]
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
     return Submitted(str(queued.data), tuple(h.name for h in nodes), script, via)
@@ -149,9 +156,9 @@ def slurm_jobs(conn: Connection) -> list[JobView]:
 class Controller:
     """One SSH connection to the cluster's controller, kept for every look at its queue (a poll a second would otherwise be a login a second)."""
 
-    def __init__(self, opts: HostOptions, cluster: ClusterHosts) -> None:
+    def __init__(self, reach: Reach, cluster: ClusterHosts) -> None:
         self.cluster = cluster
-        self.connector = make_connector(opts)
+        self.connector = reach.connector()
         self.conn = self.connector.open(cluster.controller)
 
     def __enter__(self) -> Controller:
@@ -169,18 +176,18 @@ class Controller:
         return found[0]
 
 
-def find(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
-    with Controller(opts, cluster) as controller:
+def find(reach: Reach, cluster: ClusterHosts, job: str) -> JobView:
+    with Controller(reach, cluster) as controller:
         return controller.find(job)
 
 
-def follow(opts: HostOptions, cluster: ClusterHosts, view: JobView, follow_it: bool = True) -> JobView:
-    """The job's log on stdout (to its end with ``follow_it``); how it ended."""
-    with Controller(opts, cluster) as controller:
-        return _follow(opts, controller, view, follow_it)
+def follow(reach: Reach, cluster: ClusterHosts, view: JobView, out: Callable[[bytes], None], follow_it: bool = True) -> JobView:
+    """The job's log, each piece handed to ``out`` as it comes (to the job's end with ``follow_it``); how it ended."""
+    with Controller(reach, cluster) as controller:
+        return _follow(reach, controller, view, out, follow_it)
 
 
-def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it: bool) -> JobView:
+def _follow(reach: Reach, controller: Controller, view: JobView, out: Callable[[bytes], None], follow_it: bool) -> JobView:
     from gpurig.connect.streams import Streams
     from gpurig.results import Outcome
     from gpurig.slurm import sbatch
@@ -191,21 +198,17 @@ def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it:
         view = controller.find(view.id)
     batch = str(view.raw.get("batch_host") or "")
     # the inventory's name is the hostname on most fleets; else each node is asked its hostname once
-    host = batch if batch in {h.name for h in cluster.nodes} else hostnames(opts, cluster).get(batch)
+    host = batch if batch in {h.name for h in cluster.nodes} else hostnames(reach, cluster).get(batch)
     if host is None:
         raise HostError(f"job {view.id}'s batch host {batch or '(none yet)'} is none of the inventory's nodes", "see `squeue -j ID` on the controller")
     user = (view.raw.get("slurm") or {}).get("user") or cluster.controller.user or "root"
     key = str((view.raw.get("slurm") or {}).get("comment") or "").removeprefix("gpurig:").split(" ", 1)[0]
 
     def read(conn: Connection) -> Outcome:
-        def out(data: bytes) -> None:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-
         said = conn.run(sbatch.follow_line(sbatch.log_path(user, key, view.id), view.id, follow_it), warn=True, streams=Streams(on_bytes=out))
         return Outcome(data=said.exited)
 
-    fleet(opts, [next(h for h in cluster.nodes if h.name == host)], read)
+    fleet(reach, [next(h for h in cluster.nodes if h.name == host)], read)
     end = time.monotonic() + 30
     while follow_it:
         view = controller.find(view.id)
@@ -215,8 +218,8 @@ def _follow(opts: HostOptions, controller: Controller, view: JobView, follow_it:
     return view
 
 
-def cancel(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
-    with Controller(opts, cluster) as controller:
+def cancel(reach: Reach, cluster: ClusterHosts, job: str) -> JobView:
+    with Controller(reach, cluster) as controller:
         view = controller.find(job)
         if view.ended:
             return view
@@ -226,9 +229,3 @@ def cancel(opts: HostOptions, cluster: ClusterHosts, job: str) -> JobView:
             time.sleep(POLL_S)  # scancel returns at once; the job ends when slurmstepd has stopped it
             view = controller.find(job)
         return view
-
-
-def exit_with(view: JobView) -> None:
-    err_console.print(f"slurm job {view.id}: {outside(view.state_text)}, exit code {view.exit_status}", highlight=False)
-    if view.exit_status:
-        raise Exit(code=view.exit_status)
