@@ -42,8 +42,9 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
     from gpurig.deploy.imagesource import local_engine, mover, resolve
-    from gpurig.report.changes import host_documents, outcome, print_diffs, result_rows
+    from gpurig.report.changes import host_documents, print_diffs, result_rows
     from gpurig.report.deliveryprogress import ProgressPrinter
+    from gpurig.steps.plan import outcome
 
     image_spec = load_project_spec(c, spec)
     chosen = select_hosts(opts)
@@ -109,7 +110,7 @@ def deploy_cells(s: StepResult, check: bool) -> list[str]:
 
 
 def print_access(report: FleetReport, out) -> None:
-    from gpurig.report.changes import host_results
+    from gpurig.steps.plan import host_results
 
     for r in report.results:
         for s in host_results(r):

@@ -8,12 +8,11 @@ the diffs when asked, and the recap.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_spec_files
-from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, make_connector, run_hosts, select_hosts
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
 from gpurig.report import console, err_console
 from gpurig.report.tables import Column
@@ -22,7 +21,6 @@ from gpurig.status import STATUS_STYLE
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.results import FleetReport, Outcome
-    from gpurig.slurm.cluster import ClusterHosts
     from gpurig.steps import Step
 
 __all__ = ["provision"]
@@ -47,13 +45,20 @@ HELP = {
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
     from gpurig.inventory.profile import host_profile
-    from gpurig.report.changes import host_documents, outcome, print_diffs, reason_text, result_rows
+    from gpurig.report.changes import host_documents, print_diffs, reason_text, result_rows
     from gpurig.steps import converge_rebooting
+    from gpurig.steps.plan import outcome
 
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}  # every error before any host is touched
-    cluster = slurm_cluster(opts, chosen) if SLURM in names else None
+    cluster = None
+    if SLURM in names:
+        from gpurig.slurm.cluster import touched_cluster
+
+        cluster, left = touched_cluster(chosen, opts.settings.inventory)
+        if left:
+            err_console.print(f"slurm: the cluster is provisioned whole: its hosts {', '.join(left)} too", highlight=False)
     steps = make_steps([n for n in names if n != SLURM], default_cuda(c) if "driver" in names else None, bool(reboot))
 
     def work(conn: Connection) -> Outcome:
@@ -67,7 +72,10 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     if cluster is None:
         report = run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, annotate=annotate)
     else:
-        report = with_cluster(opts, run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, finished=False), cluster)
+        from gpurig.slurm.cluster import with_cluster
+
+        report = with_cluster(run_hosts(opts, chosen, work, label="provision", schema=SCHEMA, finished=False), cluster,
+                              connect=lambda: make_connector(opts), check=opts.check, diff=opts.diff, forks=opts.settings.forks)
         finish(opts, report, SCHEMA, annotate)
     columns = [Column("host"), Column("step"), Column("status", styles=STATUS_STYLE), Column("reason")]
     opts.show(columns, result_rows(report, lambda s: [reason_text(s)], 1), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
@@ -90,59 +98,6 @@ def pick_steps(only: str | None, skip: str | None) -> list[str]:
     if not picked:
         raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(STEP_NAMES)}")
     return picked
-
-
-def slurm_cluster(opts: HostOptions, chosen: list) -> ClusterHosts | None:
-    """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None."""
-    from gpurig.inventory import load_inventory
-    from gpurig.inventory.profile import host_profile
-    from gpurig.slurm.cluster import cluster_hosts
-
-    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
-    if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:
-        return None
-    left = [h.name for h in found.hosts if h.name not in {c.name for c in chosen}]
-    if left:
-        err_console.print(f"slurm: the cluster is provisioned whole: its hosts {', '.join(left)} too", highlight=False)
-    for h in found.hosts:
-        host_profile(h, opts.settings.inventory)  # every error before any host is touched
-    return found
-
-
-def with_cluster(opts: HostOptions, report: FleetReport, cluster) -> FleetReport:
-    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
-    from gpurig.cli.options import make_connector
-    from gpurig.report.changes import host_results, outcome
-    from gpurig.results import HostResult
-    from gpurig.slurm.cluster import ClusterRun
-    from gpurig.status import Status, worst
-    from gpurig.steps.plan import StepResult
-
-    by_host = report.by_host()
-    failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
-    if any(h.name in failed for h in cluster.hosts):
-        extra = {h.name: [StepResult("slurm", Status.SKIPPED, "not run: a host of the cluster failed its own steps")] for h in cluster.hosts}
-    else:
-        connector = make_connector(opts)
-        try:
-            extra = ClusterRun(cluster, connector, check=opts.check, diff=opts.diff, forks=opts.settings.forks).run()
-        finally:
-            connector.close()
-    results = list(report.results)
-    for name, steps in extra.items():
-        old = by_host.get(name)
-        mine = tuple(host_results(old)) if old else ()
-        merged = (*mine, *steps)
-        done = outcome(merged, lambda r: f"step {r.step} failed: {r.reason}")
-        status = worst([old.status] if old and old.status == Status.UNREACHABLE else [done.resolved])
-        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), old.duration_s if old else 0.0, done.fix)
-        if old:
-            results[results.index(old)] = made
-        else:
-            results.append(made)
-    counts = {k: sum(1 for r in results if r.status == k) for k in report.summary}
-    return dataclasses.replace(report, results=tuple(results), summary=counts)
-
 
 
 def make_steps(names: list[str], cuda: str | None, reboot: bool) -> list[Step]:

@@ -14,22 +14,10 @@ from typing import Any
 from rich.console import Console
 
 from gpurig.report import outside
-from gpurig.results import FleetReport, HostResult, Outcome
-from gpurig.status import Status, worst
-from gpurig.steps.plan import StepResult
+from gpurig.results import FleetReport
+from gpurig.steps.plan import StepResult, host_results
 
 Cells = Callable[[StepResult], Sequence[str]]
-
-
-def outcome(results: Sequence[StepResult], failed: Callable[[StepResult], str]) -> Outcome:
-    """The host's status from its results (failed, else changed, else ok), why the failed ones failed, the first fix."""
-    bad = [r for r in results if r.status == Status.FAILED]
-    return Outcome(status=worst(r.status for r in results), data=tuple(results),
-                   detail="; ".join(failed(r) for r in bad), fix=next((r.fix for r in bad if r.fix), ""))
-
-
-def host_results(r: HostResult) -> tuple[StepResult, ...]:
-    return r.data if isinstance(r.data, tuple) else ()
 
 
 def result_rows(report: FleetReport, cells: Cells, blank: int) -> list[list[str]]:

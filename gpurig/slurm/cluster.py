@@ -20,23 +20,25 @@ nodes too. Check mode plans each phase from what the host has now.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
 from gpurig.errors import GpurigError, InventoryError, counted
 from gpurig.facts.probes import Section
-from gpurig.inventory import Host, Inventory
+from gpurig.inventory import Host, Inventory, load_inventory
 from gpurig.inventory.profile import SlurmSettings, host_profile
-from gpurig.results import Outcome
+from gpurig.results import FleetReport, HostResult, Outcome
 from gpurig.skeleton import shipped_text
 from gpurig.slurm import conf, hoststeps
-from gpurig.status import Status
+from gpurig.status import Status, worst
 from gpurig.steps.commands import run_change
-from gpurig.steps.plan import Change, Plan, StepResult
+from gpurig.steps.plan import Change, Plan, StepResult, host_results, outcome
 
 STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons")
 SINFO = ["sinfo", "-h", "-N", "-o", "%N|%T|%E"]
@@ -250,3 +252,47 @@ class ClusterRun:
             node.results.append(StepResult("slurm-daemons", Status.FAILED, f"{name} is {state or 'unknown'} to the controller"
                                            + (f": {reason}" if reason else ""), fix="see /var/log/slurm/slurmd.log on the node"))
 
+
+def touched_cluster(chosen: Sequence[Host], source: str | Path) -> tuple[ClusterHosts | None, list[str]]:
+    """The inventory's Slurm cluster when the selection touches it (the whole cluster is provisioned together), else None.
+
+    Also the cluster's hosts the selection left out, which are provisioned
+    with it. Every cluster host's profile is read here: every error before
+    any host is touched.
+    """
+    found = cluster_hosts(load_inventory(source), source)
+    if found is None or not {h.name for h in found.hosts} & {h.name for h in chosen}:
+        return None, []
+    left = [h.name for h in found.hosts if h.name not in {c.name for c in chosen}]
+    for h in found.hosts:
+        host_profile(h, source)
+    return found, left
+
+
+def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callable[[], Connector], check: bool, diff: bool,
+                 forks: int) -> FleetReport:
+    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
+    by_host = report.by_host()
+    failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
+    if any(h.name in failed for h in cluster.hosts):
+        extra = {h.name: [StepResult("slurm", Status.SKIPPED, "not run: a host of the cluster failed its own steps")] for h in cluster.hosts}
+    else:
+        connector = connect()
+        try:
+            extra = ClusterRun(cluster, connector, check=check, diff=diff, forks=forks).run()
+        finally:
+            connector.close()
+    results = list(report.results)
+    for name, steps in extra.items():
+        old = by_host.get(name)
+        mine = tuple(host_results(old)) if old else ()
+        merged = (*mine, *steps)
+        done = outcome(merged, lambda r: f"step {r.step} failed: {r.reason}")
+        status = worst([old.status] if old and old.status == Status.UNREACHABLE else [done.resolved])
+        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), old.duration_s if old else 0.0, done.fix)
+        if old:
+            results[results.index(old)] = made
+        else:
+            results.append(made)
+    counts = {k: sum(1 for r in results if r.status == k) for k in report.summary}
+    return dataclasses.replace(report, results=tuple(results), summary=counts)

@@ -14,14 +14,15 @@ facts alone. Deploy plans its containers with the same model.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpurig.connect.connection import Connection
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
-from gpurig.status import Status
+from gpurig.results import HostResult, Outcome
+from gpurig.status import Status, worst
 from gpurig.steps.commands import Command, Upload, run_change
 
 
@@ -140,3 +141,14 @@ class Step:
     def apply(self, conn: Connection, plan: Plan) -> None:
         for change in plan.changes:
             run_change(conn, change.summary, change.commands, fix=change.fix, timeout=self.timeout_s)
+
+
+def outcome(results: Sequence[StepResult], failed: Callable[[StepResult], str]) -> Outcome:
+    """The host's status from its results (failed, else changed, else ok), why the failed ones failed, the first fix."""
+    bad = [r for r in results if r.status == Status.FAILED]
+    return Outcome(status=worst(r.status for r in results), data=tuple(results),
+                   detail="; ".join(failed(r) for r in bad), fix=next((r.fix for r in bad if r.fix), ""))
+
+
+def host_results(r: HostResult) -> tuple[StepResult, ...]:
+    return r.data if isinstance(r.data, tuple) else ()
