@@ -287,18 +287,23 @@ class IgnoreRules:
         return bool(self._files)
 
     def _chain(self, parent: str) -> tuple[tuple[int, IgnoreFile], ...]:
-        """The files that apply inside ``parent``, deepest first, each with the byte length of its directory's prefix."""
-        chain = self._chains.get(parent)
-        if chain is None:
-            found: list[tuple[int, IgnoreFile]] = []
-            directory = parent
-            while True:
+        """The files that apply inside ``parent``, deepest first, each with the byte length of its directory's prefix.
+
+        Built from the parent's own chain, which a walk has always asked for first: climbing every level
+        for every directory made a tree 2,000 folders deep cost 2,000 x 2,000 steps (21 s).
+        """
+        missing = []
+        directory: str | None = parent
+        while directory is not None and directory not in self._chains:  # up to the nearest directory already known
+            missing.append(directory)
+            directory = directory.rpartition("/")[0] if directory else None
+        chain = self._chains[directory] if directory is not None else ()
+        for directory in reversed(missing):
+            own = self._files.get(directory, ())
+            if own:
                 cut = len(os.fsencode(directory)) + 1 if directory else 0
-                found.extend((cut, f) for f in reversed(self._files.get(directory, ())))
-                if not directory:
-                    break
-                directory = directory.rpartition("/")[0]
-            chain = self._chains[parent] = tuple(found)
+                chain = tuple((cut, f) for f in reversed(own)) + chain
+            self._chains[directory] = chain
         return chain
 
     def match(self, path: str, is_dir: bool) -> Pattern | None:
