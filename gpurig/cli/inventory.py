@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from gpurig.cli.base import task
@@ -36,14 +35,10 @@ def inventory(c, list=False, graph=None, host=None, vars=False, inventory=None):
         )
     inv = load_inventory(settings(c.config, inventory=inventory).inventory)
     if list:
-        sys.stdout.write(_json(inventory_view.as_list(inv)))
+        sys.stdout.write(inventory_view.to_json(inventory_view.as_list(inv)))
     elif host:
-        sys.stdout.write(_json(inventory_view.host_vars(inv, host)))
+        sys.stdout.write(inventory_view.to_json(inventory_view.host_vars(inv, host)))
     else:
         group = graph if isinstance(graph, str) else "all"
         sys.stdout.write("\n".join(inventory_view.graph(inv, group, show_vars=vars)) + "\n")
 
-
-def _json(data) -> str:
-    # ansible-inventory's layout: 4 spaces, keys sorted; values YAML gave that JSON lacks (dates) as text
-    return json.dumps(data, indent=4, sort_keys=True, default=str) + "\n"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
@@ -101,7 +100,7 @@ def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] 
     from gpurig.image import outdated as od
 
     if facts:
-        hosts = _report_hosts(facts)
+        hosts = od.read_facts_report(facts)
         source = f"from {facts}"
     else:
         if not Path(opts.settings.inventory).exists():
@@ -117,17 +116,6 @@ def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] 
     drivers, missing = od.drivers_from_facts(hosts)
     note = f"{len(drivers)} GPU hosts, {source}" + (f"; no facts from {od.compact_names(missing)}" if missing else "")
     return drivers, note
-
-
-def _report_hosts(path: str) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"--facts {path}: cannot read it as JSON ({e})", "write it with `gpurig facts --json FILE`") from None
-    hosts = data.get("hosts") if isinstance(data, dict) else None
-    if not isinstance(hosts, list) or data.get("schema") != "gpurig.facts/1":
-        raise SpecError(f"--facts {path}: not a gpurig facts report (schema gpurig.facts/1)", "write it with `gpurig facts --json FILE`")
-    return hosts
 
 
 PROMOTE_SCHEMA = "gpurig.promote/1"

@@ -14,7 +14,6 @@ verify on an image id.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import threading
@@ -25,6 +24,8 @@ from typing import Any
 
 from gpurig.errors import ConfigError
 from gpurig.files import atomic_write, to_json
+from gpurig.strict.reader import load_json
+from gpurig.strict.yamlnode import Node
 
 STATE_DIR = ".gpurig/rollouts"
 STATE_SCHEMA = "gpurig.rollout-state/1"
@@ -33,6 +34,8 @@ STATE_SCHEMA = "gpurig.rollout-state/1"
 STARTED, DONE, ROLLED_BACK, FAILED = "started", "done", "rolled-back", "failed"
 _BATCH = re.compile(r"^([0-9]{1,9})(%?)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# What a host's entry holds as text: read back by a re-run, promote (gpurig/image/promote.py) and the table.
+_TEXT_FIELDS = ("host", "state", "image_id", "image_ref", "verify", "level", "time", "reason", "tried")
 
 
 def batch_size(text: str, total: int) -> int:
@@ -97,15 +100,9 @@ class RolloutState:
     def load(cls, path: Path, **meta: Any) -> RolloutState:
         """The file at ``path`` (its hosts kept), with this run's ``meta`` (target, level...) on top; a new one if absent."""
         doc: dict[str, Any] = {"schema": STATE_SCHEMA, "hosts": {}}
-        try:
-            found = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            found = None
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"the rollout state {path} cannot be read: {err}",
-                              "remove it to start the rollout afresh (hosts already moved are then moved again)") from None
-        if isinstance(found, dict) and isinstance(found.get("hosts"), dict):
-            doc["hosts"] = {h: e for h, e in found["hosts"].items() if isinstance(e, dict)}
+        found = read_state(path, "remove it to start the rollout afresh (hosts already moved are then moved again)")
+        if found is not None:
+            doc["hosts"] = found
         doc.update(meta)
         return cls(Path(path), doc)
 
@@ -133,15 +130,36 @@ def verified_hosts(root: str | Path, image_id: str) -> list[dict[str, Any]]:
     """The hosts whose verify passed on ``image_id``, from every rollout's state under ``root`` (each entry as recorded)."""
     found: list[dict[str, Any]] = []
     for path in sorted((Path(root) / STATE_DIR).glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        hosts = doc.get("hosts") if isinstance(doc, dict) else None
-        for e in (hosts or {}).values():
-            if isinstance(e, dict) and e.get("image_id") == image_id and e.get("verify") == "passed" and e.get("state") == DONE:
+        # A state gpurig cannot read hides proofs, so it stops the promotion rather than being passed over.
+        hosts = read_state(path, "remove it (its hosts' proofs go with it) or restore it") or {}
+        for e in hosts.values():
+            if e.get("image_id") == image_id and e.get("verify") == "passed" and e.get("state") == DONE:
                 found.append(e)
     return found
+
+
+def read_state(path: str | Path, fix: str) -> dict[str, dict[str, Any]] | None:
+    """A state file's hosts (host -> entry), each entry checked to be a mapping of the right fields; None when there is no file.
+
+    Read by gpurig's bounded reader: a FIFO, a device or a huge file there is refused at once, and
+    every wrong type is one line naming the file and the key.
+    """
+    doc = Node(f"the rollout state {path}", "", load_json(path, error=ConfigError, what="rollout state", fix=fix, missing_ok=True),
+               ConfigError)
+    if doc.value is None:
+        return None
+    fields = doc.of_type(dict, "a mapping with schema and hosts", fix)
+    hosts = doc.child("hosts", fields.get("hosts", {})).of_type(dict, "a mapping of host names to entries", fix)
+    node = doc.child("hosts", hosts)
+    for name, entry in hosts.items():
+        host = node.child(name, entry)
+        host.of_type(dict, "a host's entry (a mapping)", fix)
+        for key in _TEXT_FIELDS:
+            host.child(key, entry.get(key)).of_type((str, type(None)), "text", fix)
+        previous = host.child("previous", entry.get("previous"))
+        for container, ran in (previous.of_type((dict, type(None)), "a mapping of container to image", fix) or {}).items():
+            previous.child(container, ran).of_type((dict, type(None)), "the image it ran (a mapping)", fix)
+    return hosts
 
 
 # --- what the table says ----------------------------------------------------------------------------------------------------

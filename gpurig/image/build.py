@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -14,13 +13,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpurig.errors import DockerError
 from gpurig.files import atomic_write, to_json
 from gpurig.image.dockercli import DockerClient
 from gpurig.image.render import PROJECT_LABEL, BuildContext
+from gpurig.strict.reader import load_json
 
 REPORT_SCHEMA = 1
+REPORT_LIMIT = 16 * 2**20  # a report with its freeze list and promotions is some KiB; a bigger file is not one of ours
 PROBE_LABEL = "io.gpurig.probe"
 # Run inside a built image (no value from outside reaches it): what pip and dpkg resolved.
 FREEZE_SCRIPT = "/opt/venv/bin/pip freeze --all; echo '--- dpkg'; dpkg-query -W -f '${Package}=${Version}\\n'"
@@ -378,11 +380,17 @@ def build_reports(reports_dir: Path) -> Iterator[tuple[Path, dict]]:
     """(path, report) of each readable build report under ``reports_dir``, in path order."""
     for path in sorted((reports_dir / "builds").glob("*/*.json")):
         try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not a report to list
+            report = read_report(path)
+        except DockerError:  # unreadable, a FIFO, huge, not UTF-8, not JSON: not a report to list
             continue
         if isinstance(report, dict):
             yield path, report
+
+
+def read_report(path: Path) -> Any:
+    """One build report, read as every file gpurig did not just write is (gpurig/strict/reader.py)."""
+    return load_json(path, error=DockerError, what="build report", fix="remove it, or build the image again to write a new one",
+                     limit=REPORT_LIMIT)
 
 
 def load_reports(reports_dir: Path) -> dict[str, dict]:

@@ -11,6 +11,8 @@ that the variants of an entry still share their torch layer.
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,14 @@ from gpurig.errors import DockerError, SpecError
 from gpurig.files import atomic_write
 from gpurig.image.baseimage import PULL_TIMEOUT_S
 from gpurig.image.dockercli import DockerClient
+from gpurig.strict.validate import excerpt
+from gpurig.strict.yamlio import load_yaml
 
 LOCK_SCHEMA = 1
+_STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 IN_IMAGE = "/opt/gpurig/lock"  # where each build step leaves what it resolved
 IN_CONTEXT = "lock"  # the locked lists in a build context, bind-mounted into the steps that read them
 IN_MOUNT = "/run/gpurig-lock"  # where the pip steps of a locked build find them (templates/_pip.j2)
@@ -83,24 +91,43 @@ def image_key(tag: str, variant: str) -> str:
 
 def load(path: Path) -> dict[str, LockedImage]:
     """The lock file's images by key; {} when there is none. Anything unreadable is refused (not silently unlocked)."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
     try:
-        data = yaml.safe_load(path.read_text())
+        # gpurig's bounded reader and strict loader: an alias bomb in `inputs` was expanded whole by safe_load and hung render
+        data = load_yaml(path, error=LockError, what="lock file")
         if not isinstance(data, dict) or data.get("schema") != LOCK_SCHEMA or not isinstance(data.get("images"), dict):
             raise ValueError(f"not a gpurig lock of schema {LOCK_SCHEMA}")
         return {str(key): _image(value) for key, value in data["images"].items()}
-    except (OSError, yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except LockError as err:  # the reader's line, said as every other problem with the file is
+        problem = err.problem.removeprefix(f"{path}:").removeprefix(f"lock file {path} ").strip()
+        raise LockError(f"cannot read the lock file {path}: {problem}", f"delete it and run {RELOCK}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         problem = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise LockError(f"cannot read the lock file {path}: {problem}", f"delete it and run {RELOCK}") from None
 
 
 def _image(value: dict) -> LockedImage:
-    wheels = {step: tuple({"name": str(w["name"]), "version": str(w["version"]), "sha256": str(w["sha256"])} for w in items)
+    wheels = {_step(step): tuple({"name": _word(w["name"], _NAME), "version": _word(w["version"], _VERSION),
+                                  "sha256": _word(w["sha256"], _SHA256)} for w in items)
               for step, items in (value.get("pip") or {}).items()}
-    apt = {step: {str(k): str(v) for k, v in items.items()} for step, items in (value.get("apt") or {}).items()}
+    apt = {_step(step): {str(k): str(v) for k, v in items.items()} for step, items in (value.get("apt") or {}).items()}
     return LockedImage(str(value["torch"]), str(value["cuda"]), str(value["variant"]), dict(value["inputs"]),
                        {k: str(v or "") for k, v in value["base"].items()}, wheels, apt)
+
+
+def _step(name: object) -> str:
+    """A step's name, which names a file in the build context (pip-STEP.txt): a plain word, never a path."""
+    if not isinstance(name, str) or not _STEP.fullmatch(name):
+        raise ValueError(f"a step named {excerpt(name)} is not a plain name (letters, digits, - and _)")
+    return name
+
+
+def _word(value: object, grammar: re.Pattern[str]) -> str:
+    """A wheel's name, version or hash, which go into a requirements file line: one word of its own grammar."""
+    if not isinstance(value, str) or not grammar.fullmatch(value):
+        raise ValueError(f"{excerpt(value)} is not a wheel name, version or sha256")
+    return value
 
 
 def save(path: Path, spec, images: Mapping[str, LockedImage]) -> None:
@@ -195,6 +222,10 @@ def write_context_files(folder: Path, locked: LockedImage) -> None:
     """Each pip step's requirements file, into the build context (bind-mounted, never copied into a layer)."""
     folder.mkdir()
     for step in locked.pip:
+        try:
+            _step(step)  # load() refused any other already; a LockedImage made elsewhere must not write outside ``folder`` either
+        except ValueError as err:
+            raise LockError(f"cannot write the locked lists: {err}", f"run {RELOCK}") from None
         (folder / f"pip-{step}.txt").write_text(locked.requirements(step))
 
 

@@ -13,9 +13,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpurig.errors import SpecError
 from gpurig.image import compat
 from gpurig.image.pkgindex import Listing, Source, index_source, links_source
 from gpurig.image.spec import ImageSpec, MatrixEntry
+from gpurig.strict.reader import load_json
+from gpurig.strict.yamlnode import Node
 
 PYPI = "https://pypi.org/simple"
 _TAG = re.compile(r"^cu(\d+)(\d)$")
@@ -165,6 +168,29 @@ def compact_names(names: Iterable[str]) -> str:
             runs.append((prefix, number, number, width))
     parts = [f"{p}{a:0{w}d}" if a == b else f"{p}[{a:0{w}d}:{b:0{w}d}]" for p, a, b, w in runs]
     return ",".join(plain + parts)
+
+
+FACTS_SCHEMA = "gpurig.facts/1"
+FACTS_FIX = "write it with `gpurig facts --json FILE`"
+# A full facts report is some tens of KiB a host: room for thousands of hosts, and no more than that is read.
+FACTS_LIMIT = 64 * 2**20
+
+
+def read_facts_report(path: str) -> list[dict]:
+    """The hosts of a `gpurig facts --json` report, each checked as drivers_from_facts reads it; SpecError with one line otherwise."""
+    doc = Node(f"--facts {path}", "", load_json(path, error=SpecError, what="--facts", fix=FACTS_FIX, limit=FACTS_LIMIT), SpecError)
+    if not isinstance(doc.value, dict) or doc.value.get("schema") != FACTS_SCHEMA:
+        raise SpecError(f"--facts {path}: not a gpurig facts report (schema {FACTS_SCHEMA})", FACTS_FIX)
+    hosts = doc.child("hosts", doc.value.get("hosts")).of_type(list, "a list of hosts", FACTS_FIX)
+    for i, value in enumerate(hosts):
+        host = doc.child("hosts", hosts).child(i, value)
+        fields = host.of_type(dict, "a host's mapping", FACTS_FIX)
+        host.child("host", fields.get("host")).of_type(str, "the host's name", FACTS_FIX)
+        host.child("status", fields.get("status")).of_type((str, type(None)), "a status such as ok", FACTS_FIX)
+        data = host.child("data", fields.get("data"))
+        if isinstance(data.value, dict):
+            data.child("driver_version", data.value.get("driver_version")).of_type((str, type(None)), "a driver version", FACTS_FIX)
+    return hosts
 
 
 def drivers_from_facts(hosts: Iterable[Mapping]) -> tuple[dict[str, str | None], list[str]]:

@@ -8,7 +8,6 @@ made it, so "who said this image is good, when" has one answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurig.errors import SpecError
-from gpurig.image.build import build_reports, write_json_atomic
+from gpurig.image.build import build_reports, read_report, write_json_atomic
 
 
 class PromotionRefused(SpecError):
@@ -66,7 +65,10 @@ def find_report(reports_dir: Path, image_id: str) -> Path | None:
 
 def record(report_path: Path, alias_ref: str, found: Proof, min_hosts: int, pushed: str) -> dict[str, Any]:
     """Append this promotion to the build report (atomically): the alias, when, and each proving host's result."""
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
+    if not isinstance(report, dict) or not isinstance(report.get("promotions", []), list):
+        raise PromotionRefused(f"the build report {report_path} is not one gpurig wrote (a mapping, its promotions a list)",
+                               "build the image again to write a new report")
     entry = {
         "alias": alias_ref,
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -7,6 +7,7 @@ against ``ansible-inventory --list`` read gpurig's too.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpurig.errors import InventoryError, counted, did_you_mean
@@ -75,6 +76,33 @@ def one_host(inventory: Inventory, name: str) -> Host:
     if len(chosen) != 1:
         raise InventoryError(f"{excerpt(name)} matches {counted(len(chosen), 'host')} in {inventory.path}, not one", "give one host's name")
     return chosen[0]
+
+
+def to_json(data: Any) -> str:
+    """``--list``/``--host`` output as ansible-inventory prints it: 4 spaces, keys sorted as text; values JSON lacks (dates) as text.
+
+    YAML keys need not be strings (``{a: 1, 0: 2}``); Ansible prints each as JSON
+    names it (0 as "0", true as "true", null as "null") and sorts the names, where
+    json's sort_keys compared 0 with "a" and raised TypeError.
+    """
+    return json.dumps(_named_keys(data), indent=4, sort_keys=True, default=str) + "\n"
+
+
+def _named_keys(value: Any) -> Any:
+    # The inventory reader caps nesting (gpurig/strict/yamlio.py), so this recursion stays shallow.
+    if isinstance(value, dict):
+        return {_key_name(k): _named_keys(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_named_keys(v) for v in value]
+    return value
+
+
+def _key_name(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)  # null, true, 0, 1.5: as json.dumps names them, and Ansible after it
+    return str(key)  # a date: as its value would be shown (ansible-inventory 2.19 stops with a traceback here)
 
 
 def _indent(text: str, depth: int) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from gpurig.files import output_dir, write_report
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
-from gpurig.strict.yamlio import open_regular
+from gpurig.strict.reader import load_json, open_regular
 
 SAMPLES = "samples.jsonl"
 META = "run.json"
@@ -93,6 +93,7 @@ def _refuse_constant(name: str) -> Any:
 
 def load_meta(directory: str | Path) -> dict[str, Any]:
     try:
-        return json.loads((Path(directory) / META).read_text())
-    except (OSError, ValueError):
-        return {}
+        meta = load_json(Path(directory) / META, error=MonitorError, what="recorded run's", fix="record it again", limit=2**20)
+    except MonitorError:
+        return {}  # the samples are the run; a missing or foreign meta file only loses its labels
+    return meta if isinstance(meta, dict) else {}

@@ -2,8 +2,8 @@
 
 Every spec, inventory and vars file goes through ``load_yaml``:
 
-- only regular files (a FIFO would hang, /dev/zero never ends), at most
-  ``MAX_BYTES`` (the size is in the message);
+- read by gpurig/strict/reader.py: only regular files (a FIFO would hang,
+  /dev/zero never ends), at most ``MAX_BYTES`` (the size is in the message);
 - a document whose aliases would expand it past ``MAX_NODES`` values and
   ``EXPANSION`` times its own size, or nest
   deeper than ``MAX_DEPTH``, is refused before anything walks it;
@@ -15,22 +15,23 @@ Every spec, inventory and vars file goes through ``load_yaml``:
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gpurig.errors import GpurigError
+
+# read_text and the caps are the reader's; named here too, as this module's callers have always found them
+from gpurig.strict.reader import MAX_BYTES as MAX_BYTES
+from gpurig.strict.reader import MAX_DEPTH as MAX_DEPTH
+from gpurig.strict.reader import read_text as read_text
 from gpurig.strict.validate import excerpt
 
-MAX_BYTES = 5 * 1024 * 1024
 # Aliases may repeat a subtree, but not blow the document up: the expanded
 # document may hold at most MAX_NODES values or EXPANSION times its own nodes.
 MAX_NODES = 100_000
 EXPANSION = 10
-MAX_DEPTH = 64
 MAX_INT_DIGITS = 18
 
 if TYPE_CHECKING:
@@ -38,52 +39,6 @@ if TYPE_CHECKING:
     _Base = yaml.SafeLoader
 else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def open_regular(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str, limit: int = MAX_BYTES,
-                 kind: str = "a YAML file") -> BinaryIO:
-    """A user's file opened for reading: a regular file of at most ``limit`` bytes; else ``error`` with one line.
-
-    Opened without blocking and checked on the open descriptor: a FIFO would
-    hang the read, /dev/zero never ends, and a check by name could be raced.
-    """
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise error(f"{what} {path} not found", fix_missing) from None
-    except OSError as err:
-        raise error(f"cannot read {what} {path}: {err.strerror}", "check the path and its permissions") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what} {path} is not a regular file", f"point at {kind}, not a device, FIFO or directory")
-        if st.st_size > limit:
-            raise error(
-                f"{what} {path} is {st.st_size / 2**20:.1f} MiB, over the {limit // 2**20} MiB limit",
-                "split it (group_vars/, host_vars/) or remove generated bulk" if limit == MAX_BYTES else "use a smaller file",
-            )
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_text(path: str | Path, *, error: type[GpurigError], what: str, fix_missing: str) -> str:
-    """The text of a user's file: regular, at most MAX_BYTES, UTF-8; else ``error`` with one line."""
-    path = Path(path)
-    try:
-        with open_regular(path, error=error, what=what, fix_missing=fix_missing) as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as err:
-        raise error(f"cannot read {what} {path}: {err.strerror}", "check the file's permissions") from None
-    if len(data) > MAX_BYTES:
-        raise error(f"{what} {path} is over the {MAX_BYTES // 2**20} MiB limit", "split it into smaller files")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise error(f"{path}: byte {err.start} is not UTF-8", "save the file as UTF-8") from None
 
 
 def load_yaml(path: str | Path, *, error: type[GpurigError], what: str = "file", fix_missing: str = "check the path") -> Any:

@@ -57,6 +57,14 @@ class Node:
                 raise self.fail(f"missing key {key!r}", f"add {key}: ...")
         return {k: self.child(k, v) for k, v in self.value.items()}
 
+    def of_type(self, types: type | tuple[type, ...], want: str, fix: str) -> Any:
+        """The value when it is of ``types`` (``want`` says which, in words); for documents with keys nobody lists, a report's."""
+        if isinstance(self.value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise self.fail(f"expected {want}, got {_kind(self.value)}", fix)
+        if not isinstance(self.value, types):
+            raise self.fail(f"expected {want}, got {_kind(self.value)}", fix)
+        return self.value
+
     def text(self, check: Check, example: str) -> str:
         """A string that passes ``check``; numbers, lists and overlong values are refused, never coerced."""
         value = self.value

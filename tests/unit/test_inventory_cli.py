@@ -167,3 +167,31 @@ def test_short_inventory_flag_and_a_pattern_for_host(tmp_path):
     proc = gpurig(tmp_path, "inventory", "-i", str(ANSIBLE / "hosts.yaml"), "--host", "~h100-b")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ansible_host"] == "192.0.2.20"
+
+
+# What ansible-inventory 2.19.14 printed for this host (recorded): every key named as JSON names it, then sorted as text.
+MIXED_KEYS = "all:\n  hosts:\n    h1:\n      x: {a: 1, 0: 2, true: t, null: n, 1.5: f, 10: ten, 9: nine}\n"
+MIXED_KEYS_PRINTED = """{
+    "x": {
+        "0": 2,
+        "1.5": "f",
+        "10": "ten",
+        "9": "nine",
+        "a": 1,
+        "null": "n",
+        "true": "t"
+    }
+}
+"""
+
+
+def test_vars_with_int_and_str_keys_print_as_ansible_prints_them(tmp_path):
+    # json.dumps(sort_keys=True) compared 0 with "a" and raised TypeError: a traceback for a mapping Ansible accepts
+    path = tmp_path / "hosts.yaml"
+    path.write_text(MIXED_KEYS)
+    host = gpurig(tmp_path, "inventory", "--inventory", str(path), "--host", "h1")
+    assert host.returncode == 0, host.stderr
+    assert host.stdout == MIXED_KEYS_PRINTED
+    listed = gpurig(tmp_path, "inventory", "--inventory", str(path), "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["_meta"]["hostvars"]["h1"] == json.loads(MIXED_KEYS_PRINTED)

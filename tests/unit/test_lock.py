@@ -3,7 +3,9 @@ and a lock the spec no longer matches is refused with one line saying to re-lock
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -23,7 +25,7 @@ from gpurig.image.render import render
 from gpurig.image.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
-SHA = {name: name[0] * 64 for name in ("torch", "numpy", "sympy")}
+SHA = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("torch", "numpy", "sympy")}  # real hex: the lock refuses other text
 
 # What pip 23.0.1 (Debian 12's venv) writes with --report: `hash` only for a local wheelhouse file, `hashes` too for
 # an index's; metadata trimmed to the fields read.
@@ -243,3 +245,49 @@ def test_an_image_whose_pip_wrote_no_report_cannot_be_locked():
     files = lock.split_files(f"--- dpkg-before-system.txt\n{BASE_DPKG}")  # what a venv pip older than 22.2 leaves
     with pytest.raises(DockerError, match="pip 22.2 or newer"):
         lock.resolution(files, parse_freeze("--- dpkg\n" + AFTER_SYSTEM)[1])
+
+
+def _bomb() -> str:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{k}: &a{k} [*a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}, *a{k - 1}]"
+               for k in range(1, 9)]
+    return "\n".join(f"        {line}" for line in levels)
+
+
+@pytest.mark.parametrize("text, said", [
+    # 10 x 9^8 values once expanded: safe_load built them all and render hung
+    ("schema: 1\nimages:\n  k:\n    torch: '1'\n    cuda: cpu\n    variant: slim\n    base: {ref: r, id: i}\n    inputs:\n" + _bomb() + "\n",
+     "aliases expand to more than"),
+    ("schema: 1\nimages:\n  k: {torch: '1', cuda: cpu, variant: slim, base: {ref: r, id: i}, inputs: {}, pip: {'../../x': []}}\n",
+     "a step named '../../x' is not a plain name"),
+    ("schema: 1\nimages:\n  k: {torch: '1', cuda: cpu, variant: slim, base: {ref: r, id: i}, inputs: {},"
+     " pip: {torch: [{name: \"a\\n--index-url http://evil\", version: '1', sha256: x}]}}\n", "is not a wheel name, version or sha256"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
+])
+def test_a_hostile_lock_is_refused_in_one_line(spec, text, said):
+    path = lock.lock_path(spec.path)
+    path.write_text(text)
+    with pytest.raises(lock.LockError) as err:
+        lock.Locks.of(spec)
+    assert said in str(err.value) and "\n" not in str(err.value) and str(err.value).endswith("re-lock")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "sparse"])
+def test_a_lock_that_is_no_regular_file_or_huge_is_refused_at_once(spec, kind):
+    path = lock.lock_path(spec.path)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:
+            f.truncate(2**30)  # sparse
+    with pytest.raises(lock.LockError, match="is not a regular file|over the 5 MiB limit"):
+        lock.Locks.of(spec)
+
+
+def test_a_step_named_as_a_path_never_reaches_the_context(tmp_path):
+    locked = lock.LockedImage("1", "cpu", "slim", {}, {"ref": "r", "id": "i"}, pip={"../escape": ()})
+    with pytest.raises(lock.LockError, match="not a plain name"):
+        lock.write_context_files(tmp_path / "lock", locked)
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "pip-").exists()

@@ -129,13 +129,14 @@ def test_entries_carry_size_mtime_mode_and_link_text_sorted_by_path(repo):
 
 def test_an_ignored_directory_is_not_walked_into(repo, monkeypatch):
     listed = []
-    real = os.scandir
+    real = os.open
 
-    def scandir(path):
-        listed.append(os.path.relpath(path, repo))
-        return real(path)
+    def opened(path, flags, *args, **kw):
+        if flags & os.O_DIRECTORY:  # each folder the walk lists is opened so first
+            listed.append(os.path.relpath(path, repo))
+        return real(path, flags, *args, **kw)
 
-    monkeypatch.setattr(tree_module.os, "scandir", scandir)
+    monkeypatch.setattr(tree_module.os, "open", opened)
     scan(repo)
     assert "node_modules" not in listed and "build" not in listed and ".git" not in listed and ".gpurig-runs" not in listed
     assert "logs" in listed and "sub/deep" in listed
@@ -166,6 +167,90 @@ def test_a_worktree_reads_the_common_info_exclude(tmp_path):
     assert (tmp_path / "wt" / ".git").is_file()
     assert _sent(tree) == _git_lists(tmp_path / "wt") == {"tracked", "open"}
 
+
+
+def _scan_bounded(root: Path):
+    """scan(root), where a hang fails the test instead of stopping it."""
+    import threading
+
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(scan(root)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the scan hung"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("where", [".git", "gitdir", "commondir"])
+@pytest.mark.parametrize("what", ["fifo", "zero"])
+def test_a_fifo_or_dev_zero_as_git_files_is_no_exclude_file(tmp_path, where, what):
+    # .git, and the files it leads to in a worktree, are read as every ignore file: never blocking, never past 4 MiB
+    work, gitdir = tmp_path / "work", tmp_path / "gitdir"
+    work.mkdir()
+    gitdir.mkdir()
+    (work / "f").write_text("x")
+    (work / ".git").write_text(f"gitdir: {gitdir}\n")
+    (gitdir / "commondir").write_text(".\n")
+    path = {".git": work / ".git", "gitdir": gitdir / "commondir", "commondir": gitdir / "commondir"}[where]
+    if where == "gitdir":
+        (work / ".git").write_text(f"gitdir: {gitdir / 'sub'}\n")
+        gitdir.joinpath("sub").mkdir()
+        path = gitdir / "sub" / "commondir"
+    path.unlink(missing_ok=True)
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    assert [e.path for e in _scan_bounded(work).entries] == ["f"]
+
+
+def test_a_tree_two_thousand_folders_deep_is_walked_in_linear_time(tmp_path):
+    import time
+
+    (tmp_path / ".gitignore").write_text("*.tmp\n")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(2000):  # made through descriptors: by path, making it would be quadratic itself
+            os.mkdir("a", dir_fd=fd)
+            inner = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("x.tmp", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        os.close(os.open("x.py", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+    start = time.monotonic()
+    try:
+        tree = _scan_bounded(tmp_path)
+    finally:
+        _remove_deep(tmp_path)
+    elapsed = time.monotonic() - start
+    assert len(tree.entries) == 2000 + 2 and tree.ignored == 1  # the folders, .gitignore and x.py
+    assert elapsed < 3, f"{elapsed:.1f} s"  # was 21 s; now about 0.35 s, with margin for a busy machine
+
+
+def _remove_deep(root: Path) -> None:
+    """Remove a deep tree now: pytest's clean-up of old tmp_paths uses shutil.rmtree, which recurses, and fails on it later."""
+    for child in root.iterdir():
+        subprocess.run(["rm", "-rf", "--", str(child)], check=True)  # GNU rm walks without recursing
+
+
+def test_a_folder_past_path_max_is_skipped_saying_why(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)
+    name = "d" * 200
+    try:
+        for _ in range(25):  # 25 x 201 bytes: past Linux's PATH_MAX of 4,096
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    try:
+        tree = _scan_bounded(tmp_path)
+    finally:
+        _remove_deep(tmp_path)
+    assert len(tree.skipped) == 1 and "cannot be listed (File name too long)" in tree.skipped[0].why
 
 _NAME_POOL = ["a", "b", "ab", "a.log", "b.tmp", "#c", "!d", "e ", "x", "deep", "[x]", "é"]
 _PATTERN_POOL = ["a", "/a", "a/", "*.log", "!*.log", "!a", "b*", "**/x", "deep/**", "!deep/x", "/deep/", "*/b", "?", "[ab]", "[!a]*",
@@ -292,13 +377,18 @@ def test_unreadable_folders_and_files_are_skipped(tmp_path, monkeypatch):
     (tmp_path / "secret").write_text("x")
     (tmp_path / "open").write_text("x")
     os.chmod(tmp_path / "secret", 0)  # no owner read bit: the scan asks os.access, which root's answer would not test
-    real_scandir, real_access = os.scandir, os.access
-    monkeypatch.setattr(tree_module.os, "scandir", lambda p: _denied(p) if str(p).endswith("locked") else real_scandir(p))
+    real_open, real_access = os.open, os.access
+    monkeypatch.setattr(tree_module.os, "open", lambda p, flags, *a, **kw: _denied(p) if str(p).endswith("locked") else real_open(p, flags, *a, **kw))
     monkeypatch.setattr(tree_module.os, "access", lambda p, mode, **kw: False if str(p).endswith("secret") else real_access(p, mode, **kw))
     tree = scan(tmp_path)
     assert _reasons(tree) == {"locked": "is a folder that cannot be listed (permission denied), nothing in it is synced",
                               "secret": "cannot be read (permission denied), not synced"}
     assert [e.path for e in tree.entries] == ["open"]
+
+
+def _named(path, dir_fd) -> str:
+    """The path an os.open call means: the walk opens .gitignore relative to its folder's descriptor."""
+    return os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else str(path)
 
 
 def _denied(path):
@@ -312,7 +402,8 @@ def test_an_unreadable_gitignore_keeps_its_folder_out_or_stops_the_scan_at_the_r
     (tmp_path / "f").write_text("x")
     real_open = os.open
     refused = {str(tmp_path / "sub" / ".gitignore"), str(tmp_path / ".gitignore")}
-    monkeypatch.setattr(tree_module.os, "open", lambda p, flags, *a: _denied(p) if str(p) in refused and os.path.exists(p) else real_open(p, flags, *a))
+    monkeypatch.setattr(tree_module.os, "open", lambda p, flags, *a, dir_fd=None: _denied(p) if _named(p, dir_fd) in refused
+                        and os.path.exists(_named(p, dir_fd)) else real_open(p, flags, *a, dir_fd=dir_fd))
     tree = scan(tmp_path)
     assert _reasons(tree) == {"sub": "has a .gitignore that cannot be read (permission denied), so nothing in it is synced"}
     assert [e.path for e in tree.entries] == ["f"]
