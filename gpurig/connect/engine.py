@@ -1,4 +1,7 @@
-"""A host's Docker engine through its HTTP API: the only door to Docker, local or remote.
+"""A host's Docker engine through its HTTP API: the door to Docker for every host, local or remote, and for verify.
+
+The image build alone runs the docker CLI (``gpurig.image.dockercli``, a
+layer below, for BuildKit and the local store around a build).
 
 ``open_engine(conn)`` gives an ``Engine``. On a remote host every HTTP
 connection is a stream the Connection opens running ``docker system
