@@ -67,11 +67,33 @@ class ScriptedConnection(Connection):
 
 
 class RecordedEngine:
-    """What deploy's planning asks of a host's engine, answered from recorded values: containers by name, images by ref."""
+    """What deploy's planning and verify's probe ask of a host's engine, answered from recorded values.
 
-    def __init__(self, containers: Iterable[Any] = (), images: dict[str, Any] | None = None) -> None:
+    Containers by name, images by ref; ``ended`` is what every exec or
+    throwaway run answers (a recorded ``Exited``, or None for one that overran).
+    """
+
+    def __init__(self, containers: Iterable[Any] = (), images: dict[str, Any] | None = None, ended: Any = None,
+                 name: str = "gpu-01") -> None:
         self.containers = {c.name: c for c in containers}
         self.images = dict(images or {})
+        self.ended = ended
+        self.name = name
+        self.asked: list[tuple[str, Any]] = []  # ("exec", argv) or ("run", create body), in order
+
+    def __enter__(self) -> RecordedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def exec(self, ref: str, argv: list[str], timeout: float) -> Any:
+        self.asked.append(("exec", argv))
+        return self.ended
+
+    def run(self, body: dict, name: str, timeout: float) -> Any:
+        self.asked.append(("run", body))
+        return self.ended
 
     def container(self, name: str) -> Any:
         return self.containers.get(name)

@@ -1,4 +1,7 @@
-"""A host's Docker engine through its HTTP API: the only door to Docker, local or remote.
+"""A host's Docker engine through its HTTP API: the door to Docker for every host, local or remote, and for verify.
+
+The image build alone runs the docker CLI (``gpurig.image.dockercli``, a
+layer below, for BuildKit and the local store around a build).
 
 ``open_engine(conn)`` gives an ``Engine``. On a remote host every HTTP
 connection is a stream the Connection opens running ``docker system
@@ -16,8 +19,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from contextlib import closing
+from contextlib import closing, suppress
 
 import docker
 import docker.auth
@@ -26,8 +30,8 @@ import requests
 import urllib3.exceptions
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo, container_info, engine_info, image_info
-from gpurig.connect.enginewire import api_client
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, Exited, ImageInfo, container_info, engine_info, image_info
+from gpurig.connect.enginewire import api_client, demux, read_to_end
 from gpurig.errors import HostError, last_line, permission_denied
 
 DIAL = ["docker", "system", "dial-stdio"]
@@ -155,6 +159,49 @@ class Engine:
         code = self._call(what, self._api.exec_inspect, run["Id"]).get("ExitCode")
         return code, out if isinstance(out, bytes) else str(out).encode()
 
+    def exec(self, ref: str, argv: list[str], timeout: float) -> Exited | None:
+        """``argv`` run in the running container to its end; None when it still runs after ``timeout`` seconds.
+
+        An overrunning process is left to run: the engine cannot stop one exec
+        (``docker exec``, its client gone, leaves it running too).
+        """
+        deadline = time.monotonic() + timeout
+        what = f"run {argv[0]} in {ref}"
+        run = self._call(what, self._api.exec_create, ref, argv, stdout=True, stderr=True)
+        sock = self._call(what, self._api.exec_start, run["Id"], socket=True)
+        try:
+            data = self._call(what, read_to_end, sock, deadline)
+        finally:
+            _close(sock)
+        if data is None:
+            return None
+        code = self._call(what, self._api.exec_inspect, run["Id"]).get("ExitCode")
+        out, err = demux(data)
+        return Exited(int(code or 0), out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def run(self, body: dict, name: str, timeout: float) -> Exited | None:
+        """A throwaway container made from a create request, run to its end; None when it still runs after ``timeout`` seconds.
+
+        The container is removed on every way out (an overrun, a refusal to
+        start, Ctrl-C), as ``docker run --rm`` would once it ends.
+        """
+        deadline = time.monotonic() + timeout
+        self.create(body, name)
+        try:
+            self.start(name)
+            remaining = deadline - time.monotonic()
+            code = self.wait(name, remaining) if remaining > 0 else None
+            if code is None:
+                return None
+            what = f"read the output of {name}"
+            out = self._call(what, self._api.logs, name, stdout=True, stderr=False)
+            err = self._call(what, self._api.logs, name, stdout=False, stderr=True)
+            return Exited(int(code), out.decode(errors="replace"), err.decode(errors="replace"))
+        finally:
+            # a failure to remove must not hide why the run ended; the container carries the caller's label to be found by
+            with suppress(EngineError):
+                self.remove(name)
+
     # --- images ----------------------------------------------------------------------------------
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -278,6 +325,14 @@ class Engine:
         kind = EngineLost if isinstance(err, _LOST) else EngineError
         return kind(f"lost the Docker engine while trying to {what}: {reason}",
                     "check that dockerd runs on the host (`invoke facts`) and retry", reason, host=self.name)
+
+
+def _close(sock) -> None:
+    """Close an exec's hijacked stream and the HTTP response under it (docker-py keeps it on the socket where it can)."""
+    response = getattr(sock, "_response", None)
+    if response is not None:
+        response.close()
+    sock.close()
 
 
 # --- opening ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What a Docker engine reports, typed: its info, an image, a container; and the rules read from them.
+"""What a Docker engine reports, typed: its info, an image, a container, a command that ended; and the rules read from them.
 
 Pure: built from the engine API's JSON (``container_info``), tested from
 recorded answers. The rules every caller shares live here, once: whether an
@@ -43,6 +43,15 @@ class ImageInfo:
     size: int
     digests: tuple[str, ...] = ()  # repository@sha256:... of the registries it was pushed to or pulled from
     user: str = ""  # the image's USER ("1000", "gpurig:gpurig", "" for root)
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A command run in a container (an exec, or a throwaway container's own) that ended: its code and output."""
+
+    code: int
+    stdout: str
+    stderr: str
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,20 @@ On a remote host the stream is an SSH channel of gpurig's own transport
 running ``docker system dial-stdio`` (the engine's unix socket on
 stdin/stdout, as the docker CLI's own ``ssh://`` mode does). The transport is
 the one gpurig opened and checked the host key of, so nothing here trusts an
-unknown key (docker-py's own ``ssh://`` mode would). Only
-``gpurig.connect.engine`` uses this module; the stream part is httpwire's.
+unknown key (docker-py's own ``ssh://`` mode would). An exec's output is
+read from its hijacked stream here too, to its end or a deadline
+(``read_to_end``, ``demux``). Only ``gpurig.connect.engine`` uses this
+module; the stream part is httpwire's.
 """
 
 from __future__ import annotations
 
+import select
+import struct
+import time
+
 import docker
+import docker.utils.socket
 import urllib3.connection
 from docker.transport.basehttpadapter import BaseHTTPAdapter
 from docker.transport.sshconn import SSHConnectionPool
@@ -76,3 +83,32 @@ def api_client(open_stream: StreamOpener | None, base_url: str, timeout: float) 
     if open_stream is None:
         return docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
     return StreamAPIClient(open_stream, timeout)
+
+
+def read_to_end(sock, deadline: float) -> bytes | None:
+    """Every byte of a hijacked stream until the engine closes it; None when ``deadline`` (monotonic) came first.
+
+    docker-py's own reader waits on the socket without a limit, so a hung
+    process in the container would hang gpurig: here every wait is bounded.
+    """
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
+            return None
+        chunk = docker.utils.socket.read(sock, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def demux(data: bytes) -> tuple[bytes, bytes]:
+    """(stdout, stderr) of a non-tty stream: frames of an 8-byte header (stream 1 or 2, size) and that many bytes."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    at = 0
+    while at + 8 <= len(data):
+        kind, size = struct.unpack(">BxxxL", data[at:at + 8])
+        (err if kind == 2 else out).append(data[at + 8:at + 8 + size])
+        at += 8 + size
+    return b"".join(out), b"".join(err)

@@ -1,11 +1,16 @@
-"""The one wrapper around the local docker CLI: find a BuildKit-capable client, check its daemon, inspect, tag, pull, push, list, save, run.
+"""The local docker CLI that builds images: find a BuildKit-capable client, check its daemon, stream a build; and the local-store
+verbs the build pipeline uses around it (inspect, tag, pull, push, list, save, run once).
 
+Those verbs are Engine's too (``gpurig.connect.engine``), which every host
+and verify reach Docker through; they stay here only because image/ ranks
+below connect/ and cannot call Engine, and because the CLI pulls with the
+user's registry logins (Engine.pull sends none) and follows the current
+docker context, as the build itself does (Engine uses DOCKER_HOST or the socket).
 Every call is an argv list (nothing passes through a shell); every failure
 the user can meet is a DockerError with its fix. Long-running children
 (``docker build``) are streamed through ``DockerClient.stream``, which never
 leaves the child running: on any exit path, an interrupt included, it is
-stopped and waited for.
-"""
+stopped and waited for."""
 
 from __future__ import annotations
 

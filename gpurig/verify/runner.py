@@ -1,12 +1,13 @@
 """One host's verification over its Connection: the host probe, the container toolkit, then the container probe.
 
 The probes travel inside the command line (gpurig.connect.launcher, as the
-monitor's agent does), so nothing is written on the host and no stdin is needed: the
-host probe runs as ``python3 -c ...`` on the host, the container probe as
-``docker exec NAME python3 -c ...`` in a deployed container or in a
-throwaway ``docker run --rm`` of an image. Between them, the host's GPUs
-and NVIDIA hook come from one small shell probe, and Docker's runtimes and
-the target container or image from the host's engine (``open_engine``).
+monitor's agent does), so nothing is written on the host and no stdin is
+needed: the host probe runs as ``python3 -c ...`` on the host, the container
+probe through the host's engine (``open_engine``), as an exec in a deployed
+container or as the command of a throwaway container of an image, removed
+after. Between them, the host's GPUs and NVIDIA hook come from one small
+shell probe, and Docker's runtimes and the target container or image from
+the engine too.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpurig.connect.connection import CommandTimeout, Connection, Result
-from gpurig.connect.engine import EngineError, open_engine
+from gpurig.connect.engine import Engine, EngineError, open_engine
 from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, has_nvidia_runtime
 from gpurig.connect.launcher import embedded
 from gpurig.errors import GpurigError, last_line
@@ -35,7 +37,7 @@ TORCH_PROBE = "checks/verify_torch.py"
 REINSTALL = "reinstall gpurig from a wheel or sdist built by its setup.py (pip install --force-reinstall gpurig)"
 LEVELS = ("quick", "full")
 # /dev/shm of a throwaway --image run: the size gpurig_containers recommends, so the image is judged, not Docker's default
-IMAGE_SHM = "16g"
+IMAGE_SHM_BYTES = 16 << 30  # 16g, as `docker run --shm-size 16g` counts it
 VERIFY_LABEL = "io.gpurig.verify"
 _SPLIT = "@@gpurig-verify@@"
 _UUID = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9A-Za-z-]+)\)", re.MULTILINE)  # GPUs only: MIG lines would shift the indexes
@@ -270,21 +272,45 @@ def toolkit_records(facts: DockerFacts, plan: VerifyPlan) -> list[Record]:
                    fix="add gpus: to its gpurig_containers entry (or docker run --gpus) and redeploy")]
 
 
-def container_command(plan: VerifyPlan, facts: DockerFacts, name: str = "gpurig-verify") -> list[str]:
-    """``docker exec`` into the deployed container, or ``docker run --rm --name NAME`` of the image, running the probe."""
+def probe_argv(plan: VerifyPlan, facts: DockerFacts) -> list[str]:
+    """``python3 -c PROBE --json ...``: the torch probe's command, with the CUDA the target's label names."""
     labels = facts.labels
     args = ["--json", "--level", plan.level]
     if labels.get("io.gpurig.cuda"):
         args += ["--expect-cuda", labels["io.gpurig.cuda"]]
-    if plan.container:
-        return ["docker", "exec", plan.container, *embedded(plan.torch_probe or "", "verify_torch.py", args)]
-    gpus = ["--gpus", "all"] if facts.gpu_flag else []
-    run = ["docker", "run", "--rm", "--name", name, "--pull", "never", "--label", f"{VERIFY_LABEL}=1", "--shm-size", IMAGE_SHM, *gpus,
-           "--entrypoint", "python3", plan.image or ""]
-    return [*run, *embedded(plan.torch_probe or "", "verify_torch.py", args)[1:]]
+    return embedded(plan.torch_probe or "", "verify_torch.py", args)
 
 
-def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, toolkit: list[Record]) -> list[Record]:
+def run_body(plan: VerifyPlan, facts: DockerFacts) -> dict:
+    """The image's throwaway container (never pulled): the probe as its command, labelled, 16g /dev/shm, GPUs where the host has them."""
+    python, *args = probe_argv(plan, facts)
+    host_config: dict = {"ShmSize": IMAGE_SHM_BYTES}
+    if facts.gpu_flag:
+        host_config["DeviceRequests"] = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]
+    return {"Image": plan.image or "", "Entrypoint": [python], "Cmd": args, "Labels": {VERIFY_LABEL: "1"}, "HostConfig": host_config}
+
+
+def run_probe(engine: Engine, plan: VerifyPlan, facts: DockerFacts) -> Result | None:
+    """The container probe's exit code and output through the host's engine; None when it overran the plan's timeout.
+
+    A refused request (the container gone, GPUs the engine cannot give) is a result too: the engine's words as stderr.
+    """
+    name = plan.container or f"gpurig-verify-{secrets.token_hex(4)}"
+    try:
+        if plan.container:
+            ended = engine.exec(plan.container, probe_argv(plan, facts), plan.timeout_s)
+        else:
+            ended = engine.run(run_body(plan, facts), name, plan.timeout_s)
+    except EngineError as err:
+        return Result(engine.name, f"verify {plan.target}", 1 if plan.container else 125, "", err.reason + "\n")
+    if ended is None:
+        return None
+    return Result(engine.name, f"verify {plan.target}", ended.code, ended.stdout, ended.stderr)
+
+
+def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, toolkit: list[Record],
+                      engine_of: Callable[[Connection, float], Engine] = open_engine) -> list[Record]:
+    """The container probe's records; ``engine_of`` opens the host's engine (a recorded one in tests)."""
     if plan.torch_probe is None:
         why = plan.torch_probe_error or f"{TORCH_PROBE} is not in this gpurig"
         return [Record("container", "container.probe", "fail", detail=f"{plan.target} could not be checked: {why}", fix=REINSTALL)]
@@ -297,12 +323,12 @@ def container_records(conn: Connection, plan: VerifyPlan, facts: DockerFacts, to
         return [Record("container", "container.probe", "fail", container.status, "running",
                        detail=f"container {plan.container} is not running ({container.status}, exit code {container.exit_code})",
                        fix=f"look at docker logs {plan.container}, then gpurig deploy again")]
-    name = f"gpurig-verify-{secrets.token_hex(4)}"
     try:
-        result = conn.admin(container_command(plan, facts, name), warn=True, timeout=plan.timeout_s)
-    except CommandTimeout:
-        if plan.image:  # the throwaway container outlives its killed client: remove it by its name
-            conn.admin(["docker", "rm", "-f", name], warn=True, timeout=60)
+        with engine_of(conn, 60) as engine:
+            result = run_probe(engine, plan, facts)
+    except EngineError as err:
+        result = Result(conn.name, f"verify {plan.target}", 125, "", err.problem + "\n")
+    if result is None:
         return [Record("container", "container.probe", "fail", detail=f"the container probe did not finish within {plan.timeout_s:g} s",
                        fix="run it by hand with --text to see which record hangs: docker exec -i NAME python3 - --text < checks/verify_torch.py")]
     records = parse_document(result, "container")

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import ScriptedConnection
+from fakes import RecordedEngine, ScriptedConnection
 from test_verify_host import nvidia_on_this_pci_bus
 
 from gpurig import skeleton
 from gpurig.connect.connection import Result
-from gpurig.connect.engineinfo import image_info
+from gpurig.connect.engineinfo import Exited, image_info
 from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 from gpurig.verify import runner
@@ -159,8 +159,11 @@ def test_no_torch_probe_in_this_gpurig_fails_the_container_level():
 def test_a_silent_container_probe_is_a_failure(stdout, said):
     facts = DockerFacts(image=image_info({"Id": "sha256:" + "1" * 64, "Config": {"Labels": {}}}))  # found: the probe runs
     plan = VerifyPlan(image="img:1", host_probe=HOST_PROBE_TEXT, torch_probe="print(1)")
-    [r] = container_records(ScriptedConnection("gpu-01", [(0, stdout, "")]), plan, facts, [])
+    engine = RecordedEngine(ended=Exited(0, stdout, ""))
+    [r] = container_records(ScriptedConnection("gpu-01"), plan, facts, [], engine_of=lambda conn, timeout: engine)
     assert r.status == "fail" and r.id == "container.probe" and said in r.detail
+    [(verb, body)] = engine.asked
+    assert verb == "run" and body["Image"] == "img:1"
 
 
 def test_a_container_probe_whose_every_record_skipped_adds_one_failure():

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
-from fakes import ScriptedConnection
+from fakes import RecordedEngine, ScriptedConnection
 
 from gpurig.cli.verify import host_rows, record_rows
 from gpurig.connect.connection import Result
-from gpurig.connect.engineinfo import container_info, image_info
+from gpurig.connect.engine import EngineError
+from gpurig.connect.engineinfo import Exited, container_info, image_info
+from gpurig.connect.enginewire import demux, read_to_end
 from gpurig.errors import ConfigError
 from gpurig.results import FleetReport, HostResult
 from gpurig.verify.gate import make_plan
@@ -20,12 +25,13 @@ from gpurig.verify.runner import (
     _SPLIT,
     DockerFacts,
     VerifyPlan,
-    container_command,
     container_records,
     docker_facts,
     parse_document,
     parse_host_gpus,
+    probe_argv,
     probe_failed,
+    run_body,
     toolkit_records,
     uuid_record,
 )
@@ -61,7 +67,7 @@ def test_nvidia_runtime_missing_on_a_gpu_host():
     [r] = toolkit_records(facts, VerifyPlan(image="img"))
     assert r.status == "fail" and "nvidia runtime is missing" in r.detail and "gpurig provision" in r.fix
     assert r.measured == "io.containerd.runc.v2, runc"
-    assert "--gpus" not in container_command(VerifyPlan(image="img", torch_probe="pass"), facts)
+    assert "DeviceRequests" not in run_body(VerifyPlan(image="img", torch_probe="pass"), facts)["HostConfig"]
 
 
 def test_deployed_container_without_gpus():
@@ -74,8 +80,8 @@ def test_deployed_container_with_gpus_and_its_label_passed_on():
     facts = host_facts(container=inspect(gpus=True))
     [r] = toolkit_records(facts, VerifyPlan(container="alice"))
     assert r.status == "pass" and "--gpus" in r.detail
-    argv = container_command(VerifyPlan(container="alice", torch_probe="print(1)"), facts)
-    assert argv[:3] == ["docker", "exec", "alice"] and argv[-2:] == ["--expect-cuda", "13.0"]
+    argv = probe_argv(VerifyPlan(container="alice", torch_probe="print(1)"), facts)
+    assert argv[:2] == ["python3", "-c"] and argv[-2:] == ["--expect-cuda", "13.0"]
 
 
 def test_a_deployed_container_that_is_not_running_is_said_so():
@@ -86,13 +92,15 @@ def test_a_deployed_container_that_is_not_running_is_said_so():
 
 def test_image_run_asks_for_gpus_only_where_the_host_can():
     plan = VerifyPlan(image="pytorch:slim-cu130", torch_probe="print(1)", level="full")
-    with_gpus = container_command(plan, host_facts(image_cuda="13.0"))
-    assert with_gpus[:2] == ["docker", "run"] and "--gpus" in with_gpus and "--rm" in with_gpus
-    assert with_gpus[with_gpus.index("--shm-size") + 1] == "16g" and with_gpus[with_gpus.index("--pull") + 1] == "never"
-    hook_only = container_command(plan, host_facts(runtimes=RUNTIMES_PLAIN, hooks="/usr/bin/nvidia-container-runtime-hook\n", image_cuda="13.0"))
-    assert "--gpus" in hook_only  # docker run --gpus works through NVIDIA's hook without the nvidia runtime
-    cpu_host = container_command(plan, host_facts(smi="", runtimes=RUNTIMES_PLAIN, image_cuda="cpu"))
-    assert "--gpus" not in cpu_host and cpu_host[-4:] == ["--level", "full", "--expect-cuda", "cpu"]
+    with_gpus = run_body(plan, host_facts(image_cuda="13.0"))
+    every_gpu = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}]  # docker run --gpus all
+    assert with_gpus["Image"] == "pytorch:slim-cu130" and with_gpus["HostConfig"]["DeviceRequests"] == every_gpu
+    assert with_gpus["HostConfig"]["ShmSize"] == 16 * 1024**3 and with_gpus["Labels"] == {"io.gpurig.verify": "1"}
+    assert with_gpus["Entrypoint"] == ["python3"] and with_gpus["Cmd"][0] == "-c"
+    hook_only = run_body(plan, host_facts(runtimes=RUNTIMES_PLAIN, hooks="/usr/bin/nvidia-container-runtime-hook\n", image_cuda="13.0"))
+    assert hook_only["HostConfig"]["DeviceRequests"] == every_gpu  # --gpus works through NVIDIA's hook without the nvidia runtime
+    cpu_host = run_body(plan, host_facts(smi="", runtimes=RUNTIMES_PLAIN, image_cuda="cpu"))
+    assert "DeviceRequests" not in cpu_host["HostConfig"] and cpu_host["Cmd"][-4:] == ["--level", "full", "--expect-cuda", "cpu"]
 
 
 def test_cpu_host_skips_the_toolkit_with_its_reason():
@@ -288,3 +296,53 @@ def test_mig_lines_of_nvidia_smi_do_not_shift_the_gpu_indexes():
     assert uuids == ["GPU-aaaa", "GPU-cccc"]
     found = container_info({"Id": "c" * 64, "HostConfig": {"DeviceRequests": [{"Count": 0, "DeviceIDs": ["1"], "Capabilities": [["gpu"]]}]}})
     assert assigned_gpus(uuids, found) == ["GPU-cccc"]
+
+
+# ---- the container probe through the host's engine ----
+
+
+class Refusing(RecordedEngine):
+    """An engine that refuses every exec and run with its own words (as dockerd does one it cannot start)."""
+
+    def run(self, body: dict, name: str, timeout: float):
+        raise EngineError("the Docker engine refused to start x", reason='could not select device driver "" with capabilities: [[gpu]]')
+
+    exec = run  # type: ignore[assignment]
+
+
+def found(container: bool = False) -> DockerFacts:
+    return host_facts(container=inspect(gpus=True) if container else None, image_cuda=None if container else "13.0")
+
+
+def test_a_deployed_container_is_probed_by_an_exec_and_an_image_by_a_throwaway_run():
+    document = json.dumps({"records": [{"id": "torch.import", "status": "pass"}]})
+    for plan, facts, verb in [(VerifyPlan(container="alice", torch_probe="print(1)"), found(container=True), "exec"),
+                              (VerifyPlan(image="img", torch_probe="print(1)"), found(), "run")]:
+        engine = RecordedEngine(ended=Exited(0, document, ""))
+        [r] = container_records(None, plan, facts, [], engine_of=lambda conn, timeout, engine=engine: engine)
+        assert (r.id, r.status) == ("torch.import", "pass")
+        [(asked, what)] = engine.asked
+        assert asked == verb and (what[:2] == ["python3", "-c"] if verb == "exec" else what["Entrypoint"] == ["python3"])
+
+
+def test_an_overrunning_probe_fails_with_its_timeout():
+    plan = VerifyPlan(image="img", torch_probe="print(1)", container_timeout_s=0.5)
+    [r] = container_records(None, plan, found(), [], engine_of=lambda conn, timeout: RecordedEngine(ended=None))
+    assert r.status == "fail" and r.detail == "the container probe did not finish within 0.5 s"
+
+
+def test_a_run_the_engine_refuses_is_judged_in_its_words():
+    plan = VerifyPlan(image="img", torch_probe="print(1)")
+    [r] = container_records(None, plan, found(), [], engine_of=lambda conn, timeout: Refusing())
+    assert r.status == "fail" and r.detail.startswith("Docker could not start the container with GPUs: could not select device driver")
+
+
+def test_an_exec_stream_splits_into_stdout_and_stderr_and_reads_to_a_deadline():
+    frames = b"".join(struct.pack(">BxxxL", kind, len(data)) + data for kind, data in [(1, b"{\"a\""), (2, b"warn\n"), (1, b": 1}")])
+    assert demux(frames) == (b'{"a": 1}', b"warn\n")
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert read_to_end(ours, time.monotonic() + 0.2) is None  # nothing yet and still open: the deadline ends the wait
+        theirs.sendall(frames)
+        theirs.shutdown(socket.SHUT_WR)
+        assert read_to_end(ours, time.monotonic() + 60) == frames  # to the end the engine closes
