@@ -92,10 +92,11 @@ def mover(image_spec, local: Engine | None, printer: ProgressPrinter | None):
 
     def move(engine: Engine, conn: Connection, t: Target, say):
         from gpurig.deploy.delivery import deliver
+        from gpurig.deploy.progress import human_size
 
         def count(done: int, total: int) -> None:
             if printer is not None:
-                printer.count(conn.name, done, total, f"{t.image_ref}: {human(done)} of {human(total)}")
+                printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done)} of {human_size(total)}")
 
         if local is None:  # the image is not on the host and this machine has no engine to send it from
             raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
@@ -148,18 +149,14 @@ def outcomes_of(r: HostResult) -> tuple:
     return r.data if isinstance(r.data, tuple) else ()
 
 
-def human(n: int | None) -> str:
-    from gpurig.image.build import human_size
-
-    return human_size(n or 0)
-
-
 def deploy_cells(s: StepResult, check: bool) -> list[str]:
     """action, image, moved, reason of one container."""
+    from gpurig.deploy.progress import human_size
+
     action = s.changes[0].summary if s.changes else "none"
     action = f"would {action}" if check and s.changes else action
     d = s.details
-    moved = f"{human(d.get('bytes_moved'))} ({d['delivery']})" if d.get("delivery") else ""
+    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
     reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
     if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
         reason = f"{reason}\n" if reason else ""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpurig.connect.engine import ContainerInfo
-from gpurig.deploy.fields import human as size
+from gpurig.deploy.fields import docker_size as size
 from gpurig.steps.commands import Command
 from gpurig.steps.plan import Change, Plan
 

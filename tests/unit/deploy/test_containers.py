@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpurig.deploy import fields
 from gpurig.deploy.containers import DEFAULT_SHM, ContainerSpec, assign_gpus, load_containers
-from gpurig.deploy.fields import GiB, MiB, fingerprint
+from gpurig.deploy.fields import GiB, MiB, docker_size, fingerprint
 from gpurig.errors import InventoryError
 from gpurig.image.spec import load_spec
 from gpurig.inventory import Host, load_inventory
+from gpurig.strict.yamlnode import Node
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_spec(ROOT / "images" / "pytorch.yaml")
@@ -171,6 +173,13 @@ def test_ipc_host_means_no_shm_size():
 @pytest.mark.parametrize("value, expected", [("16g", 16 * GiB), ("8GiB", 8 * GiB), ("512m", 512 * MiB), ("1.5g", int(1.5 * GiB)), (2 * GiB, 2 * GiB)])
 def test_sizes_read_as_docker_reads_them(value, expected):
     assert one({"variant": "slim", "shm_size": value}).shm_size == expected
+
+
+@pytest.mark.parametrize("nbytes, written", [(16 * GiB, "16g"), (1024 * MiB, "1g"), (1536 * MiB, "1536m"), (64 * 1024, "64k"), (1000, "1000 bytes")])
+def test_a_size_is_echoed_as_the_spec_writes_it_and_reads_back_the_same(nbytes, written):
+    # errors and diffs about shm_size and memory quote it in the spec's own notation, not as a rounded "1.07 GB"
+    assert docker_size(nbytes) == written
+    assert fields.size(Node("t.yml", "shm_size", written.replace(" bytes", "")), "16g") == nbytes
 
 
 def test_small_shm_is_refused_below_64m_and_warned_below_1g():
