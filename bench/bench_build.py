@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpurig.image.build import human_size, resolve_ca_bundle  # noqa: E402
+from gpurig.deploy.progress import human_size  # noqa: E402
+from gpurig.image.build import resolve_ca_bundle  # noqa: E402
 from gpurig.image.dockercli import find_client  # noqa: E402
 
 LABEL = "io.gpurig.bench"

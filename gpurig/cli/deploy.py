@@ -90,18 +90,14 @@ def outcomes_of(r: HostResult) -> tuple:
     return r.data if isinstance(r.data, tuple) else ()
 
 
-def human(n: int | None) -> str:
-    from gpurig.image.build import human_size
-
-    return human_size(n or 0)
-
-
 def deploy_cells(s: StepResult, check: bool) -> list[str]:
     """action, image, moved, reason of one container."""
+    from gpurig.deploy.progress import human_size
+
     action = s.changes[0].summary if s.changes else "none"
     action = f"would {action}" if check and s.changes else action
     d = s.details
-    moved = f"{human(d.get('bytes_moved'))} ({d['delivery']})" if d.get("delivery") else ""
+    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
     reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
     if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
         reason = f"{reason}\n" if reason else ""

@@ -167,7 +167,7 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
 
 def built_row(r: dict) -> tuple[str, ...]:
     """One built image's row of the build summary, from its build report."""
-    from gpurig.image.build import human_size
+    from gpurig.deploy.progress import human_size
 
     return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
             f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
@@ -192,7 +192,7 @@ IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Co
 
 def image_row(image: dict) -> tuple[str, ...]:
     """One image's row of `gpurig images`, from the engine's inspect of it."""
-    from gpurig.image.build import human_size
+    from gpurig.deploy.progress import human_size
 
     labels = (image.get("Config") or {}).get("Labels") or {}
     origin = labels.get("io.gpurig.image.baseimage.source", "")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError
 from gpurig.connect.engineinfo import ContainerInfo
+
+if TYPE_CHECKING:
+    from gpurig.deploy.containers import ContainerSpec
 
 JUPYTER_PORT, SSH_PORT = 8888, 22
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")  # a host name, IPv4/IPv6 literal or user name; nothing ssh_config would read as syntax
@@ -57,7 +61,7 @@ def read_token(engine: Engine, name: str) -> str | None:
     return token if _TOKEN.match(token) else None
 
 
-def lines(engine: Engine, conn: Connection, spec, container: ContainerInfo, login: str, show_token: bool = False) -> list[str]:
+def lines(engine: Engine, conn: Connection, spec: ContainerSpec, container: ContainerInfo, login: str, show_token: bool = False) -> list[str]:
     """The lines to print for this container: URLs, ssh commands, config blocks.
 
     The token is in the URL only with ``show_token`` (the person at a terminal,

@@ -18,23 +18,29 @@ from __future__ import annotations
 import io
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.engine import Engine, EngineError, open_engine
-from gpurig.connect.engineinfo import ContainerInfo, ImageInfo
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.deploy import access
 from gpurig.deploy.compare import IMAGE_LABEL, JOB_LABEL, JOB_SHARE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_fits_host, make_workspaces, read_host
 from gpurig.deploy.preflight import Planned, Refusal, check_disk, check_driver, check_mig, check_ports, check_runtime
 from gpurig.errors import GpurigError, HostError
+from gpurig.facts import Facts
 from gpurig.facts import gather_complete as gather
 from gpurig.status import Status
 from gpurig.steps.commands import Call, Command, run_change
 from gpurig.steps.plan import Plan, StepResult
 
+if TYPE_CHECKING:
+    from gpurig.deploy.containers import ContainerSpec
+    from gpurig.deploy.delivery import Delivery
+
+Devices = tuple[str, ...] | None  # a container's GPU device ids as assign_gpus gives them; None: every GPU
 SECRETS_DIR = "run/secrets"
 
 
@@ -42,7 +48,7 @@ SECRETS_DIR = "run/secrets"
 class Target:
     """One container of one host, resolved: its spec and the image it runs."""
 
-    spec: Any  # gpurig.deploy.containers.ContainerSpec
+    spec: ContainerSpec
     image_ref: str
     image: ImageInfo | None  # on the build machine; None when only a registry has it
     login: str = "gpurig"  # the image's user, for the ssh lines
@@ -52,8 +58,8 @@ class Target:
 @dataclass(frozen=True)
 class DeployJob:
     targets: dict[str, list[Target]]  # host name -> its containers
-    assign_gpus: Callable  # (specs, host gpus [(index, uuid)]) -> {name: device ids | None}
-    deliver: Callable  # (engine, conn, target, progress) -> Delivery
+    assign_gpus: Callable[..., dict[str, Devices]]  # deploy.sharing.assign_gpus: (specs, host gpus [(index, uuid)], held=, current=)
+    deliver: Callable[[Engine, Connection, Target, Callable[[str], None]], Delivery]  # (engine, conn, target, progress)
     matrix_cudas: tuple[str, ...] = ()
     check: bool = False
     settle_s: float = 3.0  # how long a container without a healthcheck must stay up to count as started
@@ -74,7 +80,7 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
         refusals, devices = preflight(engine, targets, facts, info, state, ours, job, jobs)
         if refusals:
             return [refused(t, refusals) for t in targets]
-        moved: dict[str, Any] = {}
+        moved: dict[str, Delivery] = {}
         runs = [ContainerRun(engine, t, devices.get(t.spec.name), job, moved) for t in targets]
         plans = [plan(engine, run.target, devices.get(run.target.spec.name, ()), run.commands) for run in runs]
         if job.check:
@@ -100,7 +106,7 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
 class ContainerRun:
     """The engine actions that make one container real, as ``Call``s of its change; what they learn stays here for the report."""
 
-    def __init__(self, engine: Engine, target: Target, devices, job: DeployJob, moved: dict[str, Any]) -> None:
+    def __init__(self, engine: Engine, target: Target, devices: Devices, job: DeployJob, moved: dict[str, Delivery]) -> None:
         self.engine, self.target, self.devices, self.job, self.moved = engine, target, devices, job, moved
         self.delivery = ""
         self.delivery_note = ""  # why faster paths were not taken (e.g. no docker-registry here, with the fix)
@@ -153,11 +159,12 @@ def container_doc(r: StepResult) -> dict[str, Any]:
             "reason": r.reason, "fix": r.fix, "logs": d.get("logs", ""), "exit_code": d.get("exit_code")}
 
 
-def preflight(engine: Engine, targets: list[Target], facts, info, state: HostState, ours, job: DeployJob, jobs=()):
+def preflight(engine: Engine, targets: list[Target], facts: Facts, info: EngineInfo, state: HostState, ours: list[ContainerInfo],
+              job: DeployJob, jobs: Sequence[ContainerInfo] = ()) -> tuple[list[Refusal], dict[str, Devices]]:
     """Refusals, and each container's GPUs; ``jobs``: the running job containers (gpurig run), whose GPUs are held too."""
     specs = [t.spec for t in targets]
     refusals: list[Refusal] = []
-    devices: dict = {}
+    devices: dict[str, Devices] = {}
     names = {s.name for s in specs}
     held = {c.name: (c.device_ids or (), bool(old_settings(c).get("share"))) for c in ours if c.name not in names and c.device_ids}
     held.update({f"job {c.labels[JOB_LABEL]}": (c.device_ids or (), c.labels.get(JOB_SHARE_LABEL) == "true") for c in jobs})
@@ -184,11 +191,11 @@ def preflight(engine: Engine, targets: list[Target], facts, info, state: HostSta
     return refusals, devices
 
 
-def wants_gpus(spec) -> bool:
+def wants_gpus(spec: ContainerSpec) -> bool:
     return not spec.gpus.none
 
 
-def host_ports(spec) -> tuple[tuple[str, int], ...]:
+def host_ports(spec: ContainerSpec) -> tuple[tuple[str, int], ...]:
     return tuple((p.bind, p.host) for p in spec.ports)
 
 
@@ -197,7 +204,7 @@ def labels_for(t: Target) -> dict[str, str]:
     return {IMAGE_LABEL: t.image_ref}
 
 
-def run_container(engine: Engine, conn: Connection, t: Target, devices, action: str, out: ContainerRun, job: DeployJob) -> None:
+def run_container(engine: Engine, conn: Connection, t: Target, devices: Devices, action: str, out: ContainerRun, job: DeployJob) -> None:
     """Make the container real: replace the old one, create, put the public keys, start, wait until it is up."""
     name = t.spec.name
     if action == "start":
@@ -253,7 +260,7 @@ def _restarted(info: ContainerInfo) -> int | None:
     return None
 
 
-def _gone(name: str):
+def _gone(name: str) -> NoReturn:
     raise EngineError(f"container {name} disappeared while starting", "check `docker events` on the host; something removed it")
 
 
@@ -264,7 +271,7 @@ def tail_logs(engine: Engine, name: str, lines: int = 20) -> str:
         return ""
 
 
-def _keys_archive(keys) -> bytes:
+def _keys_archive(keys: Sequence[str]) -> bytes:
     """A tar with /run/secrets/authorized_keys (0644: public keys), which the ssh image's entrypoint installs at start."""
     buf = io.BytesIO()
     content = ("\n".join(keys) + "\n").encode()

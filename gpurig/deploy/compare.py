@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpurig.connect.engine import ContainerInfo
-from gpurig.deploy.fields import human as size
+from gpurig.connect.engine import ContainerInfo, Engine
+from gpurig.deploy.fields import docker_size as size
 from gpurig.steps.commands import Command
 from gpurig.steps.plan import Change, Plan
+
+if TYPE_CHECKING:
+    from gpurig.deploy.apply import Target
 
 NAME_LABEL = "io.gpurig.deploy.name"
 HASH_LABEL = "io.gpurig.deploy.hash"
@@ -29,14 +32,15 @@ JOB_SHARE_LABEL = "io.gpurig.job.share"
 Setting = tuple[str, Any, Any]  # (key, old, new); None: absent on that side
 
 
-def plan(engine, t, devices: tuple[str, ...] | None = (), commands: Callable[[str], tuple[Command, ...]] = lambda action: ()) -> Plan:
+def plan(engine: Engine, t: Target, devices: tuple[str, ...] | None = (), commands: Callable[[str], tuple[Command, ...]] = lambda action: ()) -> Plan:
     """What to do with the container of target ``t``; ``commands(action)`` make the change when it is applied.
 
     ``devices`` are the GPUs it is to get (None: all): a count (gpus: 1) resolved to
     other GPUs than the container holds is a change, though its settings are not.
     """
     current = engine.container(t.spec.name)
-    want_id = t.image.id if t.image else (engine.image(t.image_ref).id if engine.image(t.image_ref) else None)
+    found = t.image or engine.image(t.image_ref)  # the build machine's image, else the host's (from a registry); asked once
+    want_id = found.id if found else None
     if current is None:
         return _change("create", "not on the host", [masked(k, None, v) for k, v in sorted(t.spec.settings().items())], commands)
     same_config = current.labels.get(HASH_LABEL) == t.spec.config_hash()

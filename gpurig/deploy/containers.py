@@ -235,9 +235,9 @@ class _Entry:
         shm = self._shm(keys, ipc, name)
         memory = fields.size(keys["memory"], "64g") if "memory" in keys else None
         if memory is not None and memory < MIN_MEMORY:
-            raise keys["memory"].fail(f"{fields.human(memory)} is below Docker's minimum of 6m", "write e.g. memory: 64g")
+            raise keys["memory"].fail(f"{fields.docker_size(memory)} is below Docker's minimum of 6m", "write e.g. memory: 64g")
         if memory is not None and shm is not None and shm > memory:
-            self.warn(name, f"shm_size {fields.human(shm)} is above memory {fields.human(memory)}: "
+            self.warn(name, f"shm_size {fields.docker_size(shm)} is above memory {fields.docker_size(memory)}: "
                       "/dev/shm counts against the limit, so the container is killed before it fills")
         ssh_keys = fields.ssh_keys(keys["ssh_keys"], self.base_dir) if "ssh_keys" in keys else ()
         kind = self.spec.variants[variant].kind if self.spec else None
@@ -323,10 +323,10 @@ class _Entry:
         shm = fields.size(keys["shm_size"], "16g") if "shm_size" in keys else self.host_shm or DEFAULT_SHM
         where = keys["shm_size"] if "shm_size" in keys else self.node
         if shm < MIN_SHM:
-            raise where.fail(f"shm_size {fields.human(shm)} is below Docker's 64m default, too small for PyTorch's DataLoader",
+            raise where.fail(f"shm_size {fields.docker_size(shm)} is below Docker's 64m default, too small for PyTorch's DataLoader",
                              "write shm_size: 16g (or ipc: host)")
         if shm < WARN_SHM:
-            self.warn(name, f"shm_size {fields.human(shm)} is under 1g: "
+            self.warn(name, f"shm_size {fields.docker_size(shm)} is under 1g: "
                       "DataLoader workers may fail with 'No space left on device'")
         return shm
 

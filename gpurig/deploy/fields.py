@@ -124,7 +124,12 @@ def size(node: Node, example: str) -> int:
     return nbytes
 
 
-def human(nbytes: int) -> str:
+def docker_size(nbytes: int) -> str:
+    """A size as gpurig_containers and Docker's flags write it ("64m", "16g"), exact: what ``size`` reads back.
+
+    For errors and diffs about a size the user wrote; a count of bytes moved
+    or stored is shown with ``gpurig.deploy.progress.human_size``.
+    """
     for unit, scale in (("g", GiB), ("m", MiB), ("k", KiB)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"

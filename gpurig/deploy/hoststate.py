@@ -7,11 +7,16 @@ workspace folders (owned by the image's user), with every path quoted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
 from gpurig.facts.probes import Probe, Section, facts_script, read, split_sections
 from gpurig.strict.validate import whole_number
+
+if TYPE_CHECKING:
+    from gpurig.deploy.apply import Target
+    from gpurig.deploy.containers import ContainerSpec
 
 CAP_SYS_RESOURCE = 24
 
@@ -69,7 +74,7 @@ def parse_host_state(output: str, sources: list[str]) -> HostState:
     return HostState(values["tcp"], exists, memlock, capable)
 
 
-def check_memlock(spec, state: HostState) -> list[Refusal]:
+def check_memlock(spec: ContainerSpec, state: HostState) -> list[Refusal]:
     """A memlock ulimit above dockerd's own hard limit fails at start ("error setting rlimit") unless dockerd may raise it."""
     if state.memlock_hard in (None, -1) or state.can_raise_limits is not False:
         return []
@@ -82,7 +87,7 @@ def check_memlock(spec, state: HostState) -> list[Refusal]:
     return []
 
 
-def check_fits_host(spec, state: HostState, cpus: int | None) -> list[Refusal]:
+def check_fits_host(spec: ContainerSpec, state: HostState, cpus: int | None) -> list[Refusal]:
     """What the host must have for the container: its volume sources (datasets are never made), dockerd's limits, the CPUs asked for."""
     refusals = [Refusal(spec.name, f"the volume source {v.source!r} does not exist on the host",
                         "create it there (datasets are mounted read-only, never made), or fix the path")
@@ -93,7 +98,7 @@ def check_fits_host(spec, state: HostState, cpus: int | None) -> list[Refusal]:
     return refusals
 
 
-def make_workspaces(conn: Connection, target) -> None:
+def make_workspaces(conn: Connection, target: Target) -> None:
     """The default workspace folders, made once and handed to the image's user (the user's own volumes must exist already)."""
     made = [v.source for v in target.spec.volumes if v.create]
     if not made:

@@ -13,8 +13,8 @@ from gpurig.connect.engine import EngineError
 from gpurig.deploy.apply import Target
 from gpurig.deploy.delivery import deliver
 from gpurig.deploy.delivery import local_engine as build_engine
+from gpurig.deploy.progress import human_size
 from gpurig.errors import ConfigError
-from gpurig.image.build import human_size
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection

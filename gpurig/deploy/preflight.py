@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.deploy.sharing import HostGpus
 from gpurig.facts import Facts
 from gpurig.image import compat
 
@@ -160,8 +161,8 @@ def check_mig(name: str, devices: tuple[str, ...] | None, facts: Facts) -> list[
     on = set(facts.gpuhost.mig_on())
     if not devices or not on:
         return []
-    by_uuid = {g.uuid.lower(): g.index for g in facts.gpus}
-    hit = sorted({i for d in devices if (i := by_uuid.get(d.lower()) if d.startswith("GPU-") else int(d) if d.isdigit() else None) in on})
+    on_host = HostGpus((g.index, g.uuid) for g in facts.gpus)
+    hit = sorted({i for i in map(on_host.index_of, devices) if i in on})
     if not hit:
         return []
     slices = [d for d in facts.gpuhost.mig_devices if d.gpu in hit]

@@ -9,7 +9,9 @@ over all of them. Where the bytes are counted on the wire instead (a port
 forward's meter), ``moved`` gives them and wins over the events' own counts.
 ``PushProgress`` does the same for a push into the local registry, layer by
 layer. ``CountPace`` keeps byte counts to one line a second per host; what a
-delivery says it is doing is never held back.
+delivery says it is doing is never held back. ``human_size`` is how gpurig
+writes any count of bytes for a person (moved, uploaded, an image's size, a
+job's files).
 """
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ from collections.abc import Callable
 from gpurig.errors import last_line
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all; 0 while not known)
+
+
+def human_size(nbytes: int) -> str:
+    """Bytes for a person to read, in decimal units as ``docker images`` shows them: "512 B", "12 kB", "1.02 GB"."""
+    value = float(nbytes)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit in ("B", "kB") else f"{value:.2f} {unit}"
+        value /= 1000
+    return f"{value:.2f} TB"
 
 
 class PullFailed(Exception):
@@ -115,8 +127,6 @@ class PushProgress(_LayerProgress):
 
     def summary(self) -> str:
         """'3 of 9 layers uploaded (1.2 GB)' once the push is done."""
-        from gpurig.image.build import human_size
-
         uploaded = len(self.layers)
         return f"{uploaded} of {uploaded + len(self.present)} layers uploaded ({human_size(self.total)})"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import open_engine
+from gpurig.connect.engine import Engine, open_engine
 from gpurig.deploy.apply import DeployJob, Target, deploy_host
 from gpurig.deploy.compare import IMAGE_LABEL
 from gpurig.deploy.delivery import Delivery, DeliveryError
@@ -122,7 +122,7 @@ def prune_host(conn: Connection, keep: str, olds: list[str]) -> Outcome:
     return Outcome(changed=bool(gone), data=tuple(gone), detail=f"removed {counted(len(gone), 'old image')}" if gone else "")
 
 
-def present(engine, conn: Connection, t: Target, say) -> Delivery:
+def present(engine: Engine, conn: Connection, t: Target, say: Callable[[str], None]) -> Delivery:
     """A rollback's delivery: the old image is on the host already (by its id), so nothing moves."""
     found = engine.image(t.image_ref)
     if found is None:

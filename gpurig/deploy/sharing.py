@@ -2,7 +2,9 @@
 
 ``check_together`` runs on the inventory alone; ``assign_gpus`` runs again
 against the host's real GPUs (its facts), where counts become indexes and
-an index and its UUID are known to be the same GPU.
+an index and its UUID are known to be the same GPU. ``HostGpus`` is the one
+map from a device id to a GPU index; pre-flight's MIG check reads ids through
+it too.
 """
 
 from __future__ import annotations
@@ -52,6 +54,26 @@ def _overlap(a: Gpus, b: Gpus) -> str:
     return f"GPU {', '.join(common)}" if common else ""
 
 
+class HostGpus:
+    """A host's GPUs from its facts, (index, UUID) pairs, and the one way a device id names one of them."""
+
+    def __init__(self, pairs: Iterable[tuple[int, str]]) -> None:
+        self.pairs = tuple(pairs)
+        self.indexes = [index for index, _ in self.pairs]
+        self._by_uuid = {uuid.lower(): index for index, uuid in self.pairs}
+
+    def index_of(self, device: str) -> int | None:
+        """The GPU index ``device`` means: an index as written, a GPU UUID (any case) looked up.
+
+        None for a UUID the host lacks or a word that names no one GPU ("all",
+        a MIG UUID); an index is not checked against the host's, so each caller
+        says what an index the host lacks means to it.
+        """
+        if device.startswith("GPU-"):
+            return self._by_uuid.get(device.lower())
+        return int(device) if device.isdigit() else None
+
+
 def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
                 held: dict[str, tuple[tuple[str, ...], bool]] | None = None,
                 current: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...] | None]:
@@ -67,14 +89,13 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
     without ``share: true``.
     """
     host = specs[0].host if specs else "?"
-    by_uuid = {uuid.lower(): index for index, uuid in host_gpus}
-    indexes = [index for index, _ in host_gpus]
+    on_host = HostGpus(host_gpus)
+    indexes = on_host.indexes
 
     def to_indexes(ids: tuple[str, ...]) -> set[int]:
         if "all" in ids:
             return set(indexes)
-        found = {by_uuid.get(d.lower()) if d.startswith("GPU-") else int(d) for d in ids if d.startswith("GPU-") or d.isdigit()}
-        return {i for i in found if i is not None}
+        return {i for i in map(on_host.index_of, ids) if i is not None}
 
     others = {name: (to_indexes(ids), share) for name, (ids, share) in (held or {}).items()}
     listed = ", ".join(f"{i} ({u})" for i, u in host_gpus) or "none"
@@ -89,7 +110,7 @@ def assign_gpus(specs: list[ContainerSpec], host_gpus: list[tuple[int, str]], *,
         elif spec.gpus.ids:
             found: set[int] = set()
             for device in spec.gpus.ids:
-                index = by_uuid.get(device.lower()) if device.startswith("GPU-") else int(device)
+                index = on_host.index_of(device)
                 if index is None or index not in indexes:
                     raise InventoryError(
                         f"host {host}: container {spec.name} asks for GPU {device}, which the host does not have",

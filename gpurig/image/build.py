@@ -396,12 +396,3 @@ def read_report(path: Path) -> Any:
 def load_reports(reports_dir: Path) -> dict[str, dict]:
     """Build reports by image id."""
     return {report.get("image_id", ""): report for _, report in build_reports(reports_dir)}
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit in ("B", "kB") else f"{value:.2f} {unit}"
-        value /= 1000
-    return f"{size} B"

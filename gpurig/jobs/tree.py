@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpurig.deploy.progress import human_size
 from gpurig.errors import GpurigError, counted
 from gpurig.jobs.ignore import IgnoreRules
 
@@ -70,20 +71,13 @@ class Tree:
         """One line: what is sent, how big, and how much was skipped and ignored."""
         files = [e for e in self.entries if e.kind == "file"]
         links = sum(e.kind == "link" for e in self.entries)
-        parts = [f"{counted(len(files), 'file')} ({_size(sum(e.size for e in files))})", counted(len(self.entries) - len(files) - links, "folder")]
+        parts = [f"{counted(len(files), 'file')} ({human_size(sum(e.size for e in files))})", counted(len(self.entries) - len(files) - links, "folder")]
         if links:
             parts.append(counted(links, "link"))
         if self.skipped:
             parts.append(f"{len(self.skipped):,} skipped")
         parts.append(f"{self.ignored:,} ignored by {self.rules}")
         return ", ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return counted(n, "byte")
 
 
 def scan(root: Path | str, *, always_ignored: Sequence[str] = ALWAYS_IGNORED, max_entries: int = MAX_ENTRIES) -> Tree:

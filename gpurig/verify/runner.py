@@ -25,8 +25,8 @@ from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, 
 from gpurig.connect.launcher import embedded
 from gpurig.errors import GpurigError, last_line
 from gpurig.facts import gather_complete
-from gpurig.facts.parsers import parse_nvidia_version
-from gpurig.facts.probes import Section
+from gpurig.facts.parsers import NVIDIA_VERSION
+from gpurig.facts.probes import Probe, facts_script, read, split_sections
 from gpurig.skeleton import shipped_text
 from gpurig.strict.validate import whole_number
 from gpurig.verify.records import HostVerdict, Record, unchecked
@@ -39,8 +39,14 @@ LEVELS = ("quick", "full")
 # /dev/shm of a throwaway --image run: the size gpurig_containers recommends, so the image is judged, not Docker's default
 IMAGE_SHM_BYTES = 16 << 30  # 16g, as `docker run --shm-size 16g` counts it
 VERIFY_LABEL = "io.gpurig.verify"
-_SPLIT = "@@gpurig-verify@@"
 _UUID = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9A-Za-z-]+)\)", re.MULTILINE)  # GPUs only: MIG lines would shift the indexes
+# The host's side of docker_facts, declared like the host facts (gpurig/facts/probes.py) and sent as one script.
+HOST_PROBES = (
+    Probe("gpu_uuids", "nvidia-smi -L", lambda s: tuple(_UUID.findall(s.text))),
+    Probe("nvidia_hook", "command -v nvidia-container-runtime-hook nvidia-container-runtime 2>/dev/null", lambda s: bool(s.text.strip())),
+    NVIDIA_VERSION,
+)
+HOST_SCRIPT = facts_script(HOST_PROBES)
 
 
 @dataclass(frozen=True)
@@ -214,12 +220,7 @@ class DockerFacts:
 
 def docker_facts(conn: Connection, plan: VerifyPlan) -> DockerFacts:
     """The host's GPUs, NVIDIA hook and driver (one shell round trip), then Docker's runtimes and the target from its engine."""
-    script = "; ".join([
-        "nvidia-smi -L 2>/dev/null", f"echo {_SPLIT}",
-        "command -v nvidia-container-runtime-hook nvidia-container-runtime 2>/dev/null", f"echo {_SPLIT}",
-        "cat /proc/driver/nvidia/version 2>/dev/null",
-    ])
-    host = parse_host_gpus(conn.admin(["sh", "-c", script], warn=True, timeout=60).stdout)
+    host = parse_host_gpus(conn.admin(["sh", "-c", HOST_SCRIPT], warn=True, timeout=60).stdout)
     try:
         engine = open_engine(conn, timeout=60)
     except EngineError as err:
@@ -240,10 +241,9 @@ def docker_facts(conn: Connection, plan: VerifyPlan) -> DockerFacts:
 
 
 def parse_host_gpus(output: str) -> tuple[tuple[str, ...], bool, str | None]:
-    """Pure: (GPU UUIDs, the hook installed, the driver version) from the shell probe's sections (tested from recorded output)."""
-    gpus, hooks, proc_version = (output.split(_SPLIT + "\n") + [""] * 3)[:3]
-    driver, _ = parse_nvidia_version(Section(0 if proc_version.strip() else 1, proc_version))
-    return tuple(_UUID.findall(gpus)), bool(hooks.strip()), driver
+    """Pure: (GPU UUIDs, the hook installed, the driver version) from HOST_SCRIPT's sections; a missing one reads as absent."""
+    values = read(HOST_PROBES, split_sections(output))
+    return values["gpu_uuids"], values["nvidia_hook"], values["nvidia_version"][0]
 
 
 def toolkit_records(facts: DockerFacts, plan: VerifyPlan) -> list[Record]:

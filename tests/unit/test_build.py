@@ -143,10 +143,6 @@ def test_report_shape_and_atomic_write(context, tmp_path):
     assert json.loads(path.read_text())["digest"] == pushed["digest"] == "sha256:" + "c" * 64
 
 
-def test_sizes_read_like_docker_prints_them():
-    assert b.human_size(1_020_740_441) == "1.02 GB" and b.human_size(512) == "512 B"
-
-
 def test_a_silent_step_is_owed_a_still_running_line_every_interval_until_it_ends():
     # a pip step waited 702 s on an index without a word: the heartbeat says so however quiet the step is
     from gpurig.image.pipeline import Heartbeat

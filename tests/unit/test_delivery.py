@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.connect.forward import Meter, pump
-from gpurig.deploy.progress import CountPace, PullFailed, PullProgress, PushProgress
+from gpurig.deploy.progress import CountPace, PullFailed, PullProgress, PushProgress, human_size
 from gpurig.deploy.registry import RegistryError, parse_reference, staging_reference
 from gpurig.deploy.stages import stage_cuts
 
@@ -59,6 +59,16 @@ def test_stages_cut_after_big_layers_and_never_at_the_end():
 def recorded(name: str) -> list[dict]:
     """The JSON events of one recording in tests/fixtures/deploy (its README says how each was made)."""
     return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("nbytes", "shown"), [
+    (0, "0 B"), (512, "512 B"), (999, "999 B"), (1_000, "1 kB"), (12_345, "12 kB"), (999_499, "999 kB"),
+    (1_000_000, "1.00 MB"), (9_000_000, "9.00 MB"), (1_020_740_441, "1.02 GB"), (6_100_000_000, "6.10 GB"),
+    (2_500_000_000_000, "2.50 TB"), (3_000_000_000_000_000, "3000.00 TB"),
+])
+def test_every_count_of_bytes_a_person_sees_reads_as_docker_images_prints_sizes(nbytes, shown):
+    # the one rule for bytes shown to a person: moved and uploaded bytes, image sizes, a run's files
+    assert human_size(nbytes) == shown
 
 
 def test_pull_progress_over_recorded_events_counts_only_fetched_layers():

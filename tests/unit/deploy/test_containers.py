@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpurig.deploy import fields
 from gpurig.deploy.containers import DEFAULT_SHM, ContainerSpec, assign_gpus, load_containers
-from gpurig.deploy.fields import GiB, MiB, fingerprint
+from gpurig.deploy.fields import GiB, MiB, docker_size, fingerprint
+from gpurig.deploy.sharing import HostGpus
 from gpurig.errors import InventoryError
 from gpurig.image.spec import load_spec
 from gpurig.inventory import Host, load_inventory
+from gpurig.strict.yamlnode import Node
 
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = load_spec(ROOT / "images" / "pytorch.yaml")
@@ -171,6 +174,13 @@ def test_ipc_host_means_no_shm_size():
 @pytest.mark.parametrize("value, expected", [("16g", 16 * GiB), ("8GiB", 8 * GiB), ("512m", 512 * MiB), ("1.5g", int(1.5 * GiB)), (2 * GiB, 2 * GiB)])
 def test_sizes_read_as_docker_reads_them(value, expected):
     assert one({"variant": "slim", "shm_size": value}).shm_size == expected
+
+
+@pytest.mark.parametrize("nbytes, written", [(16 * GiB, "16g"), (1024 * MiB, "1g"), (1536 * MiB, "1536m"), (64 * 1024, "64k"), (1000, "1000 bytes")])
+def test_a_size_is_echoed_as_the_spec_writes_it_and_reads_back_the_same(nbytes, written):
+    # errors and diffs about shm_size and memory quote it in the spec's own notation, not as a rounded "1.07 GB"
+    assert docker_size(nbytes) == written
+    assert fields.size(Node("t.yml", "shm_size", written.replace(" bytes", "")), "16g") == nbytes
 
 
 def test_small_shm_is_refused_below_64m_and_warned_below_1g():
@@ -497,3 +507,14 @@ def test_a_count_keeps_the_gpus_its_container_holds():
 def test_hostile_values_get_one_short_line(entry):
     message = error(entry)
     assert len(message.splitlines()) == 1 and len(message) < 400 and "\0" not in message
+
+
+def test_a_device_id_names_a_gpu_by_index_or_by_uuid_in_either_case_of_hex():
+    # the one map from a device id to a GPU index: assign_gpus and pre-flight's MIG check both read ids through it
+    uuid = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+    gpus = HostGpus([(0, "GPU-ffffffff-0000-1111-2222-333344445555"), (1, uuid)])
+    assert gpus.indexes == [0, 1] and gpus.pairs[1] == (1, uuid)
+    assert gpus.index_of("1") == gpus.index_of(uuid) == gpus.index_of(uuid.upper()) == 1  # nvidia-smi prints lowercase hex
+    assert gpus.index_of("7") == 7  # an index is as written; whether the host has it is the caller's question
+    assert gpus.index_of("GPU-00000000-0000-0000-0000-000000000000") is None
+    assert gpus.index_of("all") is None and gpus.index_of("MIG-0a1b2c3d-0000-1111-2222-333344445555") is None

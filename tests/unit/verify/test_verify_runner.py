@@ -17,12 +17,13 @@ from gpurig.connect.engine import EngineError
 from gpurig.connect.engineinfo import Exited, container_info, image_info
 from gpurig.connect.enginewire import demux, read_to_end
 from gpurig.errors import ConfigError
+from gpurig.facts.probes import MARK, RC_MARK
 from gpurig.results import FleetReport, HostResult
 from gpurig.verify.gate import make_plan
 from gpurig.verify.junit import junit_xml
 from gpurig.verify.records import HostVerdict, Record
 from gpurig.verify.runner import (
-    _SPLIT,
+    HOST_SCRIPT,
     DockerFacts,
     VerifyPlan,
     container_records,
@@ -42,6 +43,12 @@ RUNTIMES_NVIDIA = ("io.containerd.runc.v2", "nvidia", "runc")  # what the engine
 RUNTIMES_PLAIN = ("io.containerd.runc.v2", "runc")
 
 
+def probe_output(smi: str = "", hooks: str = "", proc: str = "") -> str:
+    """What HOST_SCRIPT prints: each probe's output between its facts/probes.py markers (an empty one as a failed command)."""
+    sections = (("gpu_uuids", smi), ("nvidia_hook", hooks), ("nvidia_version", proc))
+    return "".join(f"\n{MARK} {name}\n{text}\n{RC_MARK} {0 if text else 1}\n" for name, text in sections)
+
+
 def inspect(runtime="runc", gpus=False, running=True, cuda="13.0") -> dict:
     """A container as the engine's inspect answers (the fields verify reads)."""
     requests = [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}}] if gpus else None
@@ -55,7 +62,7 @@ def inspect(runtime="runc", gpus=False, running=True, cuda="13.0") -> dict:
 
 def host_facts(smi=SMI_L, runtimes=RUNTIMES_NVIDIA, hooks="", proc="", container=None, image_cuda=None) -> DockerFacts:
     """The facts as docker_facts gathers them: the shell probe's recorded output, then the engine's answers."""
-    uuids, hook, driver = parse_host_gpus(f"{smi}{_SPLIT}\n{hooks}{_SPLIT}\n{proc}")
+    uuids, hook, driver = parse_host_gpus(probe_output(smi, hooks, proc))
     image = None
     if image_cuda:
         image = image_info({"Id": "sha256:" + "1" * 64, "Config": {"Labels": {"io.gpurig.cuda": image_cuda, "io.gpurig.min-driver": "580.65.06"}}})
@@ -114,7 +121,7 @@ def no_docker_access() -> ScriptedConnection:
     def host(line: str):
         if "docker version" in line:
             return (1, "", "permission denied while trying to connect to the Docker daemon socket\n")
-        return (0, f"{SMI_L}{_SPLIT}\n{_SPLIT}\n", "")
+        return (0, probe_output(SMI_L), "")
     return ScriptedConnection("gpu-01", host, user="admin")
 
 
@@ -286,13 +293,31 @@ def test_a_container_must_see_exactly_the_gpus_it_was_assigned():
     assert wrong.status == "fail" and "other GPUs than it was assigned" in wrong.detail
 
 
+def test_the_host_probe_is_facts_probes_script_and_its_sections_parse_back(tmp_path):
+    # verify's host probe speaks facts/probes.py's one protocol: run by a real sh with nvidia-smi and the hook stubbed
+    import subprocess
+
+    from gpurig.facts.probes import split_sections
+
+    (tmp_path / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{SMI_L}'\necho 'a warning on stderr' >&2\n")
+    (tmp_path / "nvidia-container-runtime-hook").write_text("#!/bin/sh\n")
+    for stub in tmp_path.iterdir():
+        stub.chmod(0o755)
+    out = subprocess.run(["sh", "-c", HOST_SCRIPT], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=False).stdout
+    assert set(split_sections(out)) == {"gpu_uuids", "nvidia_hook", "nvidia_version"}
+    uuids, hook, _ = parse_host_gpus(out)
+    assert uuids == ("GPU-2b6ecd7e-4f6b-1d5a-9f0c-0c1f5c1e3a11", "GPU-7a0f8e52-93d1-4c43-8b0e-55d1a2b3c4d5") and hook
+    assert parse_host_gpus("") == ((), False, None)  # nothing came back: no GPUs, no hook, no driver
+
+
 def test_mig_lines_of_nvidia_smi_do_not_shift_the_gpu_indexes():
     from gpurig.verify.runner import assigned_gpus
 
     listing = ("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)\n"
                "  MIG 3g.40gb     Device  0: (UUID: MIG-bbbb)\n"
                "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc)\n")
-    uuids = list(parse_host_gpus(listing)[0])
+    uuids = list(parse_host_gpus(probe_output(listing))[0])
     assert uuids == ["GPU-aaaa", "GPU-cccc"]
     found = container_info({"Id": "c" * 64, "HostConfig": {"DeviceRequests": [{"Count": 0, "DeviceIDs": ["1"], "Capabilities": [["gpu"]]}]}})
     assert assigned_gpus(uuids, found) == ["GPU-cccc"]
