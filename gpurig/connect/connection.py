@@ -26,7 +26,7 @@ from gpurig.connect.streams import Streams
 from gpurig.errors import HostError, error_line
 
 if TYPE_CHECKING:
-    from gpurig.connect.forward import Meter, ReverseForward
+    from gpurig.connect.forward import LocalForward, Meter, ReverseForward
     from gpurig.connect.target import SSHTarget
 
 
@@ -318,6 +318,14 @@ class Connection:
 
         ``ChannelError`` where the connection is not SSH or the host's sshd
         refuses to listen (``AllowTcpForwarding no``).
+        """
+        raise ChannelError("a port forward needs an SSH connection, and this one is local",
+                           "reach the host over SSH (ansible_connection: ssh)", host=self.name)
+
+    def local_forward(self, host: str, port: int, meter: Meter | None = None) -> LocalForward:
+        """This machine's 127.0.0.1:PORT carried to ``host:port`` as the host sees it, a channel per connection; the caller closes it.
+
+        ``ChannelError`` where the connection is not SSH.
         """
         raise ChannelError("a port forward needs an SSH connection, and this one is local",
                            "reach the host over SSH (ansible_connection: ssh)", host=self.name)

@@ -1,4 +1,4 @@
-"""A reverse SSH port forward: a port on the host's 127.0.0.1 whose connections are pumped to an address on this machine.
+"""SSH port forwards: a port on the host's 127.0.0.1 pumped to an address here (reverse), or a port here to one on the host (local).
 
 ``ReverseForward`` asks the host's sshd to listen on its own 127.0.0.1 (a
 port it picks) and pumps every connection made there to the target,
@@ -104,12 +104,7 @@ class ReverseForward:
         with self._lock:
             threads, pairs = list(self._threads), list(self._open)
         for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
-            chan.close()
-            try:  # close() alone does not wake a pump blocked in recv() on an idle keep-alive connection to the registry
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+            _close_pair(chan, sock)
         for thread in threads:
             thread.join(timeout=5)
 
@@ -137,3 +132,84 @@ class ReverseForward:
         finally:
             with self._lock:
                 self._open.discard((chan, sock))
+
+
+class LocalForward:
+    """127.0.0.1:``port`` on this machine, each connection made there carried to an address as the host sees it.
+
+    Each accepted connection gets its own channel (``open_channel``, a
+    direct-tcpip channel of the SSH connection): a service on the host's
+    loopback (a dashboard, a Prometheus, a Jupyter) reached from here with
+    nothing listening on the host's network. A connection whose channel the
+    host refuses is closed at once, so the client sees the end, not a hang.
+    """
+
+    def __init__(self, open_channel: Callable[[], object], meter: Meter | None = None) -> None:
+        self._open_channel = open_channel
+        self.meter = meter or Meter()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set = set()  # (channel, socket) pairs being pumped
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True, name="gpurig-local-forward")
+        self._acceptor.start()
+
+    def __enter__(self) -> LocalForward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:  # shutdown, not close alone: it wakes the accept() blocked in the acceptor thread
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._server.close()
+        self._acceptor.join(timeout=5)
+        with self._lock:
+            pairs, threads = list(self._open), list(self._threads)
+        for chan, sock in pairs:
+            _close_pair(chan, sock)
+        for thread in threads:
+            thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True, name="gpurig-local-forward")
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            chan = self._open_channel()
+        except Exception:  # noqa: BLE001 - the host refused the channel or the connection is gone: this client's connection ends
+            sock.close()
+            return
+        with self._lock:
+            self._open.add((chan, sock))
+        if self._stop.is_set():  # close() ran while the channel opened, and may have collected the pairs before this one
+            _close_pair(chan, sock)
+        try:
+            pump(chan, sock, self.meter, self._stop)
+        finally:
+            with self._lock:
+                self._open.discard((chan, sock))
+
+
+def _close_pair(chan, sock: socket.socket) -> None:
+    """End a pumped connection now: close() alone does not wake a pump blocked in recv() on an idle connection."""
+    chan.close()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

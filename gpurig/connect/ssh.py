@@ -32,7 +32,7 @@ from gpurig.connect.connection import (
     UnreachableError,
     short_command,
 )
-from gpurig.connect.forward import Meter, ReverseForward
+from gpurig.connect.forward import LocalForward, Meter, ReverseForward
 from gpurig.connect.hostkeys import check_policy
 from gpurig.connect.remotegroup import STILL_RUNNING, RemotePid, await_pid, marked, stop_line
 from gpurig.connect.streams import Feeder, OutputWake, SinkFailed, guarded_sink
@@ -167,6 +167,10 @@ class SSHConnection(Connection):
             raise ChannelError(f"the host's sshd refused a port forward ({last_line(str(err)) or 'AllowTcpForwarding no?'})",
                                "set AllowTcpForwarding yes (or remote) in the host's sshd_config", host=self.name) from None
         return forward
+
+    def local_forward(self, host: str, port: int, meter: Meter | None = None) -> LocalForward:
+        self._live_transport()  # connected now: a host that cannot be reached fails here, not on the first client's connection
+        return LocalForward(lambda: self.open_channel(host, port), meter)
 
     def open_stream(self, line: str, timeout: float | None = None) -> paramiko.Channel:
         """A channel running ``line`` with its stdin/stdout as a byte stream (e.g. ``docker system dial-stdio``).

@@ -94,4 +94,6 @@ def test_the_machine_gpurig_runs_on_gives_no_channel_nor_forward_and_says_why():
         conn.http("127.0.0.1", 6820).connect()
     with pytest.raises(ChannelError, match="port forward needs an SSH connection"):
         conn.reverse_forward(("127.0.0.1", 5000))
+    with pytest.raises(ChannelError, match="port forward needs an SSH connection"):
+        conn.local_forward("127.0.0.1", 9090)
     assert conn.runs_here and conn.ssh_target is None and not conn.closed

@@ -11,6 +11,7 @@ import http.server
 import socket
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -68,33 +69,62 @@ def test_connections_opened_while_the_forward_is_cancelled_leave_the_ssh_connect
         assert conn.run("echo still here").stdout == "still here\n"
 
 
-def test_http_rides_a_channel_to_a_port_on_the_hosts_loopback(connector, sshd, make_host):
-    # slurmrestd's way in: nothing listens on the network, the request goes through the SSH connection gpurig holds.
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body = f"asked for {self.path}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the path it was asked for."""
 
-        def log_message(self, *args):
-            pass
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = f"asked for {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def web_on_loopback():
+    """An HTTP server on 127.0.0.1, the host's loopback as sshd (on this machine) sees it; its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
-    try:
-        with connector.open(make_host(sshd.port)) as conn:
-            session = conn.http("127.0.0.1", server.server_address[1])
-            session.request("GET", "/slurm/v0.0.40/ping")
-            answer = session.getresponse()
-            assert (answer.status, answer.read()) == (200, b"asked for /slurm/v0.0.40/ping")
-            session.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-        serving.join(timeout=10)
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    serving.join(timeout=10)
+
+
+def test_http_rides_a_channel_to_a_port_on_the_hosts_loopback(connector, sshd, make_host, web_on_loopback):
+    # slurmrestd's way in: nothing listens on the network, the request goes through the SSH connection gpurig holds.
+    with connector.open(make_host(sshd.port)) as conn:
+        session = conn.http("127.0.0.1", web_on_loopback)
+        session.request("GET", "/slurm/v0.0.40/ping")
+        answer = session.getresponse()
+        assert (answer.status, answer.read()) == (200, b"asked for /slurm/v0.0.40/ping")
+        session.close()
+
+
+def test_a_local_forward_carries_each_connection_to_the_hosts_port_and_closes_them_all(connector, sshd, make_host, web_on_loopback):
+    with connector.open(make_host(sshd.port)) as conn:
+        with conn.local_forward("127.0.0.1", web_on_loopback) as forward:
+            for i in range(3):  # a channel per connection
+                with urllib.request.urlopen(f"http://127.0.0.1:{forward.port}/page{i}", timeout=20) as answer:
+                    assert answer.read() == f"asked for /page{i}".encode()
+            assert forward.meter.down > 0 and forward.meter.up > 0
+            before = forward.meter.down
+            held = socket.create_connection(("127.0.0.1", forward.port), timeout=20)  # an idle client, still connected at close
+            held.sendall(b"GET /held HTTP/1.1\r\n")  # headers never finished: the server waits, and so does the client
+            end = time.monotonic() + 20
+            while forward.meter.down == before and time.monotonic() < end:
+                time.sleep(0.01)  # polling interval: the bytes reached the host's side once the meter counts them
+            assert forward.meter.down > before, "the held connection's bytes never crossed the forward"
+        held.settimeout(5)
+        assert held.recv(1) == b""  # the close ended it at once
+        held.close()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", forward.port), timeout=5).close()
+        assert conn.run("echo still here").stdout == "still here\n"
 
 
 def test_a_channel_to_a_port_nothing_listens_on_is_one_channel_error(connector, sshd, make_host):
