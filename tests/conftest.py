@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/tools/ holds scripts run on demand (the mutation audit), not tests.
+collect_ignore = ["tools"]
 # No test may hang: pytest-timeout stops any test after pyproject's default (900 s). These folders' first tests
 # also pay for session fixtures that build images or provision hosts from scratch (up to an hour on 2 cores).
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",

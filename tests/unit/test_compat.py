@@ -129,3 +129,5 @@ def test_one_driver_comparison_for_module_smi_and_package_versions():
     assert driver_key("570.133.20") == (570, 133, 20) and driver_key("1:535.247.01-1~deb12u1") == (535, 247, 1)
     assert driver_at_least("580.65.06", "580.65.06") and driver_at_least("1:580.82.07-1", "580.65.06")
     assert not driver_at_least("570.133.20", "580.65.06") and not driver_at_least("N/A", "525.60.13")
+    # one patch or one minor below the minimum is below it: the whole version counts, not its branch alone
+    assert not driver_at_least("580.65.05", "580.65.06") and not driver_at_least("580.64.99", "580.65.06")

@@ -104,6 +104,15 @@ def test_without_an_old_file_the_refused_one_is_moved_aside_and_docker_starts_on
     assert host.starts.read_text().split() == ["start"]
 
 
+def test_an_old_backup_is_not_restored_on_a_host_that_had_no_daemon_json(host):
+    """A ``.gpurig-bak.*`` from an earlier change (the file removed since) is not this host's state before the change."""
+    installed(host.conf, OLD, BAD)  # backups of a daemon.json that was there once
+    proc = host(had=False)
+    assert proc.returncode == 1 and DOCKERD_SAYS in proc.stderr
+    assert not host.conf.exists()  # Docker is back on its defaults, not on a file from the past
+    assert host.starts.read_text().split() == ["start"]
+
+
 def test_a_good_file_is_kept_and_docker_restarted_once(host):
     installed(host.conf, OLD, GOOD)
     proc = host(had=True)

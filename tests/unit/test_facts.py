@@ -141,6 +141,7 @@ def test_empty_output_gives_all_absent():
     [
         "garbage",
         "0, NVIDIA H100, GPU-x",  # too few fields
+        "0, NVIDIA H100 80GB HBM3, GPU-5e1c, 81559, 550.54.15",  # a line cut short: its bus id missing
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
     ],
 )

@@ -63,6 +63,36 @@ def test_siblings_merge_by_priority_then_name(inv):
     assert inv.hosts["a100-02"].var("sibling") == "alpha"
 
 
+# "shared" sits under lab (depth 2) and under site/rack (depth 3); "tier" (depth 2) would win a tie by name.
+SHALLOW_PATH = """
+    lab:
+      children:
+        shared:
+"""
+DEEP_PATH = """
+    site:
+      children:
+        rack:
+          children:
+            shared:
+              vars: {role: shared}
+              hosts: {n1: }
+"""
+TIER = """
+    zone:
+      children:
+        tier:
+          vars: {role: tier}
+          hosts: {n1: }
+"""
+
+
+@pytest.mark.parametrize("paths", [SHALLOW_PATH + DEEP_PATH, DEEP_PATH + SHALLOW_PATH], ids=["shallow first", "deep first"])
+def test_a_group_reachable_by_two_paths_merges_at_its_deepest(tmp_path, paths):
+    """ansible-inventory 2.19.14 --host n1 says role: shared for both orders (and tier once the rack path is gone)."""
+    assert _load(tmp_path, "all:\n  children:" + paths + TIER).hosts["n1"].var("role") == "shared"
+
+
 def test_group_vars_and_host_vars_directories(tmp_path):
     (tmp_path / "hosts.yaml").write_text(PRECEDENCE)
     (tmp_path / "group_vars").mkdir()

@@ -167,6 +167,15 @@ def test_failing_driver_drains_the_node_with_the_record_and_its_detail(node):
     assert "fail [drain] gpurig: host.driver:" in node.log()[-1]
 
 
+def test_uncorrectable_ecc_errors_in_nvidia_smis_older_schema_drain_the_node(node):
+    """A GPU that corrupted memory must leave the queue whatever the driver's XML schema (pre-v12: double_bit)."""
+    node.probe_args(["--source", "smi", "--smi-xml", FIX / "grid-p4-vgpu-513-ecc-dbe.xml", *CLEAN[4:]])
+    proc = node.run()
+    reason = proc.stdout.strip()
+    assert proc.returncode == 1 and reason.startswith("gpurig: host.gpu0.ecc_uncorrected: "), reason
+    assert node.state() == f"drained|{reason}"
+
+
 def test_the_same_failure_again_drains_once(node):
     node.probe_args(XID)
     first = node.run()

@@ -214,6 +214,18 @@ def test_na_heavy_vgpu_skips_what_it_cannot_tell(host):
     assert procs["measured"][0] == {"pid": 1188, "name": "?", "used_mib": None}
 
 
+def test_uncorrectable_ecc_errors_in_the_pre_v12_schema_fail(host):
+    """Before schema v12 the volatile counts are ``single_bit`` (corrected) and ``double_bit`` (uncorrectable).
+
+    grid-p4-vgpu-513-ecc-dbe.xml is grid-p4-vgpu-513.xml with only its counts
+    changed (tests/fixtures/verify/README.md): 5 corrected and 2 uncorrectable
+    volatile errors, 41 and 3 since the counters were last reset, so reading
+    the corrected or the aggregate counts gives another number than 2.
+    """
+    ecc = by_id(records(*host("grid-p4-vgpu-513-ecc-dbe.xml", driver="513.46")))["host.gpu0.ecc_uncorrected"]
+    assert (ecc["status"], ecc["measured"]) == ("fail", 2)
+
+
 def test_module_library_mismatch_from_nvidia_smi():
     recs = records("--source", "smi", "--smi-xml", FIX / "nvidia-smi-mismatch.txt",
                    "--proc-version", FIX / "proc-version-550-open.txt", "--dmesg", FIX / "dmesg-clean.txt")
