@@ -149,10 +149,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              '        if mark.get("by") == "gpurig":\n            return "none: drained already"',
              '        if mark.get("by") == "admin":\n            return "none: drained already"',
              (U + "test_slurm_health.py",)),
-    Mutation("Slurm gres", "Gres counts GPUs from the first device only", "gpurig/steps/slurmconf.py",
+    Mutation("Slurm gres", "Gres counts GPUs from the first device only", "gpurig/slurm/conf.py",
              'return f"gpu:{self.gpu_type}:{len(self.gpus)}" if self.gpu_type else f"gpu:{len(self.gpus)}"',
              'return f"gpu:{self.gpu_type}:1" if self.gpu_type else "gpu:1"', (U + "test_slurm_cluster.py",)),
-    Mutation("Slurm gres", "Gres type cut to 3 letters (A100 reads as A10)", "gpurig/steps/slurmconf.py",
+    Mutation("Slurm gres", "Gres type cut to 3 letters (A100 reads as A10)", "gpurig/slurm/conf.py",
              "    return word[:16] if word else None", "    return word[:3] if word else None",
              (U + "test_slurm_cluster.py",)),
     # --- the lock's hash and staleness checks ---------------------------------------------------
@@ -185,7 +185,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if newer:\n        raise Exit(code=1)", "    if newer:\n        raise Exit(code=0)",
              (U + "test_outdated.py",)),
     # --- interrupt handling --------------------------------------------------------------------
-    Mutation("interrupt", "Ctrl-C exits 1, not 130", "gpurig/connect/fleet.py",
+    Mutation("interrupt", "Ctrl-C exits 1, not 130", "gpurig/results.py",
              "            return self.stop_code or SIGINT_EXIT\n", "            return 1\n",
              (U + "test_fleet.py", U + "test_terminate.py")),
     Mutation("interrupt", "SIGTERM reported as Ctrl-C", "gpurig/cli/base.py",
