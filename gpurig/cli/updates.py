@@ -57,10 +57,9 @@ def outdated(c, opts: HostOptions, spec=None, facts=None, fleet=True):
     opts.show(COLUMNS, table, doc=doc, title=f"fleet: {fleet_note}")
     for line in problems:
         err_console.print(f"[red]cannot tell:[/] {line}", markup=True, highlight=False)
-    if problems:
-        raise Exit(code=2)
-    if newer:
-        raise Exit(code=1)
+    code = od.exit_code(newer, problems)
+    if code:
+        raise Exit(code=code)
 
 
 def _offers(spec: ImageSpec) -> od.Offers:

@@ -10,7 +10,7 @@ it needs (gpurig/image/compat.py) and the drivers the fleet's facts report.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpurig.errors import SpecError
@@ -150,6 +150,16 @@ def own_build_missing(entry: MatrixEntry, found: Offers) -> str:
     if (entry.torch, entry.cuda) in found.builds:
         return ""
     return f"{entry_label(entry)}: the index offers no torch {entry.torch} {entry.cuda_tag}, which this image installs (is torch_index right?)"
+
+
+def exit_code(newer: bool, problems: Sequence[str]) -> int:
+    """`gpurig outdated`'s exit status: 2 when it cannot tell (an index, an own build or a base it could not read, whatever else
+    is newer: "current" would be a guess), 1 when something is newer, 0 when everything is current."""
+    if problems:
+        return 2
+    if newer:
+        return 1
+    return 0
 
 
 def compact_names(names: Iterable[str]) -> str:

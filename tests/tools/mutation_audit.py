@@ -178,11 +178,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return text  # not a literal", "        raise InventoryError(text, 'quote it')  # not a literal",
              (U + "test_inventory_ini.py",)),
     # --- outdated's exit codes ----------------------------------------------------------------
-    Mutation("outdated", "cannot-tell exits 1 like 'newer'", "gpurig/cli/updates.py",
-             "    if problems:\n        raise Exit(code=2)", "    if problems:\n        raise Exit(code=1)",
+    Mutation("outdated", "cannot-tell exits 1 like 'newer'", "gpurig/image/outdated.py",
+             "    if problems:\n        return 2", "    if problems:\n        return 1",
              (U + "test_outdated.py",)),
-    Mutation("outdated", "newer releases exit 0", "gpurig/cli/updates.py",
-             "    if newer:\n        raise Exit(code=1)", "    if newer:\n        raise Exit(code=0)",
+    Mutation("outdated", "newer releases exit 0", "gpurig/image/outdated.py",
+             "    if newer:\n        return 1", "    if newer:\n        return 0",
              (U + "test_outdated.py",)),
     # --- interrupt handling --------------------------------------------------------------------
     Mutation("interrupt", "Ctrl-C exits 1, not 130", "gpurig/results.py",

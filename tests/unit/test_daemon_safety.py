@@ -11,6 +11,7 @@ as dockerd 20.10 does, and say dockerd's own line when it does not.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -214,3 +215,19 @@ def install_line(upload: Upload) -> str:
     from gpurig.steps.commands import install_file_command
 
     return install_file_command(upload.remote, "/tmp/gpurig-upload.x/daemon.json", check=upload.check)
+
+
+@pytest.mark.parametrize("server_version, checked", [
+    ("23.0.0", True),  # the first engine with dockerd --validate
+    ("23.0.6", True),
+    ("20.10.24", False),  # the last release before it (22.06 was a beta only)
+])
+def test_docker_23_0_itself_checks_the_file_before_it_is_used(server_version, checked):
+    facts = parse_facts((FACTS / "h100-driver535-docker-nvidia.txt").read_text())
+    facts = dataclasses.replace(facts, docker=dataclasses.replace(facts.docker, server_version=server_version))
+    p = DaemonStep().plan(facts, host_profile(Host("h", (), {"gpurig_daemon": {"log-driver": "local"}}), "hosts.yaml"))
+    upload = p.changes[0].written
+    assert upload is not None and upload.check == (VALIDATE if checked else "")
+    assert ("checked by dockerd --validate first" in p.changes[0].summary) is checked
+    engine = ".".join(server_version.split(".")[:2])
+    assert (f"Docker {engine} cannot check the file before it is used" in p.reason) is not checked

@@ -246,3 +246,35 @@ def test_cli_refusing_to_start_leaves_no_file(tmp_path):
         proc = gpurig("monitor", "-i", "inv.yaml", "--csv", "run.csv", "--record", "new", "--prometheus", str(busy.getsockname()[1]), cwd=tmp_path)
     assert proc.returncode == 2 and "cannot listen on 127.0.0.1:" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inv.yaml", "old"]  # no CSV, no .part, no run directory
+
+
+def steady_run(util_gpu: float, per_core: list[float], n: int = 6) -> Run:
+    """The input_bound fixture's host for ``n`` one-second samples, every one with this GPU utilisation and these cores."""
+    hello, first = (json.loads(line) for line in (RUNS / "input_bound" / "samples.jsonl").read_text().splitlines()[:2])
+    run = Run()
+    run.add(hello["host"], hello)
+    for i in range(n):
+        rec = json.loads(json.dumps(first))
+        rec["t"] += i
+        rec["cpu"]["per_core"], rec["cpu"]["percent"] = per_core, sum(per_core) / len(per_core)
+        rec["gpus"][0]["util_gpu"] = util_gpu
+        run.add(hello["host"], rec)
+    return run
+
+
+@pytest.mark.parametrize("busiest, found", [(90.0, True), (89.9, False)])
+def test_input_bound_from_a_busiest_core_at_90_percent(busiest, found):
+    findings = diagnose(steady_run(5, [busiest, 12.0, 8.0, 10.0]))
+    assert [f.rule for f in findings] == (["input_bound"] if found else [])
+    if found:
+        assert "while one CPU core was at >= 90% in 100% of those (busiest core mean 90%" in findings[0].evidence
+
+
+@pytest.mark.parametrize("util, found", [(29.9, True), (30.0, False)])
+def test_a_gpu_is_idle_under_30_percent_utilisation(util, found):
+    # the same threshold for both rules that need an idle GPU: a saturated core (input-bound) and a quiet CPU (waiting)
+    for cores, rule in (([95.0, 12.0, 8.0, 10.0], "input_bound"), ([10.0, 5.0, 5.0, 5.0], "waiting")):
+        findings = diagnose(steady_run(util, cores))
+        assert [f.rule for f in findings] == ([rule] if found else []), cores
+        if found:
+            assert "under 30% utilisation (NVML utilization.gpu) in 100% of" in findings[0].evidence

@@ -109,3 +109,14 @@ def test_a_base_is_judged_by_its_registry_digest_or_its_mirrors_date():
     assert base_state("debian:bookworm", made, created, boot, mirror_of=unreachable).state == "unknown"
     assert base_state("debian:bookworm", None, "", boot).state == "absent"
     assert base_state("x:1", BaseImage("x:1", "local", "sha256:1", ()), "", None).state == "unknown"  # loaded by hand: no digest
+
+
+def test_the_exit_code_says_current_newer_or_cannot_tell():
+    """0: all current; 1: something newer (a script's cue to rebuild); 2: an index or base could not be read, whatever else is newer."""
+    found = offered(("2.14.1", "13.0"), ("2.15.0", "13.0"))
+    current, newer = od.newer_rows(CUDA, offered(("2.14.1", "13.0")), None), od.newer_rows(CUDA, found, None)
+    assert od.exit_code(any(r.newer for r in current), []) == 0
+    assert od.exit_code(any(r.newer for r in newer), []) == 1
+    refused = ["https://download.pytorch.org/whl/cu130: [Errno 111] Connection refused"]
+    assert od.exit_code(False, refused) == 2  # not "current": it could not look
+    assert od.exit_code(any(r.newer for r in newer), refused) == 2  # nor only "newer": part of it went unread

@@ -208,6 +208,14 @@ def test_a_host_caught_mid_change_rolls_back_to_what_it_ran_before_the_interrupt
     assert deploys[-1] == OLD and engine.running == OLD  # not to the unverified image it ran when this run began
 
 
+def test_a_container_new_to_the_host_is_removed_when_verify_fails(course):
+    out, engine, deploys, state = course(False, running=None)  # the host ran no "train" before the rollout
+    assert out.status == Status.FAILED and out.detail == "rolled back: host.driver: 535 < 580 needed"
+    assert deploys == ["p:new"] and engine.running is None  # nothing to go back to: the unverified container is gone, not left running
+    entry = state.entry("gpu01")
+    assert (entry["state"], entry["image_id"], entry["previous"]["train"]["image_id"]) == (ROLLED_BACK, "", None)
+
+
 def test_prune_removes_old_images_no_container_uses(monkeypatch):
     engine = FakeEngine(NEW)
     monkeypatch.setattr(rollhost, "open_engine", lambda conn: engine)

@@ -147,3 +147,56 @@ def test_full_records_carry_the_figures_and_their_fraction_of_the_datasheet_peak
     # 256 MiB in 2 ms: 134.2 GB/s each way
     assert records["pcie.h2d"]["measured"] == 134.2 and records["pcie.d2h"]["measured"] == 134.2
     assert records["training"]["measured"] == 1234.5
+
+
+
+class PlacedTensor(Tensor):
+    """A tensor that knows where it lives (None: pinned host memory), so that a copy knows its direction."""
+
+    def __init__(self, owner, device):
+        super().__init__(owner)
+        self.device = device
+
+    def copy_(self, other, non_blocking=False):
+        to_gpu, from_gpu = self.device is not None, getattr(other, "device", "gpu") is not None
+        self.owner.ops.append({(True, False): "h2d", (False, True): "d2h"}.get((to_gpu, from_gpu), "copy"))
+        self.value = other.value
+        return self
+
+
+class OneWaySlowTorch(FixedClockTorch):
+    """A host whose PCIe link is slower one way: 256 MiB host to device takes ``h2d_ms``, device to host ``d2h_ms``; anything else 2 ms."""
+
+    def __init__(self, h2d_ms: float, d2h_ms: float) -> None:
+        super().__init__(ms=2.0)
+        owner, took = self, {"h2d": h2d_ms, "d2h": d2h_ms}
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return took.get(owner.ops[-1] if owner.ops else "", 2.0)  # the operation this pair of events bracketed
+
+        self.cuda.Event = Event
+
+    def empty(self, *shape, device=None, dtype=None):
+        return PlacedTensor(self, device)
+
+
+def test_pcie_host_to_device_and_device_to_host_are_each_timed_in_their_own_direction(probe, monkeypatch):
+    # a link that takes 10 ms to carry 256 MiB to the GPU and 40 ms to bring it back:
+    # 268,435,456 bytes / 0.010 s = 26.84 GB/s host to device, / 0.040 s = 6.71 GB/s device to host
+    h2d, d2h = probe.measure_pcie(OneWaySlowTorch(h2d_ms=10.0, d2h_ms=40.0), "cuda:0", nbytes=256 << 20, reps=5)
+    assert (h2d, d2h) == (pytest.approx(26.8435456, rel=1e-9), pytest.approx(6.7108864, rel=1e-9))
+    # what verify reports: the slow direction is the one named slow
+    monkeypatch.setattr(probe, "measure_training", lambda torch, device: (1.0, 0.97, None, "no NVML binding"))
+    records = {r["id"]: r for r in probe.full_records(OneWaySlowTorch(h2d_ms=10.0, d2h_ms=40.0), ["cuda:0"], ["NVIDIA H200"])}
+    assert (records["pcie.h2d"]["measured"], records["pcie.h2d"]["detail"]) == (26.8, "256 MiB pinned host to device")
+    assert (records["pcie.d2h"]["measured"], records["pcie.d2h"]["detail"]) == (6.7, "256 MiB pinned device to host")
