@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gpurig.connect.engine import EngineError
 from gpurig.deploy.apply import Target
-from gpurig.deploy.delivery import deliver
+from gpurig.deploy.delivery import Delivery, deliver
 from gpurig.deploy.delivery import local_engine as build_engine
 from gpurig.deploy.progress import human_size
 from gpurig.errors import ConfigError
@@ -37,12 +37,17 @@ def mover(image_spec: ImageSpec, local: Engine | None, printer: CountShown | Non
             if printer is not None:
                 printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done or 0)} of {human_size(total or 0)}")
 
-        if local is None:  # the image is not on the host and this machine has no engine to send it from
-            raise EngineError(f"{t.image_ref} is not on {conn.name} and this machine has no Docker engine to send it from",
-                              "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
-        return deliver(local, engine, conn, t.image_ref, registry=image_spec.registry or None, say=say, progress=count)
+        return send_from(local, engine, conn, t.image_ref, image_spec.registry or None, say=say, progress=count)
 
     return move
+
+
+def send_from(local: Engine | None, engine: Engine, conn: Connection, ref: str, registry: str | None, **how) -> Delivery:
+    """``ref`` delivered to the host's ``engine`` from this machine's (``local``); one line when this machine has none to send from."""
+    if local is None:  # the image is not on the host and this machine has no engine to send it from
+        raise EngineError(f"{ref} is not on {conn.name} and this machine has no Docker engine to send it from",
+                          "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
+    return deliver(local, engine, conn, ref, registry=registry, **how)
 
 
 def resolve(image_spec: ImageSpec, cs: ContainerSpec, local: Engine | None) -> Target:

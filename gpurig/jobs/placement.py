@@ -15,12 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.deploy.imagesource import local_engine
+from gpurig.deploy.imagesource import local_engine, send_from
 from gpurig.errors import ConfigError, InventoryError
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
-    from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
     from gpurig.deploy.containers import ContainerSpec
     from gpurig.image.spec import ImageSpec
@@ -94,14 +93,4 @@ def _uid(user: str) -> int | None:
 
 def _deliver(local: Engine | None, registry: str | None):
     """deploy's delivery, from this machine's engine (where the image was built)."""
-
-    def move(engine: Engine, conn: Connection, ref: str):
-        from gpurig.deploy.delivery import deliver
-        from gpurig.errors import HostError
-
-        if local is None:
-            raise HostError(f"{ref} is not on {conn.name} and this machine has no Docker engine to send it from",
-                            "start Docker here (where the image was built), or push the image to the spec's registry", host=conn.name)
-        return deliver(local, engine, conn, ref, registry=registry)
-
-    return move
+    return lambda engine, conn, ref: send_from(local, engine, conn, ref, registry)
