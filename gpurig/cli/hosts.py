@@ -34,7 +34,7 @@ def hosts(c, opts: HostOptions):
     """List the hosts a selection picks, with their address, user and groups."""
     columns = [Column("host"), Column("address"), Column("user", drop=2), Column("groups", drop=1), Column("connection", drop=3)]
     rows = []
-    for h in select_hosts(opts):
+    for h in select_hosts(opts, connects=False):  # listing connects to none: another plugin's hosts are listed too
         port = f":{h.port}" if h.port else ""
         rows.append([h.name, f"{h.address}{port}", h.user or "", ",".join(h.groups), h.connection])
     doc = rows_document(HOSTS_SCHEMA, columns, rows, inventory=str(opts.settings.inventory))

@@ -28,7 +28,7 @@ from gpurig.cli.options import (
     to_stdout,
 )
 from gpurig.errors import ConfigError, GpurigError, counted
-from gpurig.files import RUNS
+from gpurig.files import RUNS, output_dir
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE, Status
@@ -275,13 +275,15 @@ def fetch_(c, opts: HostOptions, job=None, into=None):
     from gpurig.jobs.views import check_job_id
     from gpurig.results import Outcome
 
-    view = find_job(opts, check_job_id(job))
+    job = check_job_id(job)
+    chosen_into = output_dir(into, "--into") if into else None  # as given, before anything resolves it: no other user's link
+    view = find_job(opts, job)
     if view.mode == "slurm":
         raise ConfigError(f"job {view.id} ran through Slurm, whose jobs' artifacts gpurig does not fetch yet",
                           "write them to a shared folder the nodes mount (a dataset volume)")
     if not view.artifacts:
         raise ConfigError(f"job {view.id} names no artifacts", "give run --artifacts PATH (e.g. checkpoints/) for the next job")
-    dest = Path(into).resolve() if into else Path.cwd() / RUNS / view.id
+    dest = chosen_into or Path.cwd() / RUNS / view.id
 
     def work(conn: Connection) -> Outcome:
         return Outcome(data=fetch(JobAgent(conn), view.id, dest))

@@ -145,12 +145,14 @@ def host_task(help: dict[str, str] | None = None, *, connect: bool = True, chang
     return decorate
 
 
-def select_hosts(opts: HostOptions) -> list[Host]:
+def select_hosts(opts: HostOptions, connects: bool = True) -> list[Host]:
     """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
 
-    Their gpurig_* vars are validated here, before any task contacts a host.
+    Their gpurig_* vars are validated here, before any task contacts a host; for a task that ``connects``, so is
+    their ansible_connection (one host of winrm or docker does not stop a task that leaves it out).
     """
     from gpurig.inventory import load_inventory
+    from gpurig.inventory.hostvars import connection_problem
     from gpurig.inventory.profile import host_profile
 
     chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
@@ -159,6 +161,10 @@ def select_hosts(opts: HostOptions) -> list[Host]:
             f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",
             "check the patterns with 'gpurig hosts -l PATTERN'",
         )
+    for host in chosen if connects else ():
+        problem = connection_problem(host.connection)
+        if problem:
+            raise InventoryError(f"{opts.settings.inventory}: host {host.name}: {problem[0]}", problem[1].replace("HOST", host.name))
     for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
         profile = host_profile(host, opts.settings.inventory)
         if "gpurig_containers" in host.vars:  # deploy's container rules load only where a host has containers

@@ -22,7 +22,7 @@ from invoke.exceptions import Exit
 from gpurig.cli.base import load_project_spec, remainder_argv
 from gpurig.cli.options import HostOptions, exit_for, exit_with_job, fleet_document, host_task, run_hosts, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, InventoryError
-from gpurig.files import RUNS
+from gpurig.files import RUNS, output_dir
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import Status
@@ -102,6 +102,8 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
     if junit and not wait:
         raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
+    # checked as given, before anything resolves it: resolving first followed another user's link unchecked
+    chosen_into = output_dir(into, "--into") if into else None
     request = jobspec.RunRequest(
         argv=argv, workdir=Path(workdir or ".").resolve(), variant=None if image or container else (variant or "slim"),
         image=image, container=container, gpus=jobspec.gpus_flag(gpus), share=bool(share), name=jobspec.job_name(argv, name),
@@ -128,7 +130,7 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     job = jobspec.new_job_id()
     target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
-    into_dir = Path(into).resolve() if into else request.workdir / RUNS / job
+    into_dir = chosen_into or request.workdir / RUNS / job
 
     def work(conn: Connection) -> Outcome:
         from gpurig.jobs.submit import submit_job

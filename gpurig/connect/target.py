@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from gpurig.errors import HostError
 from gpurig.inventory import Host
-from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
+from gpurig.inventory.hostvars import connection_problem
+from gpurig.inventory.sshargs import SSHArgsProblem, jump_hops, ssh_args_jump
 from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem, whole_number
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ def resolve_target(host: Host, ssh_config: paramiko.SSHConfig | None) -> SSHTarg
 
     Every inventory value is validated before the config is consulted.
     """
+    refused = connection_problem(host.connection)  # select_hosts said so for the task's hosts; a host found otherwise too
+    if refused:
+        raise TargetError(host.name, *refused)
     address_var = _first_set(host, ("ansible_host", "ansible_ssh_host"), "inventory host name")
     address = _checked_host(host.name, address_var, host.address)
     if host.user is not None:
@@ -108,26 +112,11 @@ def jump_from_ssh_args(name: str, var: str, args: object) -> str | None:
 
 
 def parse_jumps(name: str, var: str, spec: str | None) -> list[tuple[str, str, int | None, str]]:
-    """(user or '', host, port or None, as written) per hop of a ProxyJump spec, each part validated."""
-    if not spec or spec == "none":
-        return []
-    hops = []
-    for hop in spec.split(","):
-        written = hop
-        hop = hop.removeprefix("ssh://")
-        user, _, rest = hop.rpartition("@")
-        if rest.startswith("["):
-            host, _, port = rest[1:].partition("]")
-            port = port.removeprefix(":")
-        else:
-            host, _, port = rest.partition(":")
-        what = f"jump host {excerpt(written)} in {var}"
-        _check(name, what, host, hostname_problem)
-        if user:
-            _check(name, f"user of {what}", user, user_problem)
-        number = _port(name, f"port of {what}", port) if port else None
-        hops.append((user, host, number, written))
-    return hops
+    """(user or '', host, port or None, as written) per hop of a ProxyJump spec, each part validated (sshargs.jump_hops)."""
+    try:
+        return jump_hops(spec, var)
+    except SSHArgsProblem as problem:
+        raise TargetError(name, problem.rule, problem.fix) from None
 
 
 def _jump_targets(hops, ssh_config, inherited_keys: tuple[str, ...]) -> tuple[SSHTarget, ...]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,16 +20,13 @@ import yaml
 
 from gpurig.errors import DockerError, SpecError
 from gpurig.files import atomic_write
+from gpurig.image import lockgrammar as grammar
 from gpurig.image.baseimage import PULL_TIMEOUT_S
 from gpurig.image.dockercli import DockerClient
-from gpurig.strict.validate import excerpt
+from gpurig.strict.validate import printable
 from gpurig.strict.yamlio import load_yaml
 
 LOCK_SCHEMA = 1
-_STEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 IN_IMAGE = "/opt/gpurig/lock"  # where each build step leaves what it resolved
 IN_CONTEXT = "lock"  # the locked lists in a build context, bind-mounted into the steps that read them
 IN_MOUNT = "/run/gpurig-lock"  # where the pip steps of a locked build find them (templates/_pip.j2)
@@ -98,36 +94,21 @@ def load(path: Path) -> dict[str, LockedImage]:
         data = load_yaml(path, error=LockError, what="lock file")
         if not isinstance(data, dict) or data.get("schema") != LOCK_SCHEMA or not isinstance(data.get("images"), dict):
             raise ValueError(f"not a gpurig lock of schema {LOCK_SCHEMA}")
-        return {str(key): _image(value) for key, value in data["images"].items()}
+        grammar.known(data, "the file", grammar.TOP_KEYS)
+        if "spec" in data:
+            grammar.word(data["spec"], grammar.KEY, "spec", "a spec's name")
+        return {grammar.image_key(key): _image(value, f"images.{key}") for key, value in data["images"].items()}
     except LockError as err:  # the reader's line, said as every other problem with the file is
         problem = err.problem.removeprefix(f"{path}:").removeprefix(f"lock file {path} ").strip()
         raise LockError(f"cannot read the lock file {path}: {problem}", f"delete it and run {RELOCK}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except ValueError as err:  # the grammar says every problem as a ValueError; anything else is a bug, not the file
         problem = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise LockError(f"cannot read the lock file {path}: {problem}", f"delete it and run {RELOCK}") from None
 
 
-def _image(value: dict) -> LockedImage:
-    wheels = {_step(step): tuple({"name": _word(w["name"], _NAME), "version": _word(w["version"], _VERSION),
-                                  "sha256": _word(w["sha256"], _SHA256)} for w in items)
-              for step, items in (value.get("pip") or {}).items()}
-    apt = {_step(step): {str(k): str(v) for k, v in items.items()} for step, items in (value.get("apt") or {}).items()}
-    return LockedImage(str(value["torch"]), str(value["cuda"]), str(value["variant"]), dict(value["inputs"]),
-                       {k: str(v or "") for k, v in value["base"].items()}, wheels, apt)
-
-
-def _step(name: object) -> str:
-    """A step's name, which names a file in the build context (pip-STEP.txt): a plain word, never a path."""
-    if not isinstance(name, str) or not _STEP.fullmatch(name):
-        raise ValueError(f"a step named {excerpt(name)} is not a plain name (letters, digits, - and _)")
-    return name
-
-
-def _word(value: object, grammar: re.Pattern[str]) -> str:
-    """A wheel's name, version or hash, which go into a requirements file line: one word of its own grammar."""
-    if not isinstance(value, str) or not grammar.fullmatch(value):
-        raise ValueError(f"{excerpt(value)} is not a wheel name, version or sha256")
-    return value
+def _image(value: object, where: str) -> LockedImage:
+    """One locked image, every field of its grammar (gpurig.image.lockgrammar): a lock decides what a build installs."""
+    return LockedImage(*grammar.image_fields(value, where, INPUTS))
 
 
 def save(path: Path, spec, images: Mapping[str, LockedImage]) -> None:
@@ -184,6 +165,9 @@ def select(locks: Mapping[str, LockedImage], path: Path, spec, entry, variant: s
                 raise LockError(f"{path} locks torch {stale.torch} ({stale.cuda}, {variant}), "
                                 f"but {spec.path.name}'s matrix now has torch {entry.torch}", RELOCK)
         return None
+    if (found.torch, found.cuda, found.variant) != (entry.torch, entry.cuda, variant):
+        raise LockError(f"{path}: the lock of torch {found.torch} ({found.cuda}, {found.variant}) is filed under "
+                        f"{image_key(entry.tag, variant)}", f"delete it and run {RELOCK}")
     for key in sorted(set(found.inputs) | set(inputs)):
         was, now = found.inputs.get(key), inputs.get(key)
         if _plain(was) != _plain(now):
@@ -209,7 +193,8 @@ def _plain(value: object) -> object:
 def _show(value: object) -> str:
     if not value:
         return "(none)"
-    return " ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+    text = printable(" ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value))
+    return text if len(text) <= 80 else text[:77] + "..."  # the lock's side is the file's text: one short line
 
 
 def template_values(locked: LockedImage | None, base: str) -> dict[str, object]:
@@ -223,7 +208,7 @@ def write_context_files(folder: Path, locked: LockedImage) -> None:
     folder.mkdir()
     for step in locked.pip:
         try:
-            _step(step)  # load() refused any other already; a LockedImage made elsewhere must not write outside ``folder`` either
+            grammar.step(step)  # load() refused any other already; a LockedImage made elsewhere must not write outside ``folder`` either
         except ValueError as err:
             raise LockError(f"cannot write the locked lists: {err}", f"run {RELOCK}") from None
         (folder / f"pip-{step}.txt").write_text(locked.requirements(step))

@@ -6,14 +6,19 @@ so its error names that file and key; any var not in ``CHECKS`` is free.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpurig.errors import did_you_mean
-from gpurig.inventory.sshargs import SSHArgsProblem, ssh_args_jump
+from gpurig.inventory.sshargs import SSHArgsProblem, jump_hops, ssh_args_jump
 from gpurig.strict import validate
 
-CONNECTIONS = ("ssh", "paramiko", "smart", "local")
+CONNECTIONS = ("ssh", "paramiko", "paramiko_ssh", "smart", "local")  # local, or gpurig's own SSH for the others
+# Another connection plugin's name (winrm, docker, network_cli, a collection's or a user's): loaded, and refused only
+# for the hosts a task that connects targets (connection_problem), as one such host must not make the inventory unusable.
+_PLUGIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(?:\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,3}")
+_CONNECTIONS_FIX = f"use {', '.join(CONNECTIONS[:-1])} or {CONNECTIONS[-1]}"
 _TRUE = ("yes", "on", "1", "true", "y", "t")
 _FALSE = ("no", "off", "0", "false", "n", "f")
 
@@ -35,9 +40,24 @@ def _checked(check, fix: str):
 
 
 def _connection_problem(value: Any) -> tuple[str, str] | None:
-    if value in CONNECTIONS:
+    if value in CONNECTIONS or validate.matches(_PLUGIN, value):
         return None
-    return (f"is not supported{did_you_mean(str(value), CONNECTIONS)}", "use 'ssh' or 'local'")
+    return ("is not a connection plugin's name", _CONNECTIONS_FIX)
+
+
+def connection_problem(connection: str) -> tuple[str, str] | None:
+    """(rule, fix) where a targeted host's ansible_connection is one gpurig does not drive; None for the ones it does."""
+    if connection in CONNECTIONS:
+        return None
+    return (f"ansible_connection {validate.excerpt(connection)} is not one gpurig drives{did_you_mean(connection, CONNECTIONS)}",
+            f"{_CONNECTIONS_FIX}, or leave the host out with --limit '!HOST'")
+
+
+def template_problem(value: Any) -> tuple[str, str] | None:
+    """An Ansible template ("{{ ... }}") where gpurig needs the value itself: said as such, not as a bad character."""
+    if isinstance(value, str) and ("{{" in value or "{%" in value):
+        return ("is a Jinja template, and gpurig does not template", "write the value itself (Ansible's templating is not run)")
+    return None
 
 
 def _become_problem(value: Any) -> tuple[str, str] | None:
@@ -61,7 +81,7 @@ def _ssh_args_problem(value: Any) -> tuple[str, str] | None:
     if not isinstance(value, str):
         return ("must be text (ssh options)", "write the options as one string")
     try:
-        ssh_args_jump(value)
+        jump_hops(ssh_args_jump(value), "ProxyJump")
     except SSHArgsProblem as problem:
         return (problem.rule, problem.fix)
     return None

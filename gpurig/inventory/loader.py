@@ -15,9 +15,11 @@ from typing import Any
 from gpurig.errors import InventoryError, did_you_mean
 from gpurig.inventory.hostgroups import Group, Host, Inventory
 from gpurig.inventory.hostrange import expand_host_pattern
-from gpurig.inventory.hostvars import CHECKS, as_boolean, as_port, connection_settings
+from gpurig.inventory.hostvars import CHECKS, CONNECTIONS, as_boolean, as_port, connection_settings, template_problem
 from gpurig.strict import validate
 from gpurig.strict.yamlio import load_yaml
+
+VAULT = "$ANSIBLE_VAULT;"  # how ansible-vault's files start
 
 MAX_HOSTS = 100_000
 # host-in-group pairs, counting every ancestor group: bounds the work that deep
@@ -80,6 +82,8 @@ class _Loader:
         )
         if data is None:
             data = {}
+        if isinstance(data, str) and data.startswith(VAULT):
+            raise InventoryError(f"{self.path}: is vault-encrypted; gpurig does not decrypt vaults", "decrypt it (ansible-vault decrypt)")
         if not isinstance(data, dict):
             raise InventoryError(f"{self.path}: top level must be a mapping of groups", "start the file with 'all:'")
         root = self.groups["all"]
@@ -180,8 +184,9 @@ class _Loader:
 
     def parse_host_entry(self, group: _Group, pattern: Any, hvars: Any, where: str, port: int | None = None) -> None:
         """One host (or range) entry of ``group``; ``port``: INI's host:port, which Ansible applies at a host's first entry only."""
-        if isinstance(pattern, bool) or not isinstance(pattern, (str, int)):
-            raise self.fail(f"{where}.{_label(pattern)}", "is not a host name", "write host names as text")
+        if isinstance(pattern, bool) or not isinstance(pattern, str):
+            # as Ansible: "Host pattern 1234 must be a string" (a YAML number is not the name as written: 0x1F, 1_000)
+            raise self.fail(f"{where}.{_label(pattern)}", "is not a host name: a host name must be a string", "enclose it in quotes")
         pattern = str(pattern)
         entry = (where, pattern)  # formatted only for a message
         if hvars is not None and not isinstance(hvars, dict):
@@ -235,7 +240,7 @@ class _Loader:
                     )
                 self.var_names.add(key)
             check = CHECKS.get(key)
-            problem = check(value) if check else None
+            problem = (template_problem(value) or check(value)) if check else None
             if problem:
                 raise self.fail(self.locate(where, key), f"{validate.excerpt(value)} {problem[0]}", problem[1], source)
             if key in into and into[key] != value:
@@ -276,6 +281,9 @@ class _Loader:
             into = found.setdefault(name, {})
             for f in files:
                 data = load_yaml(f, error=InventoryError, what="vars file") or {}
+                if isinstance(data, str) and data.startswith(VAULT):
+                    raise InventoryError(f"{f}: is vault-encrypted; gpurig does not decrypt vaults",
+                                         "keep these vars in a plain file (gpurig needs no secrets in vars), or decrypt it")
                 if not isinstance(data, dict):
                     raise InventoryError(f"{f}: must be a mapping of vars", "write vars as 'name: value' lines")
                 self.add_vars((dirname, name), into, data, ("", ""), source=f)
@@ -395,5 +403,12 @@ def _make_host(name: str, groups: tuple[str, ...], merged: ChainMap, s: Mapping[
         user=s.get("user"),
         key_file=str(Path(key).expanduser()) if key else None,
         become=bool(as_boolean(s.get("become", False))),
-        connection="local" if s.get("connection") == "local" else "ssh",
+        connection=_connection(s.get("connection")),
     )
+
+
+def _connection(value: Any) -> str:
+    """'local', 'ssh' for every name of gpurig's own SSH, or another plugin's name as written (refused where targeted)."""
+    if value is None or value in CONNECTIONS:
+        return "local" if value == "local" else "ssh"
+    return str(value)

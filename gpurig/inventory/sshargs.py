@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from gpurig.strict.validate import excerpt
+from gpurig.strict.validate import excerpt, hostname_problem, port_problem, user_problem, whole_number
 
 # ssh options accepted and not needed: gpurig keeps one connection per host open and sends keepalives itself.
 _UNNEEDED_OPTIONS = {
@@ -30,6 +30,7 @@ _OPTION_FIX = {
     "connecttimeout": "use --connect-timeout",
 }
 _OPTION = re.compile(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)(.*)", re.S)
+_HOP_FIX = "use a plain host name or address, user name and port; gpurig refuses anything a shell could act on"
 _GENERAL_FIX = "remove it; gpurig understands -J / -o ProxyJump= and accepts Control*, ServerAlive*, Compression"
 
 
@@ -76,3 +77,37 @@ def ssh_args_jump(args: object) -> str | None:
         elif not (len(word) > 1 and word[0] == "-" and set(word[1:]) <= _UNNEEDED_FLAGS):
             raise SSHArgsProblem(f"{excerpt(word)} is not supported by gpurig", _GENERAL_FIX)
     return jump
+
+
+def jump_hops(spec: str | None, where: str) -> list[tuple[str, str, int | None, str]]:
+    """(user or '', host, port or None, as written) per hop of a ProxyJump spec, each part validated (SSHArgsProblem).
+
+    The one grammar of a jump host: at load (a `$(...)` in a hop passed `gpurig hosts`) and when connecting.
+    """
+    if not spec or spec == "none":
+        return []
+    hops = []
+    for hop in spec.split(","):
+        written = hop
+        hop = hop.removeprefix("ssh://")
+        user, _, rest = hop.rpartition("@")
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = rest.partition(":")
+        what = f"jump host {excerpt(written)} in {where}"
+        _refuse(what, host, hostname_problem)
+        if user:
+            _refuse(f"user of {what}", user, user_problem)
+        number = whole_number(port, 99999) if port else None
+        if port:
+            _refuse(f"port of {what}", port if number is None else number, port_problem)
+        hops.append((user, host, number, written))
+    return hops
+
+
+def _refuse(what: str, value: object, problem) -> None:
+    rule = problem(value)
+    if rule:
+        raise SSHArgsProblem(f"{what} {excerpt(value)} {rule}", _HOP_FIX)

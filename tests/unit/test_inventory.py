@@ -150,7 +150,7 @@ def test_local_connection(tmp_path):
         ("all:\n  host:\n    a:\n", "all.host: unknown key (did you mean 'hosts'?)"),
         ("all:\n  children:\n    g:\n      hosts: [a, b]\n", "all.children.g.hosts: must be a mapping"),
         ("all:\n  hosts:\n    a: {ansible_port: ssh}\n", "all.hosts.a.ansible_port: 'ssh' must be a whole number"),
-        ("all:\n  hosts:\n    a: {ansible_connection: winrm}\n", "all.hosts.a.ansible_connection: 'winrm' is not supported"),
+        ("all:\n  hosts:\n    a: {ansible_connection: 'win rm'}\n", "all.hosts.a.ansible_connection: 'win rm' is not a connection plugin's name"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("all:\n  children:\n    a:\n      children:\n        b:\n          children:\n            a:\n", "group cycle"),
     ],

@@ -180,3 +180,19 @@ def test_init_refuses_a_target_holding_dangling_symlinks(tmp_path, name):
     assert f"holds symlinks named like gpurig's files ({name})" in proc.stderr
     assert not os.path.lexists(elsewhere)
     assert sorted(p.name for p in target.iterdir()) == [name]  # nothing else written
+
+
+@pytest.mark.parametrize("task", [["fetch", "abc123"], ["run", "--wait", "-l", "gpu1"]])
+def test_into_through_another_users_link_is_refused_before_anything_resolves_it(tmp_path, task):
+    """`Path(into).resolve()` ran first: the check then saw the link's target, and artifacts went where it points."""
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    link = their_link(tmp_path / "artifacts", victim)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    gpu1: {ansible_host: 127.0.0.1, ansible_port: 1}\n")
+    tail = ["--", "true"] if task[0] == "run" else []
+    proc = gpurig(*task, "--inventory", str(inventory), "--into", str(link), *tail, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert f"--into {link} is a symlink owned by another user" in proc.stderr, proc.stderr
+    assert list(victim.iterdir()) == []
