@@ -18,7 +18,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec
 from gpurig.cli.options import HostOptions, host_task, run_hosts, select_hosts
-from gpurig.errors import ConfigError, counted
+from gpurig.errors import ConfigError, counted, did_you_mean
 from gpurig.files import write_report
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column, document
@@ -68,6 +68,9 @@ def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", 
     check_max_fail(int(max_fail))
     plan_batches([], int(canary), str(batch))  # --canary and --batch checked before anything is read
     image_spec = load_project_spec(c, spec)
+    if variant not in image_spec.variants:  # before a host's containers or the state file's name are made of it
+        raise ConfigError(f"--variant {validate.excerpt(str(variant))}: no such variant{did_you_mean(str(variant), image_spec.variants)}",
+                          f"choose one of {', '.join(image_spec.variants)}")
     chosen = select_hosts(opts)
     local = local_engine()
     try:

@@ -26,6 +26,7 @@ from gpurig.files import RUNS, output_dir
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import Status
+from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
@@ -176,7 +177,7 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     if chosen not in LAUNCHERS:
         raise ConfigError(f"--launcher {chosen!r} is not one gpurig knows", f"use {' or '.join(LAUNCHERS)}")
     if partition and name_problem(partition):
-        raise ConfigError(f"--partition {partition!r} is not a partition name", "give it as `sinfo` lists it")
+        raise ConfigError(f"--partition {validate.excerpt(partition)} is not a partition name", "give it as `sinfo` lists it")
     if request.gpus is not None and (request.gpus.all or request.gpus.ids):
         raise ConfigError("with --scheduler slurm, --gpus is a count per node: Slurm chooses which GPUs", "write e.g. --gpus 1")
     if request.artifacts:

@@ -45,10 +45,14 @@ def the_cluster(source: str | Path) -> ClusterHosts:
     if found is None:
         raise InventoryError(f"{source} has no Slurm cluster (groups slurm_controller and slurm_nodes)",
                              "put the controller in slurm_controller and the nodes in slurm_nodes, then gpurig provision them")
-    users = {h.user for h in found.hosts}
-    if len(users) > 1:
-        raise InventoryError(f"the cluster's hosts log in as different users ({', '.join(sorted(str(u) for u in users))})",
-                             "log in to every host of the cluster as the same user: its jobs run as that user on the nodes")
+    by_user: dict[str, list[str]] = {}
+    for h in found.hosts:
+        by_user.setdefault(str(h.user or "(ssh's default)"), []).append(h.name)
+    if len(by_user) > 1:
+        said = "; ".join(f"{user}: {', '.join(names)}" for user, names in sorted(by_user.items()))
+        raise InventoryError(f"{source}: the Slurm cluster's hosts log in as different users ({said})",
+                             "give every host of slurm_controller and slurm_nodes the same ansible_user (its jobs run as that user on the "
+                             "nodes)")
     return found
 
 

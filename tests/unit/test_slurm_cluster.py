@@ -225,3 +225,27 @@ def test_a_rest_submission_says_the_jobs_options_in_its_api_versions_words():
     job = new.sent[0][2]["job"]
     assert job["nodes"] == "2" and job["tres_per_node"] == "gres/gpu:1" and job["time_limit"] == {"set": True, "number": 5}
     assert job["environment"][0].startswith("PATH=") and job["partition"] == "a100" and job["comment"] == "gpurig:k x"
+
+
+def test_a_cluster_whose_hosts_log_in_as_different_users_names_the_file_each_user_and_its_hosts(tmp_path):
+    from gpurig.errors import InventoryError
+    from gpurig.slurm.scheduler import the_cluster
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("all:\n  children:\n    slurm_controller:\n      hosts: {ctl: {ansible_user: ops}}\n"
+                   "    slurm_nodes:\n      hosts: {n1: {ansible_user: alice}, n2: {ansible_user: alice}}\n")
+    with pytest.raises(InventoryError) as err:
+        the_cluster(inv)
+    assert str(inv) in err.value.problem and "alice: n1, n2; ops: ctl" in err.value.problem
+    assert "ansible_user" in err.value.fix
+
+
+def test_a_long_partition_is_cut_in_its_error_line(tmp_path):
+    from tests.unit.test_cli import assert_one_line_error, gpurig
+
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yaml").write_text(
+        "all:\n  children:\n    slurm_controller:\n      hosts: {ctl: {}}\n    slurm_nodes:\n      hosts: {n1: {}}\n")
+    proc = gpurig(tmp_path, "run", "--scheduler", "slurm", "--partition", "9" * 5000, "--", "true")
+    assert_one_line_error(proc, "--partition", "is not a partition name")
+    assert len(proc.stderr) < 400, len(proc.stderr)

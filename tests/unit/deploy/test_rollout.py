@@ -244,3 +244,11 @@ def test_bad_input_is_one_line_naming_it_and_nothing_is_written(project, flags, 
     proc = gpurig(project, "rollout", "--variant", "slim", *flags)
     assert_one_line_error(proc, said)
     assert not (project / ".gpurig").exists()
+
+
+def test_a_variant_that_is_a_path_is_blamed_on_the_flag_not_the_inventory(project):
+    (project / "inventory").mkdir(exist_ok=True)
+    (project / "inventory" / "hosts.yaml").write_text(FLEET)
+    proc = gpurig(project, "rollout", "--variant", "../../x", "-l", "gpu", "--to", "2.99.0-cu999-slim")
+    assert_one_line_error(proc, "--variant '../../x': no such variant")
+    assert "hosts.yaml" not in proc.stderr and not (project / ".gpurig").exists()
