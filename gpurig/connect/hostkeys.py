@@ -23,11 +23,13 @@ from gpurig.config import HOST_KEY_POLICIES
 from gpurig.connect.connection import HostKeyError, quote
 from gpurig.errors import HostError
 from gpurig.files import atomic_write
+from gpurig.strict.reader import read_text
 
 if TYPE_CHECKING:
     from gpurig.connect.target import SSHTarget
 
 log = logging.getLogger(__name__)
+KNOWN_HOSTS_MAX_BYTES = 256 * 2**20  # a line is about 100 bytes: two million hosts, far past any fleet
 
 
 
@@ -128,9 +130,12 @@ def load_host_keys(path: Path | None) -> KeyTable:
     """A known_hosts file's keys (none when it does not exist); a damaged file is a one-line error."""
     keys = KeyTable()
     if path and Path(path).exists():
+        # Bounded and regular files only: a FIFO or /dev/zero named as known_hosts is one line, not a hang.
+        text = read_text(path, error=HostError, what="known_hosts file", fix_missing="", limit=KNOWN_HOSTS_MAX_BYTES,
+                         kind="a known_hosts file", fix_large="prune it (ssh-keygen -R HOST) or split the fleet's projects")
         try:
-            keys.load(Path(path))
-        except (OSError, UnicodeDecodeError, paramiko.hostkeys.InvalidHostKey) as err:
+            keys.load(text)
+        except paramiko.hostkeys.InvalidHostKey as err:
             raise HostError(f"cannot read known_hosts file {path}: {err}", "fix or remove the damaged line") from None
     return keys
 
@@ -150,8 +155,9 @@ class KeyTable:
         self._plain: dict[str, list[paramiko.PKey]] = {}
         self._hashed: list[tuple[str, paramiko.PKey]] = []
 
-    def load(self, path: Path) -> None:
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    def load(self, text: str) -> None:
+        """Add the keys of a known_hosts file's text."""
+        for lineno, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue

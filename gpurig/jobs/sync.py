@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import socket
+import stat
 import tarfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from gpurig.errors import GpurigError
 from gpurig.jobs.remote import JobAgent
@@ -148,7 +151,7 @@ def _add_entry(tar: tarfile.TarFile, root: Path, entry: Entry) -> None:
         return
     path = root / entry.path
     try:
-        with open(path, "rb") as f:
+        with _open_scanned(path, entry.path) as f:
             size = _size(f)
             if size != entry.size:
                 raise GpurigError(f"{entry.path} changed while it was being sent", "run again once nothing writes to it")
@@ -172,3 +175,17 @@ def sync(agent: JobAgent, key: str, tree: Tree, *, job: str | None = None, job_f
     counted: list[int] = []
     said = agent.apply(key, tar_feed(tree, plan, job, job_files, counted), timeout=timeout)
     return SyncResult(plan, int(said.get("files") or 0), counted[0] if counted else 0)
+
+
+def _open_scanned(path: Path, shown: str) -> BinaryIO:
+    """The file the scan found, opened as it was then: a regular file, reached without following a link.
+
+    A FIFO swapped in since the scan would hang the read (O_NONBLOCK, then a
+    check on the open descriptor), and a link would send what it points to.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GpurigError(f"{shown} changed while it was being sent (it is no longer a regular file)", "run again once nothing changes it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")

@@ -123,3 +123,29 @@ def test_a_known_hosts_file_of_ten_thousand_hosts_costs_little_to_load_and_to_lo
     for i in range(10_000):
         known.check(SSHTarget(name=f"h{i}", hostname=f"10.0.{i // 250}.{i % 250}", port=22, user="root", key_files=()), key)
     assert time.process_time() - start < 3.0  # about 0.13 s here; HostKeys took 16.9 s
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_known_hosts_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, kind):
+    import os
+
+    user = tmp_path / "known_hosts"
+    if kind == "fifo":
+        os.mkfifo(user)  # nobody writes to it: a plain read would wait for ever
+    elif kind == "device":
+        user.symlink_to("/dev/zero")  # never ends
+    else:
+        user.mkdir()
+    loaded: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            KnownHosts(tmp_path / "project_known_hosts", user, "accept-new")
+        except HostError as err:
+            loaded.append(err)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(10)
+    assert not loader.is_alive(), "reading known_hosts hung"
+    assert loaded and "is not a regular file" in loaded[0].problem and str(user) in loaded[0].problem

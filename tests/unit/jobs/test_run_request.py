@@ -153,6 +153,34 @@ def test_a_file_that_changes_while_it_is_sent_stops_the_sync(tmp_path):
         tar_feed(tree, plan_sync(tree, {}))(lambda data: None)
 
 
+def test_a_file_swapped_for_a_fifo_or_a_link_since_the_scan_stops_the_sync_at_once(tmp_path):
+    import os
+    import threading
+
+    root = make_tree(tmp_path / "w")
+    tree = scan(root)
+    (root / "train.py").unlink()
+    os.mkfifo(root / "train.py")  # nobody writes to it: a blocking open would wait for ever
+    outcome: list[str] = []
+
+    def send() -> None:
+        try:
+            tar_feed(tree, plan_sync(tree, {}))(lambda data: None)
+        except Exception as err:  # noqa: BLE001 - the test reads what was raised
+            outcome.append(str(err))
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive(), "the sync hung on a FIFO"
+    assert "train.py changed while it was being sent" in outcome[0]
+    (root / "train.py").unlink()
+    (tmp_path / "secret").write_text("print('not in the tree')\n")
+    (root / "train.py").symlink_to(tmp_path / "secret")
+    with pytest.raises(Exception, match="train.py"):  # never the file the link points to
+        tar_feed(tree, plan_sync(tree, {}))(lambda data: None)
+
+
 def test_the_sync_folder_is_named_by_the_directory_and_where_it_is(tmp_path):
     a, b = tmp_path / "a" / "proj", tmp_path / "b" / "proj"
     a.mkdir(parents=True)
