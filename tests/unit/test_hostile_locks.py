@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_hostile_specs import leaves
 from test_lock import REPO, cpu, resolved
 
 from gpurig.image import lock
@@ -26,15 +27,6 @@ PAYLOADS = ["\n", '"', "'", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "#", "\
 DATA_KEYS = ("images", "pip", "apt", "inputs", "system")  # mappings whose keys are data, not the lock's own words
 
 
-def leaves(value, keys: tuple = ()):
-    if isinstance(value, dict):
-        for key, child in value.items():
-            yield from leaves(child, keys + (key,))
-    elif isinstance(value, list):
-        for i, child in enumerate(value):
-            yield from leaves(child, keys + (i,))
-    else:
-        yield keys, value
 
 
 def mappings(value, keys: tuple = ()):
