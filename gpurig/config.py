@@ -10,6 +10,8 @@ validated ``Settings``; a bad value is one line naming where it came from.
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,10 @@ DEFAULTS: dict[str, Any] = {
     "host_key_policy": "accept-new",
     # the project's known_hosts; "" = known_hosts beside the inventory file
     "known_hosts": "",
+    # Which project an image belongs to (its io.gpurig.project-id label), where several share one Docker engine
+    # and one image name. `gpurig init` writes a fresh one into gpurig.yaml; "" = none (told apart by the spec's
+    # name only). It is the project's: set in /etc or ~/.gpurig.yaml it would make every project one.
+    "project_id": "",
 }
 
 
@@ -135,6 +141,7 @@ class Settings:
     connect_timeout: float
     host_key_policy: str
     known_hosts: Path
+    project_id: str = ""
 
     @property
     def project(self) -> Path:
@@ -185,7 +192,34 @@ def settings(config: Mapping[str, Any], **flags: Any) -> Settings:
         connect_timeout=positive_number(values["connect_timeout"], source["connect_timeout"]),
         host_key_policy=choice(values["host_key_policy"], HOST_KEY_POLICIES, source["host_key_policy"]),
         known_hosts=_path(Path.cwd() if typed("known_hosts") else base, known) if known else inventory.parent / "known_hosts",
+        project_id=checked_project_id(values["project_id"], source["project_id"]),
     )
+
+
+_PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{3,63}$")
+
+
+def new_project_id() -> str:
+    """A fresh project id: random, so two projects that chose the same image name are still two."""
+    return uuid.uuid4().hex[:16]
+
+
+def checked_project_id(value: Any, where: str) -> str:
+    if value in ("", None):
+        return ""
+    layer = where.removeprefix("project_id in ")
+    if layer != where and (Path(layer).name != "gpurig.yaml" or layer.startswith("/etc/")):
+        raise ConfigError(f"{where}: a project id belongs in the project's own gpurig.yaml, not in one every project reads",
+                          "move project_id into the project's gpurig.yaml")
+    if not isinstance(value, str) or not _PROJECT_ID.match(value):
+        raise ConfigError(f"{where} {value!r} is not a project id", "use 4-64 lowercase letters, digits and -, e.g. what `gpurig init` writes")
+    return value
+
+
+def project_id(root: Path | None) -> str:
+    """The project id of the project at ``root`` (its gpurig.yaml, or $GPURIG_PROJECT_ID); '' when it has none."""
+    config = project_config(root)
+    return checked_project_id(config.get("project_id", ""), _source(config, "project_id"))
 
 
 def positive_int(value: Any, where: str) -> int:

@@ -21,6 +21,7 @@ tests/unit/test_startup.py holds every task module to that.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from invoke import Collection, Program
@@ -45,6 +46,10 @@ TASK_MODULES = {
     "monitor": "monitor",
     "run": "run", "jobs": "jobqueue", "attach": "jobqueue", "cancel": "jobqueue", "fetch": "jobqueue",
     "ci": "ci",
+}
+# Words people type for something that is not a task of its own, and where it lives.
+ELSEWHERE = {
+    "sync": "syncing is part of `gpurig run HOST -- CMD`: it syncs --workdir (default .) to the host before the job starts",
 }
 # Invoke's ways to ask about every task (listing, completion): they get the whole collection.
 _WHOLE = ("--list", "--complete", "--print-completion-script")
@@ -75,6 +80,13 @@ def build_collection(argv: list[str] | None = None) -> Collection:
     return ns
 
 
+def unknown_word_hint(word: str, tasks) -> str:
+    """Where a word with a home elsewhere lives, or the task it is close to, or nothing."""
+    from gpurig.errors import did_you_mean
+
+    return f" ({ELSEWHERE[word]})" if word in ELSEWHERE else did_you_mean(word, tasks)
+
+
 class GpurigProgram(Program):
     """Invoke's Program reading gpurig.yaml files and GPURIG_* variables, from any directory of a project."""
 
@@ -83,6 +95,18 @@ class GpurigProgram(Program):
 
         base.PROGRAM_ARGV[:] = argv.split() if isinstance(argv, str) else list(argv if argv is not None else sys.argv)
         super().run(argv, exit)
+
+    def parse_tasks(self) -> None:
+        """Invoke's parse; a word that is no task also hears the task it resembles, or where what it names lives."""
+        from invoke.exceptions import ParseError
+
+        try:
+            super().parse_tasks()
+        except ParseError as e:
+            found = re.fullmatch(r"No idea what '(.*)' is!", str(e))
+            if not found:
+                raise
+            raise ParseError(f"{e}{unknown_word_hint(found.group(1), self.collection.task_names)}") from None
 
     def core_args(self):
         args = whole_number_flags(super().core_args())

@@ -213,14 +213,15 @@ BASE_ORIGINS = {
 @task(help={"spec": "image spec file (default: every spec in images/)", "format": FORMAT_HELP})
 def images(c, spec=None, format="table"):
     """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
-    from gpurig.image.build import project_images
+    from gpurig.config import project_id
+    from gpurig.image.build import project_images, unowned
     from gpurig.image.dockercli import find_client
     from gpurig.image.spec import load_spec
 
     fmt = choice(format, FORMATS, "--format")
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in project_spec_files(c)]
     projects = sorted({s.name for s in specs})
-    found = project_images(find_client(), projects)
+    found = project_images(find_client(), projects, project_id(project_root(c)))
     if not found and fmt == "table":
         console.print(f"no images of {', '.join(projects)} in the local store; build one with `gpurig build`")
         return
@@ -229,4 +230,9 @@ def images(c, spec=None, format="table"):
     if any("bootstrapped" in row[-1] for row in rows) and fmt == "table":
         console.print("bootstrapped stand-in: no registry answered, so the base was made here with debootstrap "
                       "under the registry's name; `docker rmi` it to build on the registry's image.")
+    old = [" ".join(i.get("RepoTags") or []) or i.get("Id", "?")[:19] for i in unowned(found)]
+    if old and fmt == "table":
+        err_console.print(f"no project id on {', '.join(old)}: built before gpurig labelled images with the project's id "
+                          "(io.gpurig.project-id), so it may be another project's of the same name; build it again to label it",
+                          markup=False, highlight=False)
 

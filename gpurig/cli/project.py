@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpurig.cli.base import refuse_dry, task
-from gpurig.config import DEFAULTS
+from gpurig.config import DEFAULTS, new_project_id
 from gpurig.files import output_dir
 from gpurig.report import console
 
@@ -13,12 +13,16 @@ __all__ = ["init"]
 
 
 def config_template() -> str:
-    """gpurig.yaml with every setting at its default, commented out."""
+    """gpurig.yaml with every setting at its default, commented out, and the project's own fresh id."""
     lines = [
         "# gpurig settings for this project. Each overrides /etc/gpurig.yaml and ~/.gpurig.yaml,",
         "# and is overridden by GPURIG_<NAME> variables and command-line flags.",
     ]
     for key, value in DEFAULTS.items():
+        if key == "project_id":
+            lines += ["# which images on a shared Docker engine are this project's (their io.gpurig.project-id label); keep it",
+                      f"project_id: {new_project_id()}"]
+            continue
         lines.append(f"# {key}: {value!r}" if isinstance(value, str) else f"# {key}: {value}")
     return "\n".join(lines) + "\n"
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["outdated", "promote"]
 
 SCHEMA = "gpurig.outdated/1"
-COLUMNS = [Column("image"), Column("newer", styles={"current": "green"}), Column("needs", drop=2), Column("fleet", drop=1)]
+COLUMNS = [Column("image"), Column("newer", styles={"current": "green", "unknown": "yellow"}), Column("needs", drop=2), Column("fleet", drop=1)]
 
 
 @host_task(help={
@@ -43,8 +43,9 @@ def outdated(c, opts: HostOptions, spec=None, facts=None, fleet=True):
     problems = [*found.problems, *(p for e in image_spec.matrix if (p := od.own_build_missing(e, found)))]
     problems += [f"base {b.ref}: {b.detail}" for b in bases if b.state == "unknown"]
     newer = any(r.newer for r in rows) or any(b.state == "newer" for b in bases)
+    unknown = any(r.unknown for r in rows)
     doc = document(SCHEMA, {
-        "current": not newer and not problems,
+        "current": not newer and not problems and not unknown,
         "torch": [vars(r) | {"older_hosts": list(r.older_hosts)} for r in rows],
         "bases": [vars(b) for b in bases],
         "fleet": {"drivers": drivers, "note": fleet_note},
@@ -52,12 +53,12 @@ def outdated(c, opts: HostOptions, spec=None, facts=None, fleet=True):
     })
     if opts.json:
         write_report(opts.json, doc)
-    table = [[r.entry, r.newer or "current", r.needs, r.fleet] for r in rows]
+    table = [[r.entry, r.newer or ("unknown" if r.unknown else "current"), r.unknown or r.needs, r.fleet] for r in rows]
     table += [[f"base {b.ref}", b.state, b.detail, ""] for b in bases]
     opts.show(COLUMNS, table, doc=doc, title=f"fleet: {fleet_note}")
     for line in problems:
         err_console.print(f"[red]cannot tell:[/] {line}", markup=True, highlight=False)
-    code = od.exit_code(newer, problems)
+    code = od.exit_code(newer, problems, unknown)
     if code:
         raise Exit(code=code)
 

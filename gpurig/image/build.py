@@ -18,7 +18,7 @@ from typing import Any
 from gpurig.errors import DockerError
 from gpurig.files import atomic_write, to_json
 from gpurig.image.dockercli import DockerClient
-from gpurig.image.render import PROJECT_LABEL, BuildContext
+from gpurig.image.render import PROJECT_ID_LABEL, PROJECT_LABEL, BuildContext
 from gpurig.strict.reader import load_json
 
 REPORT_SCHEMA = 1
@@ -364,16 +364,28 @@ def record_push(path: Path, report: dict, refs: list[str], digest: str) -> dict:
 # --- listing ----------------------------------------------------------------------
 
 
-def project_images(client: DockerClient, projects: Iterable[str]) -> list[dict]:
+def project_images(client: DockerClient, projects: Iterable[str], project_id: str = "") -> list[dict]:
     """The tagged local images of these projects (spec names, in their io.gpurig.project label), newest first.
 
-    Not the dangling ones an earlier build left, not other projects' images on the same engine.
+    Not the dangling ones an earlier build left, not other projects' images on the same engine: one whose
+    io.gpurig.project-id names another project is left out even where it chose the same spec name. One
+    without that label (built before gpurig wrote it) is kept: `unowned` says which, for a note.
     """
     ids: list[str] = []
     for project in projects:
         ids += client.image_ids(f"label={PROJECT_LABEL}={project}", "dangling=false")
     images = client.inspect_images(list(dict.fromkeys(ids)))
-    return sorted(images, key=lambda i: i.get("Created", ""), reverse=True)
+    mine = [i for i in images if image_labels_of(i).get(PROJECT_ID_LABEL, project_id) == project_id]
+    return sorted(mine, key=lambda i: i.get("Created", ""), reverse=True)
+
+
+def image_labels_of(image: dict) -> dict[str, str]:
+    return (image.get("Config") or {}).get("Labels") or {}
+
+
+def unowned(images: Iterable[dict]) -> list[dict]:
+    """The images among these with no project id: built before gpurig wrote one, they may be another project's."""
+    return [i for i in images if PROJECT_ID_LABEL not in image_labels_of(i)]
 
 
 def build_reports(reports_dir: Path) -> Iterator[tuple[Path, dict]]:

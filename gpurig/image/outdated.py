@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpurig.errors import SpecError
 from gpurig.image import compat
@@ -26,21 +26,28 @@ _TAG = re.compile(r"^cu(\d+)(\d)$")
 
 @dataclass(frozen=True)
 class Newer:
-    """One row: a matrix entry and a newer build it could move to (``newer`` empty: it is current)."""
+    """One row: a matrix entry and a newer build it could move to (``newer`` and ``unknown`` empty: it is current)."""
 
     entry: str  # '2.14.1 cu130'
     newer: str = ""  # '2.15.0 cu130'
     needs: str = ""  # 'driver >= 580.65.06'
     fleet: str = ""  # '3 of 12 hosts older: a100-[01:03]'
     older_hosts: tuple[str, ...] = ()
+    unknown: str = ""  # why it cannot be told: an index that was not read, or none asked for this flavour
 
 
 @dataclass(frozen=True)
 class Offers:
-    """(torch version, CUDA) -> offered, from every source; ``problems`` names the sources that did not answer."""
+    """(torch version, CUDA) -> offered, from every source; ``problems`` names the sources that did not answer.
+
+    ``unread``: flavour ('13.0', 'cpu'; '' for a source of every flavour: pip_index, find-links) -> why the source
+    that offers it was not read. ``asked``: the flavours some source was read for, or showed a build of.
+    """
 
     builds: frozenset[tuple[str, str]]
     problems: tuple[str, ...]
+    unread: Mapping[str, str] = field(default_factory=dict)
+    asked: frozenset[str] = frozenset()
 
 
 def cuda_of_tag(tag: str) -> str:
@@ -67,6 +74,8 @@ def sources(spec: ImageSpec) -> list[tuple[Source, str]]:
     if build.offline:
         return links
     template = build.torch_index
+    if not template:  # the torch index is off: pip's own index (and find-links) only
+        return [(index_source(build.pip_index or PYPI), "")] + links
     found = [(index_source(template.format(cuda_tag=compat.cuda_tag(c), cuda=c)), c) for c in candidate_cudas(spec)]
     if "{" not in template:
         found = found[:1]
@@ -76,16 +85,22 @@ def sources(spec: ImageSpec) -> list[tuple[Source, str]]:
 def offers(listings: Iterable[tuple[Listing, str]]) -> Offers:
     builds: set[tuple[str, str]] = set()
     failed: dict[str, list[str]] = {}
+    unread: dict[str, str] = {}
+    asked: set[str] = set()
     for listing, cuda in listings:
         if listing.error:
             failed.setdefault(listing.error, []).append(listing.source.label)
+            unread.setdefault(cuda, f"pip could not read {listing.source.label}: {listing.error}")
+        elif cuda:
+            asked.add(cuda)
         for version in listing.versions:
             base, _, label = version.partition("+")
             flavour = cuda_of_tag(label) if label else (cuda or _pypi_cuda(base))
             if flavour:
                 builds.add((base, flavour))
     problems = (f"pip could not read {_places(labels)}: {reason}" for reason, labels in failed.items())
-    return Offers(frozenset(builds), tuple(problems))
+    asked |= {c for _, c in builds}
+    return Offers(frozenset(builds), tuple(problems), unread, frozenset(asked))
 
 
 def _places(labels: list[str]) -> str:
@@ -107,13 +122,27 @@ def newer_rows(entry: MatrixEntry, found: Offers, drivers: Mapping[str, str | No
     mine = compat.version_key(entry.torch)
     later = sorted({v for v, _ in found.builds if compat.version_key(v) > mine}, key=compat.version_key, reverse=True)
     if not later:
-        return [Newer(entry_label(entry))]
+        return [Newer(entry_label(entry), unknown=unread_reason(entry, found))]
     rows = [_row(entry, later[0], c, drivers) for c in _flavours(entry, later[0], found)]
     patch = next((v for v in later if compat.torch_minor(v) == compat.torch_minor(entry.torch)), None)
     if patch and patch != later[0] and (patch, entry.cuda) in found.builds:
         rows.append(_row(entry, patch, entry.cuda, drivers))
     wanted = "CPU" if entry.is_cpu else f"{entry.cuda_tag} or newer CUDA"
-    return rows or [Newer(entry_label(entry), needs=f"the newest, {later[0]}, has no {wanted} build")]
+    return rows or [Newer(entry_label(entry), needs=f"the newest, {later[0]}, has no {wanted} build", unknown=unread_reason(entry, found))]
+
+
+def unread_reason(entry: MatrixEntry, found: Offers) -> str:
+    """Why "nothing newer" cannot be said of ``entry``: a source that offers its flavour (or a newer CUDA) was not
+    read, or no source was asked for its flavour at all; '' when every source that could offer one answered."""
+    if "" in found.unread:
+        return found.unread[""]
+    mine = compat.version_key(entry.cuda) if not entry.is_cpu else None
+    for cuda, why in found.unread.items():
+        if cuda == entry.cuda or (mine and cuda != compat.CPU and compat.version_key(cuda) >= mine):
+            return why
+    if entry.cuda not in found.asked:
+        return f"no index offering {entry.cuda_tag} builds was read (is build.torch_index set?)"
+    return ""
 
 
 def _flavours(entry: MatrixEntry, version: str, found: Offers) -> list[str]:
@@ -152,10 +181,10 @@ def own_build_missing(entry: MatrixEntry, found: Offers) -> str:
     return f"{entry_label(entry)}: the index offers no torch {entry.torch} {entry.cuda_tag}, which this image installs (is torch_index right?)"
 
 
-def exit_code(newer: bool, problems: Sequence[str]) -> int:
-    """`gpurig outdated`'s exit status: 2 when it cannot tell (an index, an own build or a base it could not read, whatever else
-    is newer: "current" would be a guess), 1 when something is newer, 0 when everything is current."""
-    if problems:
+def exit_code(newer: bool, problems: Sequence[str], unknown: bool = False) -> int:
+    """`gpurig outdated`'s exit status: 2 when it cannot tell (an index, an own build or a base it could not read, or a row no
+    index was asked for, whatever else is newer: "current" would be a guess), 1 when something is newer, 0 when all is current."""
+    if problems or unknown:
         return 2
     if newer:
         return 1

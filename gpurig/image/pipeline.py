@@ -25,7 +25,7 @@ from gpurig.image.build import (
     write_json_atomic,
 )
 from gpurig.image.dockercli import DockerClient
-from gpurig.image.render import BuildContext
+from gpurig.image.render import PROJECT_ID_LABEL, BuildContext
 from gpurig.image.spec import ImageSpec
 
 
@@ -138,6 +138,7 @@ def build_context(
     all_labels = {**user_labels, **base_labels(base)}
     path = report_path(reports_dir, context)
     observer.started(context)
+    context = others_aliases_kept(client, context)
     for line in context.aliases_left:
         observer.note(context, line)
     before = aliases.named_builds(client, context.aliases)
@@ -165,6 +166,27 @@ def build_context(
         report.update(lock_file=str(relock), lock_written=True)
     write_json_atomic(path, report)
     return BuildResult(context, report, path)
+
+
+def others_aliases_kept(client: DockerClient, context: BuildContext) -> BuildContext:
+    """The context less each alias that names another project's image (its io.gpurig.project-id is not this one's).
+
+    Two projects may choose the same image name on one engine; a build here must not take ``pytorch:slim`` from
+    the other. The alias stays where it is, and a line in ``aliases_left`` says why.
+    """
+    mine = context.labels.get(PROJECT_ID_LABEL, "")
+    kept, left = [], []
+    for ref in context.aliases:
+        labels = ((client.inspect_image(ref) or {}).get("Config") or {}).get("Labels") or {}
+        theirs = labels.get(PROJECT_ID_LABEL, mine)
+        if theirs == mine:
+            kept.append(ref)
+        else:
+            left.append(f"{ref} stays on another project's image (project id {theirs}; this one's is {mine or 'unset'}): "
+                        f"both name their images {context.spec.name} on this engine; give one spec another name")
+    if not left:
+        return context
+    return dataclasses.replace(context, aliases=tuple(kept), aliases_left=(*context.aliases_left, *left))
 
 
 def build_all(

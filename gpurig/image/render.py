@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 
+from gpurig.config import project_id
 from gpurig.errors import CompatError, RenderError
 from gpurig.image import aliases, compat, lock, quoting
 from gpurig.image.lock import Locks
@@ -24,6 +25,9 @@ CONTEXT_META = "gpurig-context.json"
 # Which project an image belongs to: the spec's name, the same in every copy of the project and with or
 # without a registry (a build for --push must give the image id of the local build).
 PROJECT_LABEL = "io.gpurig.project"
+# Which project, where two chose the same spec name: the id `gpurig init` writes into gpurig.yaml (config.py).
+# Not the project's path, which differs between clones of the same sources and would change the image id.
+PROJECT_ID_LABEL = "io.gpurig.project-id"
 # Variant files rendered from templates/files/<name>.j2 (or copied as they are), per feature.
 _FILES = {
     "entrypoint.sh": "always",
@@ -168,6 +172,7 @@ def image_labels(spec: ImageSpec, entry: MatrixEntry, variant: Variant, project:
         **{key: value for key, value in optional.items() if value},
         "org.opencontainers.image.base.name": variant.base,
         PROJECT_LABEL: spec.name,
+        **({PROJECT_ID_LABEL: ident} if (ident := project_id(project)) else {}),
         "io.gpurig.variant": variant.name,
         "io.gpurig.torch": entry.torch,
         "io.gpurig.cuda": entry.cuda,

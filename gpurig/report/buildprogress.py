@@ -79,7 +79,9 @@ class BuildProgress(BuildObserver):
         steps = report["steps"]
         cache = " (full cache hit)" if not steps["ran"] else ""
         lock_file = shown(Path(report["lock_file"]), self.root) if report.get("lock_file") else ""
-        locked = f"locked (from {lock_file})" if report["locked"] else f"not locked: resolved afresh, lock written to {lock_file}" \
+        # a full cache hit resolved nothing now: the lock holds what the cached layers resolved when they were built
+        how = "resolved afresh" if steps["ran"] else "the cached build's versions"
+        locked = f"locked (from {lock_file})" if report["locked"] else f"not locked: {how}, lock written to {lock_file}" \
             if lock_file else "not locked"
         self.out.print(
             f"[green]built[/] {result.context.image_ref} in {report['duration_s']:.1f}s: "

@@ -144,3 +144,12 @@ def test_task_decorator_passes_positional_pre_tasks_like_invokes_own():
     ns = Collection(first, second)
     Executor(ns).execute("second")
     assert ran == ["first", "second"]
+
+
+def test_a_word_that_is_no_task_hears_where_it_lives_or_the_task_it_resembles(capsys):
+    from gpurig.cli import main
+
+    for word, said in (("sync", "syncing is part of `gpurig run"), ("imagez", "did you mean 'images'?")):
+        with pytest.raises(SystemExit):
+            main(["gpurig", word])
+        assert said in capsys.readouterr().err

@@ -34,7 +34,7 @@ def fleet(**named: str) -> dict[str, str | None]:
 
 
 def offered(*builds: tuple[str, str]) -> od.Offers:
-    return od.Offers(frozenset(builds), ())
+    return od.Offers(frozenset(builds), (), {}, frozenset(c for _, c in builds))
 
 
 def test_pip_output_gives_the_versions_and_a_refused_index_is_a_problem_not_an_empty_index():
@@ -74,6 +74,36 @@ def test_versions_without_a_label_are_pypis_own_build_and_failures_are_grouped()
     found = od.offers([(good, ""), *((b, "") for b in bad)])
     assert ("2.14.1", "13.0") in found.builds and ("2.13.0", "13.0") in found.builds  # PyPI's build of 2.13/2.14 is CUDA 13.0
     assert found.problems == ("pip could not read https://idx.example/cu126 and 1 more indexes: Name or service not known",)
+
+
+def test_a_row_whose_index_was_not_read_is_unknown_with_the_reason_never_current():
+    refused = [(Listing(index_source(f"http://idx.example/{t}"), error="[Errno 111] Connection refused"), c)
+               for t, c in (("cu130", "13.0"), ("cpu", "cpu"))]
+    found = od.offers([*refused, (Listing(index_source(od.PYPI), ("2.14.1",)), "")])
+    for entry in (CUDA, CPU):
+        (row,) = od.newer_rows(entry, found, {})
+        assert row.newer == "" and "Connection refused" in row.unknown, row
+    # every index read, the CUDA one has nothing newer: current; a newer CUDA's index that failed makes it unknown
+    read = od.offers([(Listing(index_source("http://idx.example/cu130"), ("2.14.1+cu130",)), "13.0")])
+    assert od.newer_rows(CUDA, read, {}) == [od.Newer("2.14.1 cu130")]
+    newer_failed = od.offers([(Listing(index_source("http://idx.example/cu130"), ("2.14.1+cu130",)), "13.0"),
+                              (Listing(index_source("http://idx.example/cu132"), error="timed out"), "13.2")])
+    assert "timed out" in od.newer_rows(CUDA, newer_failed, {})[0].unknown
+    assert od.newer_rows(MatrixEntry("2.14.1", "13.2"), newer_failed, {})[0].unknown  # its own index
+
+
+def test_with_the_torch_index_off_no_cpu_index_is_asked_and_the_cpu_row_says_so(tmp_path):
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text('name: p\npython: "3.11"\nmatrix:\n  - {torch: "2.14.1", cuda: "13.0"}\n  - {torch: "2.13.0", cuda: cpu}\n'
+                         'build:\n  torch_index: ""\n')
+    from gpurig.image.spec import load_spec
+
+    places = od.sources(load_spec(spec_file))
+    assert [(s.label, c) for s, c in places] == [(od.PYPI, "")]  # no index at the URL ''
+    found = od.offers([(Listing(places[0][0], ("2.14.1", "2.13.0")), "")])
+    assert od.newer_rows(CUDA, found, {}) == [od.Newer("2.14.1 cu130")]  # PyPI's own build is CUDA 13.0: it was read
+    (cpu,) = od.newer_rows(CPU, found, {})
+    assert cpu.newer == "" and "no index offering cpu builds was read" in cpu.unknown
 
 
 @pytest.mark.parametrize(("names", "text"), [
@@ -120,3 +150,4 @@ def test_the_exit_code_says_current_newer_or_cannot_tell():
     refused = ["https://download.pytorch.org/whl/cu130: [Errno 111] Connection refused"]
     assert od.exit_code(False, refused) == 2  # not "current": it could not look
     assert od.exit_code(any(r.newer for r in newer), refused) == 2  # nor only "newer": part of it went unread
+    assert od.exit_code(False, [], unknown=True) == 2  # a row no index was asked for (torch_index: "" for the CPU build)

@@ -255,3 +255,13 @@ def test_valid_values_of_every_kind_load(tmp_path):
     )
     assert spec.variants["full"].apt[-1] == "python3=3.11.2-1+b1"
     assert alias_refs(spec, spec.default, "full") == ("reg.example.com:5000/ml/pytorch:2.9.1-cu128", "reg.example.com:5000/ml/pytorch:latest-full")
+
+
+def test_the_shipped_spec_shows_every_build_key_so_init_s_copy_names_them_all():
+    import dataclasses
+
+    from gpurig.image.spec import BuildSettings
+
+    section = (ROOT / "images" / "pytorch.yaml").read_text().split("\nbuild:\n", 1)[1]
+    shown = {line.strip().lstrip("# ").split(":", 1)[0] for line in section.splitlines() if line.startswith("  ")}
+    assert {f.name for f in dataclasses.fields(BuildSettings)} <= shown

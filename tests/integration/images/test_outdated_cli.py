@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -110,9 +111,14 @@ def test_a_matrix_the_index_has_nothing_newer_for_is_current_and_exits_0(tmp_pat
 def test_an_index_that_does_not_answer_is_never_current(tmp_path, index):
     index({})  # the server runs; the spec points at a port nothing listens on
     with socket_closed() as port:
-        result = gpurig(project(tmp_path, f"http://127.0.0.1:{port}"), "outdated", "--no-fleet")
+        proj = project(tmp_path, f"http://127.0.0.1:{port}")
+        result = gpurig(proj, "outdated", "--no-fleet")
+        doc = json.loads(gpurig(proj, "outdated", "--no-fleet", "--json", "-").stdout)
     assert result.returncode == 2
     assert "pip could not read http://127.0.0.1:" in result.stderr and "Connection refused" in result.stderr
+    assert not re.search(r"(cu\d+|cpu) +current", result.stdout), result.stdout  # no row it could not read says current
+    assert re.search(r"cpu +unknown +pip could not read", result.stdout), result.stdout
+    assert doc["current"] is False and all(r["unknown"] and not r["newer"] for r in doc["torch"])
 
 
 def socket_closed():
