@@ -1,9 +1,11 @@
 """``gpurig run --scheduler slurm``: the same job through the inventory's Slurm cluster, and Slurm's jobs for jobs/logs/cancel/attach.
 
-Library code, driven from Python as from the run and jobs tasks: the nodes get the working directory and the image over the fleet (as
-``run`` gives one host), the controller ``sbatch``, and with ``--wait`` the
-log is followed on the batch host until Slurm says the job ended; the exit
-code is Slurm's (``squeue --json``). Jobs are Slurm's by their ids (numbers,
+Library code, driven from Python as from the run and jobs tasks (a
+``Reach`` says how the hosts are reached): the nodes get the working
+directory and the image over the fleet (as ``run`` gives one host), the
+controller ``sbatch`` (or slurmrestd), and a job's log is followed on its
+batch host until Slurm says the job ended; the exit code is Slurm's
+(``squeue --json``). Jobs are Slurm's by their ids (numbers,
 which gpurig's own job ids never are).
 """
 
