@@ -184,7 +184,7 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
 def _pull_forwarded(remote: Engine, conn: Connection, ref: str, parsed, image_id: str, forward: ReverseForward, staged: Staged,
                     progress: Progress, say) -> None:
     """The host pulls the stages, then the image under a temporary name; the real name goes only on the complete, same-id image."""
-    say(f"{remote.name} pulls the layers it lacks through the SSH connection")
+    say("the host pulls the layers it lacks through the SSH connection")  # the line is shown after the host's name already
     via = f"127.0.0.1:{forward.port}"
     temp = parsed.on(via)
     tracker = PullProgress(progress, staged.sizes, lambda: forward.meter.down)

@@ -35,7 +35,8 @@ def mover(image_spec: ImageSpec, local: Engine | None, printer: CountShown | Non
     def move(engine: Engine, conn: Connection, t: Target, say):
         def count(done: int, total: int) -> None:
             if printer is not None:
-                printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done or 0)} of {human_size(total or 0)}")
+                of = f" of {human_size(total)}" if total else ""  # a total not known yet is not "of 0 B"
+                printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done or 0)}{of}")
 
         return send_from(local, engine, conn, t.image_ref, image_spec.registry or None, say=say, progress=count)
 

@@ -239,3 +239,38 @@ def test_a_pull_of_an_interrupted_run_stops_at_once_and_is_not_asked_again():
     streaming = PullingEngine(PULL_EVENTS)
     with pytest.raises(DeliveryInterrupted, match="interrupted"):  # stopped at the first event, not at the pull's end
         _host_pull(streaming, "x:y", PullProgress(lambda done, total: None), conn)
+
+
+def test_a_delivery_line_names_the_host_once_and_a_count_without_a_total_says_no_total(monkeypatch):
+    from types import SimpleNamespace
+
+    from gpurig.deploy import delivery, imagesource
+    from gpurig.deploy.stages import Staged
+
+    said: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def no_pull(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(delivery, "_host_pull", no_pull)
+    forward = SimpleNamespace(port=5000, meter=Meter())
+    with pytest.raises(Stop):
+        delivery._pull_forwarded(SimpleNamespace(name="wt-h1", untag=lambda ref: None), None, "pytorch:slim", parse_reference("pytorch:slim"), "sha256:x",
+                                 forward, Staged((), ()), None, said.append)
+    assert said and "wt-h1" not in said[0]  # the printer puts "wt-h1: " before it: "wt-h1: wt-h1 pulls" said it twice
+
+    shown: list[str] = []
+    printer = SimpleNamespace(count=lambda host, done, total, text: shown.append(text))
+
+    def counting_deliver(local, engine, conn, ref, *, registry, say=None, progress=None):
+        progress(2000, 0)  # a push's first bytes, before the registry said how much there is
+        progress(1000, 5000)
+
+    monkeypatch.setattr(imagesource, "deliver", counting_deliver)
+    spec = SimpleNamespace(registry="")
+    move = imagesource.mover(spec, SimpleNamespace(), printer)
+    move(SimpleNamespace(), SimpleNamespace(name="wt-h1"), SimpleNamespace(image_ref="pytorch:slim"), lambda text: None)
+    assert shown == ["pytorch:slim: 2 kB", "pytorch:slim: 1 kB of 5 kB"]
