@@ -14,6 +14,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 CHUNK = 256 * 1024
 
@@ -65,18 +66,59 @@ def pump(chan, sock: socket.socket, meter: Meter, stop: threading.Event) -> None
     sock.close()
 
 
-class ReverseForward:
+class _Pumps:
+    """The connections a forward pumps: started each in a thread, all ended at once by ``_end_all`` (a forward's close)."""
+
+    def __init__(self, meter: Meter | None) -> None:
+        self.meter = meter or Meter()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set = set()  # (channel, socket) pairs being pumped
+        self._threads: list[threading.Thread] = []
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, serve: Callable[[Any], None], end: Any, name: str) -> None:
+        """``serve(end)`` in a thread of its own, kept for ``_end_all`` to wait on."""
+        thread = threading.Thread(target=serve, args=(end,), daemon=True, name=name)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _pump(self, chan, sock: socket.socket) -> None:
+        """Pump one connection until both sides said EOF or the forward closes."""
+        with self._lock:
+            self._open.add((chan, sock))
+        if self._stop.is_set():  # close() ran while this connection was being made, and may have collected the pairs before it
+            _close_pair(chan, sock)
+        try:
+            pump(chan, sock, self.meter, self._stop)
+        finally:
+            with self._lock:
+                self._open.discard((chan, sock))
+
+    def _end_all(self) -> None:
+        """End every pumped connection now (the forward's ``_stop`` is set) and wait for their threads."""
+        with self._lock:
+            pairs, threads = list(self._open), list(self._threads)
+        for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
+            _close_pair(chan, sock)
+        for thread in threads:
+            thread.join(timeout=5)
+
+
+class ReverseForward(_Pumps):
     """127.0.0.1:``port`` on the host, each connection pumped to ``target`` (host, port) on this machine."""
 
     def __init__(self, transport, target: tuple[str, int], meter: Meter | None = None) -> None:
+        super().__init__(meter)
         self.transport = transport
         self.target = target
-        self.meter = meter or Meter()
         self.port = 0
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._open: set = set()  # (channel, socket) pairs being pumped
-        self._lock = threading.Lock()
 
     def open(self) -> int:
         """Ask the host's sshd to listen; paramiko.SSHException when it refuses (AllowTcpForwarding)."""
@@ -88,9 +130,6 @@ class ReverseForward:
         self.open()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         self._stop.set()
         try:
@@ -101,22 +140,14 @@ class ReverseForward:
                 self.transport.global_request("cancel-tcpip-forward", ("127.0.0.1", self.port), wait=True)
         except Exception:  # noqa: BLE001 - the connection may already be gone; nothing is left to cancel then
             pass
-        with self._lock:
-            threads, pairs = list(self._threads), list(self._open)
-        for chan, sock in pairs:  # an interrupted delivery: the host's pull fails now, not at its timeout
-            _close_pair(chan, sock)
-        for thread in threads:
-            thread.join(timeout=5)
+        self._end_all()
 
     def _accept(self, chan, origin, server) -> None:
         """paramiko calls this on its transport thread for each new connection: hand it to a pump thread at once."""
         if self._stop.is_set():
             chan.close()
             return
-        thread = threading.Thread(target=self._serve, args=(chan,), daemon=True, name="gpurig-forward")
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+        self._spawn(self._serve, chan, "gpurig-forward")
 
     def _serve(self, chan) -> None:
         try:
@@ -125,16 +156,10 @@ class ReverseForward:
             chan.close()
             return
         sock.settimeout(None)
-        with self._lock:
-            self._open.add((chan, sock))
-        try:
-            pump(chan, sock, self.meter, self._stop)
-        finally:
-            with self._lock:
-                self._open.discard((chan, sock))
+        self._pump(chan, sock)
 
 
-class LocalForward:
+class LocalForward(_Pumps):
     """127.0.0.1:``port`` on this machine, each connection made there carried to an address as the host sees it.
 
     Each accepted connection gets its own channel (``open_channel``, a
@@ -145,22 +170,15 @@ class LocalForward:
     """
 
     def __init__(self, open_channel: Callable[[], object], meter: Meter | None = None) -> None:
+        super().__init__(meter)
         self._open_channel = open_channel
-        self.meter = meter or Meter()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._open: set = set()  # (channel, socket) pairs being pumped
-        self._threads: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept, daemon=True, name="gpurig-local-forward")
         self._acceptor.start()
 
     def __enter__(self) -> LocalForward:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         self._stop.set()
@@ -170,12 +188,7 @@ class LocalForward:
             pass
         self._server.close()
         self._acceptor.join(timeout=5)
-        with self._lock:
-            pairs, threads = list(self._open), list(self._threads)
-        for chan, sock in pairs:
-            _close_pair(chan, sock)
-        for thread in threads:
-            thread.join(timeout=5)
+        self._end_all()
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -183,10 +196,7 @@ class LocalForward:
                 sock, _ = self._server.accept()
             except OSError:
                 return  # closed
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True, name="gpurig-local-forward")
-            with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-            thread.start()
+            self._spawn(self._serve, sock, "gpurig-local-forward")
 
     def _serve(self, sock: socket.socket) -> None:
         try:
@@ -194,15 +204,7 @@ class LocalForward:
         except Exception:  # noqa: BLE001 - the host refused the channel or the connection is gone: this client's connection ends
             sock.close()
             return
-        with self._lock:
-            self._open.add((chan, sock))
-        if self._stop.is_set():  # close() ran while the channel opened, and may have collected the pairs before this one
-            _close_pair(chan, sock)
-        try:
-            pump(chan, sock, self.meter, self._stop)
-        finally:
-            with self._lock:
-                self._open.discard((chan, sock))
+        self._pump(chan, sock)
 
 
 def _close_pair(chan, sock: socket.socket) -> None:
