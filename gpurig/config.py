@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,7 +200,9 @@ _PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{3,63}$")
 
 def new_project_id() -> str:
     """A fresh project id: random, so two projects that chose the same image name are still two."""
-    return uuid.uuid4().hex[:16]
+    import secrets  # here, not at the top: only `gpurig init` makes one, and every command's start-up loads this module
+
+    return secrets.token_hex(8)
 
 
 def checked_project_id(value: Any, where: str) -> str:
