@@ -195,7 +195,7 @@ def settings(config: Mapping[str, Any], **flags: Any) -> Settings:
     )
 
 
-_PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{3,63}$")
+_PROJECT_ID = re.compile(r"[a-z0-9][a-z0-9-]{3,63}")  # whole value: fullmatch, so no trailing newline slips past a $
 
 
 def new_project_id() -> str:
@@ -212,8 +212,8 @@ def checked_project_id(value: Any, where: str) -> str:
     if layer != where and (Path(layer).name != "gpurig.yaml" or layer.startswith("/etc/")):
         raise ConfigError(f"{where}: a project id belongs in the project's own gpurig.yaml, not in one every project reads",
                           "move project_id into the project's gpurig.yaml")
-    if not isinstance(value, str) or not _PROJECT_ID.match(value):
-        raise ConfigError(f"{where} {value!r} is not a project id", "use 4-64 lowercase letters, digits and -, e.g. what `gpurig init` writes")
+    if not isinstance(value, str) or not _PROJECT_ID.fullmatch(value):
+        raise ConfigError(f"{where} {validate.excerpt(str(value))} is not a project id", "use 4-64 lowercase letters, digits and -, e.g. what `gpurig init` writes")
     return value
 
 

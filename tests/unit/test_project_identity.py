@@ -88,3 +88,12 @@ def test_a_build_leaves_another_projects_alias_where_it_is_and_says_so(tmp_path)
     assert kept.aliases == ("pytorch:latest",)
     assert "pytorch:slim stays on another project's image (project id theirs01" in kept.aliases_left[0]
     assert others_aliases_kept(Engine(), context) is context  # nothing there yet: every alias is made
+
+
+@pytest.mark.parametrize("value", ["abcd\n", "ab$(id)x", "-abcd", "abc\x00d", "9" * 5000, 'abc"d', "ABCD"])
+def test_a_hostile_project_id_is_one_short_line(value):
+    from gpurig.config import checked_project_id
+
+    with pytest.raises(ConfigError, match="is not a project id") as err:
+        checked_project_id(value, "gpurig.yaml")
+    assert "\n" not in str(err.value) and len(str(err.value)) < 200  # a trailing newline used to pass the anchored $
