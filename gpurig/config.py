@@ -213,7 +213,8 @@ def checked_project_id(value: Any, where: str) -> str:
         raise ConfigError(f"{where}: a project id belongs in the project's own gpurig.yaml, not in one every project reads",
                           "move project_id into the project's gpurig.yaml")
     if not isinstance(value, str) or not _PROJECT_ID.fullmatch(value):
-        raise ConfigError(f"{where} {validate.excerpt(str(value))} is not a project id", "use 4-64 lowercase letters, digits and -, e.g. what `gpurig init` writes")
+        raise ConfigError(f"{where} {validate.excerpt(str(value))} is not a project id",
+                          "use 4-64 lowercase letters, digits and -, e.g. what `gpurig init` writes")
     return value
 
 
