@@ -19,7 +19,10 @@ from gpurig.errors import CompatError, RenderError
 from gpurig.image import aliases, compat, lock, quoting
 from gpurig.image.lock import Locks
 from gpurig.image.spec import ImageSpec, MatrixEntry, Variant
+from gpurig.strict.reader import read_text
 from gpurig.strict.validate import excerpt, strip_userinfo
+
+TEMPLATE_MAX_BYTES = 1024 * 1024  # the shipped templates are a few kB each
 
 CONTEXT_META = "gpurig-context.json"
 # Which project an image belongs to: the spec's name, the same in every copy of the project and with or
@@ -70,7 +73,7 @@ def environment(templates_dir: Path) -> jinja2.Environment:
 def _environment(templates_dir: str) -> jinja2.Environment:
     """One environment per templates/ folder: it keeps compiled templates (recompiled when a file changes)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(templates_dir),
+        loader=_BoundedLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -79,6 +82,23 @@ def _environment(templates_dir: str) -> jinja2.Environment:
     )
     env.filters.update(quoting.FILTERS)
     return env
+
+
+class _BoundedLoader(jinja2.FileSystemLoader):
+    """Jinja's file loader, reading each template through the bounded reader: a huge file is one line, not a read of it whole."""
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        pieces = jinja2.loaders.split_template_path(template)  # refuses ".." as Jinja's own loader does
+        for folder in self.searchpath:
+            filename = os.path.join(folder, *pieces)
+            if os.path.isfile(filename):
+                break
+        else:
+            raise jinja2.TemplateNotFound(template)
+        mtime = os.path.getmtime(filename)
+        text = read_text(filename, error=RenderError, what="template", fix_missing="restore it from the gpurig project",
+                         limit=TEMPLATE_MAX_BYTES, kind="a template file", fix_large="a template is text: keep data out of it")
+        return text, os.path.normpath(filename), lambda: os.path.isfile(filename) and os.path.getmtime(filename) == mtime
 
 
 def _on_pypi(entry: MatrixEntry) -> bool:

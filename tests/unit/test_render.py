@@ -316,3 +316,20 @@ def test_offline_without_a_wheelhouse_or_with_an_index_is_refused(project, setti
 
     with pytest.raises(SpecError, match=re.escape(message)):
         load_spec(with_build(project, settings))
+
+
+def test_a_huge_template_is_one_line_not_read_whole(tmp_path):
+    import os
+    import shutil
+
+    from gpurig.errors import RenderError
+    from gpurig.image.render import TEMPLATE_MAX_BYTES, environment
+
+    templates = tmp_path / "templates"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "templates", templates)
+    with open(templates / "huge.j2", "wb") as f:  # sparse: a GiB that costs no disk
+        f.truncate(1 << 30)
+    assert os.path.getsize(templates / "huge.j2") > TEMPLATE_MAX_BYTES
+    with pytest.raises(RenderError, match="over the 1 MiB limit|MiB, over the") as err:
+        environment(templates).get_template("huge.j2")
+    assert "\n" not in str(err.value)
