@@ -17,6 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 CHUNK = 256 * 1024
+# Connections one forward pumps at once. A host's dockerd opens a handful (a few layers at a time); each costs two
+# threads here, so a host that opens thousands (a bug, a scan) is refused beyond this instead of exhausting threads.
+MAX_PUMPED = 256
 
 
 class Meter:
@@ -59,7 +62,11 @@ def pump(chan, sock: socket.socket, meter: Meter, stop: threading.Event) -> None
 
     up = threading.Thread(target=one_way, daemon=True, args=(
         chan.recv, sock.sendall, lambda: sock.shutdown(socket.SHUT_WR), lambda n: meter.add(up=n)))
-    up.start()
+    try:
+        up.start()
+    except RuntimeError:  # can't start new thread: this connection ends, unpumped
+        _close_pair(chan, sock)
+        return
     one_way(sock.recv, chan.sendall, chan.shutdown_write, lambda n: meter.add(down=n))
     up.join()
     chan.close()
@@ -82,12 +89,24 @@ class _Pumps:
     def close(self) -> None:
         raise NotImplementedError
 
-    def _spawn(self, serve: Callable[[Any], None], end: Any, name: str) -> None:
-        """``serve(end)`` in a thread of its own, kept for ``_end_all`` to wait on."""
+    def _spawn(self, serve: Callable[[Any], None], end: Any, name: str) -> bool:
+        """``serve(end)`` in a thread of its own, kept for ``_end_all`` to wait on; False (nothing started) once the
+        forward is closing, pumps ``MAX_PUMPED`` connections already, or no thread can be started: the caller closes ``end``."""
+        if self._stop.is_set():
+            return False
         thread = threading.Thread(target=serve, args=(end,), daemon=True, name=name)
         with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if len(self._threads) >= MAX_PUMPED:
+                return False
+            self._threads.append(thread)
+        try:
+            thread.start()
+        except RuntimeError:  # can't start new thread: this connection is refused, the forward goes on
+            with self._lock:
+                self._threads.remove(thread)
+            return False
+        return True
 
     def _pump(self, chan, sock: socket.socket) -> None:
         """Pump one connection until both sides said EOF or the forward closes."""
@@ -143,11 +162,19 @@ class ReverseForward(_Pumps):
         self._end_all()
 
     def _accept(self, chan, origin, server) -> None:
-        """paramiko calls this on its transport thread for each new connection: hand it to a pump thread at once."""
-        if self._stop.is_set():
+        """paramiko calls this on its transport thread for each new connection: hand it to a pump thread at once.
+
+        It never raises: an exception here would end paramiko's transport thread, and with it the SSH connection.
+        """
+        try:
+            if self._spawn(self._serve, chan, "gpurig-forward"):
+                return
+        except Exception:  # noqa: BLE001 - see above; the connection is refused instead
+            pass
+        try:
             chan.close()
-            return
-        self._spawn(self._serve, chan, "gpurig-forward")
+        except Exception:  # noqa: BLE001 - the transport may be going; nothing is left to close then
+            pass
 
     def _serve(self, chan) -> None:
         try:
@@ -196,7 +223,8 @@ class LocalForward(_Pumps):
                 sock, _ = self._server.accept()
             except OSError:
                 return  # closed
-            self._spawn(self._serve, sock, "gpurig-local-forward")
+            if not self._spawn(self._serve, sock, "gpurig-local-forward"):
+                sock.close()
 
     def _serve(self, sock: socket.socket) -> None:
         try:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from gpurig.connect import forward as forward_module
 from gpurig.connect.connection import CommandError, CommandTimeout, to_shell
 from gpurig.connect.connector import Connector
+from gpurig.connect.forward import ReverseForward
 from gpurig.connect.ssh import SSHSettings
 from gpurig.errors import HostError, last_line
 from gpurig.inventory import Host
@@ -97,3 +101,22 @@ def test_the_machine_gpurig_runs_on_gives_no_channel_nor_forward_and_says_why():
     with pytest.raises(ChannelError, match="port forward needs an SSH connection"):
         conn.local_forward("127.0.0.1", 9090)
     assert conn.runs_here and conn.ssh_target is None and not conn.closed
+
+
+class _NoThreads:
+    """threading as forward.py sees it when the process can start no more threads."""
+
+    Event, Lock = threading.Event, threading.Lock
+
+    class Thread(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+
+def test_a_forward_that_cannot_start_a_thread_refuses_that_connection_and_never_raises_on_the_transport_thread(monkeypatch):
+    # paramiko calls _accept on its transport thread: an exception there would end the whole SSH connection
+    monkeypatch.setattr(forward_module, "threading", _NoThreads)
+    forward = ReverseForward(transport=None, target=("127.0.0.1", 9))
+    closed: list[str] = []
+    forward._accept(SimpleNamespace(close=lambda: closed.append("chan")), ("127.0.0.1", 1), ("127.0.0.1", 2))
+    assert closed == ["chan"] and forward._threads == []

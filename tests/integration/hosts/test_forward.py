@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from gpurig.connect import forward as forward_module
 from gpurig.connect.connection import ChannelError
 
 # Connects through the forward, says so, and waits for the forward's side to close the connection.
@@ -103,6 +104,44 @@ def test_http_rides_a_channel_to_a_port_on_the_hosts_loopback(connector, sshd, m
         answer = session.getresponse()
         assert (answer.status, answer.read()) == (200, b"asked for /slurm/v0.0.40/ping")
         session.close()
+
+
+def test_an_answer_that_ends_the_connection_keeps_its_body_after_the_headers_were_read(connector, sshd, make_host):
+    # HTTP/1.0 (or Connection: close): http.client closes its connection once it has the headers and reads the body
+    # from its file; the body sent only after that close must still arrive, as it does over a socket.
+    headers_read = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer() -> None:
+            peer, _ = server.accept()
+            with peer:
+                peer.recv(65536)
+                peer.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\n")
+                headers_read.wait(20)
+                peer.sendall(b"pong")
+
+        serving = threading.Thread(target=answer, daemon=True)
+        serving.start()
+        with connector.open(make_host(sshd.port)) as conn:
+            session = conn.http("127.0.0.1", server.getsockname()[1])
+            session.request("GET", "/slurm/v0.0.40/ping")
+            response = session.getresponse()
+            headers_read.set()
+            assert (response.status, response.read()) == (200, b"pong")
+            session.close()
+        serving.join(timeout=20)
+
+
+def test_a_host_opening_more_connections_than_a_forward_pumps_gets_the_extra_ones_refused(connector, sshd, make_host, silent_port, monkeypatch):
+    monkeypatch.setattr(forward_module, "MAX_PUMPED", 3)
+    with connector.open(make_host(sshd.port)) as conn:
+        forward = conn.reverse_forward(("127.0.0.1", silent_port))
+        # Four connections held open at once: three are pumped (and stay open), the fourth is ended at once. Its end
+        # comes after the first three were accepted, so by then any of those refused would have seen its end too.
+        held = conn.run(f"python3 -c \"import select,socket\nss=[socket.create_connection(('127.0.0.1',{forward.port})) for _ in range(4)]\n"
+                        "ss[3].settimeout(20)\nprint(ss[3].recv(1) == b'', select.select(ss[:3], [], [], 0)[0] == [])\"", timeout=60)
+        forward.close()
+        assert held.stdout == "True True\n"
+        assert conn.run("echo still here").stdout == "still here\n"
 
 
 def test_a_local_forward_carries_each_connection_to_the_hosts_port_and_closes_them_all(connector, sshd, make_host, web_on_loopback):
