@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import getpass
 import inspect
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -261,11 +262,11 @@ def run_hosts(
     """
     from gpurig.connect.fleet import run_fleet
     from gpurig.connect.spread import worker_count
-    from gpurig.report.fleetrun import FleetProgress, print_recap
+    from gpurig.report.fleetrun import FleetProgress, PlainProgress, print_recap
     from gpurig.results import FleetInterrupted
 
     connector = connector or make_connector(opts)
-    events = FleetProgress(err_console) if err_console.is_terminal else None
+    events = FleetProgress(err_console) if err_console.is_terminal else PlainProgress(err_console, progress_every())
     try:
         report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label,
                            workers=worker_count(len(hosts)) if spread else 1)
@@ -278,6 +279,15 @@ def run_hosts(
     if finished:
         finish(opts, report, schema, annotate)
     return report
+
+
+def progress_every() -> float:
+    """Seconds between the plain progress lines of a run whose output is no terminal: $GPURIG_PROGRESS_EVERY, else 30."""
+    try:
+        every = float(os.environ.get("GPURIG_PROGRESS_EVERY", "30"))
+    except ValueError:
+        return 30.0
+    return every if every > 0 else 30.0
 
 
 def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callable[[FleetReport], dict[str, Any]] | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from rich.console import Console
@@ -73,6 +74,65 @@ class FleetProgress(FleetEvents):
     def _update(self, **fields) -> None:
         if self.task is not None:  # nothing to update before start()
             self.progress.update(self.task, **fields)
+
+
+class PlainProgress(FleetEvents):
+    """Where no terminal is (a CI log, a pipe): a plain line every ``every`` seconds while a run lasts, none for a short one.
+
+    A terminal gets ``FleetProgress``'s bar; a log would get nothing until the
+    recap, so a 4-minute rollout looked hung. The line says how many hosts are
+    done, their statuses so far, the hosts still running and the time spent.
+    """
+
+    def __init__(self, console: Console, every: float = 30.0) -> None:
+        self.console = console
+        self.every = every
+        self.label = ""
+        self.total = 0
+        self.counts = {s: 0 for s in Status}
+        self.busy: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._started = 0.0
+
+    def start(self, total: int, label: str) -> None:
+        self.label, self.total, self._started = label, total, time.monotonic()
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="gpurig-plain-progress")
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+
+    def state(self, host: str, state: str) -> None:
+        with self._lock:
+            self.busy[host] = state
+
+    def finished(self, r: HostResult) -> None:
+        with self._lock:
+            self.busy.pop(r.host, None)
+            self.counts[r.status] += 1
+
+    def line(self) -> str:
+        """The progress line as it stands now."""
+        with self._lock:
+            done = sum(self.counts.values())
+            counts = " ".join(f"{s}={n}" for s, n in self.counts.items() if n)
+            running = [h for h, s in self.busy.items() if s == "running"]
+            connecting = sum(1 for s in self.busy.values() if s == "connecting")
+        parts = [f"{self.label}: {done} of {counted(self.total, 'host')} done" + (f" ({counts})" if counts else "")]
+        if running:
+            parts.append("running: " + ", ".join(printable(h) for h in running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else ""))
+        if connecting:
+            parts.append(f"{connecting} connecting")
+        parts.append(f"{time.monotonic() - self._started:.0f}s")
+        return ", ".join(parts)
+
+    def _tick(self) -> None:
+        while not self._done.wait(self.every):
+            self.console.print(Text(self.line()))
 
 
 def status_text(status: Status) -> Text:

@@ -12,7 +12,7 @@ from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
 from gpurig.connect.ssh import SSHSettings
 from gpurig.inventory import Host
-from gpurig.report.fleetrun import FleetProgress, print_recap
+from gpurig.report.fleetrun import FleetProgress, PlainProgress, print_recap
 from gpurig.results import Outcome
 from gpurig.status import Status
 
@@ -118,3 +118,37 @@ def test_progress_on_a_terminal_prints_each_host_as_it_finishes(tmp_path):
     text = buf.getvalue()
     assert "l0" in text and "l2" in text
     assert "failed" in text and "exited 1" in text
+
+
+class _Watched(io.StringIO):
+    """A log file that says when a line containing ``wanted`` was written to it."""
+
+    def __init__(self, wanted: str) -> None:
+        super().__init__()
+        self.wanted, self.seen = wanted, threading.Event()
+
+    def write(self, text: str) -> int:
+        if self.wanted in text:
+            self.seen.set()
+        return super().write(text)
+
+
+def test_without_a_terminal_a_long_run_prints_a_plain_line_at_a_steady_pace_saying_who_is_still_running(tmp_path):
+    log = _Watched("1 of 2 hosts done (ok=1), running: l0")
+    events = PlainProgress(Console(file=log, width=200), every=0.02)
+
+    def work(conn):
+        if conn.name == "l0":  # the long host: done once the log has said it is the one still running
+            assert log.seen.wait(20), log.getvalue()
+
+    report = run_fleet(hosts(2), work, connector=connector(tmp_path), events=events, label="rollout batch 1")
+    assert [r.status for r in report.results] == [Status.OK, Status.OK]
+    assert "rollout batch 1: 1 of 2 hosts done (ok=1), running: l0, " in log.getvalue()
+    assert "\x1b" not in log.getvalue()  # plain text for a log: no bar, no colour codes
+    assert not events._ticker.is_alive()  # the line stops with the run
+
+
+def test_without_a_terminal_a_short_run_prints_no_progress_line(tmp_path):
+    log = io.StringIO()
+    run_fleet(hosts(2), lambda conn: None, connector=connector(tmp_path), events=PlainProgress(Console(file=log, width=200)))
+    assert log.getvalue() == ""
