@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,13 @@ collect_ignore = ["tools"]
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
+# Run with pytest-xdist (`-n 3 --dist loadgroup`, the README's test command), each integration folder is one group,
+# run whole on one worker, since its tests share session fixtures (booted hosts, built images, a Slurm cluster)
+# that a second worker would build again; any other module is a group of its own. The folders that take longest
+# go first, so that no long one starts last while the other workers sit idle.
+LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm", "integration/hosts_systemd",
+                 "integration/verify", "integration/installed", "integration/hosts_containers", "integration/monitor",
+                 "integration/hosts")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,16 +34,45 @@ def pytest_configure(config: pytest.Config) -> None:
     # is reset to the default in each child at exec, as a terminal gives it.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _xdist_controller(config) and config.getoption("testrunuid", None) is None:
+        config.option.testrunuid = uuid.uuid4().hex  # known here too, to remove what the run's workers shared
     if not config.pluginmanager.hasplugin("timeout"):
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "pytest-timeout is not installed, so a hung test is never stopped: pip install -e '.[test]'"), stacklevel=2)
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This process hands tests to pytest-xdist workers (and runs none itself)."""
+    return bool(config.getoption("numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # What the workers of an xdist run shared (tests/integration/systemd_kit.py's host images and their bases, labelled
+    # with the run's id) is removed once all of them are done; a worker's own teardown removes only what it alone made.
+    if not _xdist_controller(session.config):
+        return
+    run = session.config.option.testrunuid[:12]
+    docker = shutil.which("docker") or shutil.which("docker", path="/usr/bin:/usr/local/bin")
+    if docker:
+        found = subprocess.run([docker, "image", "ls", "-q", "--no-trunc", "--filter", f"label=io.gpurig.test.run={run}"],
+                               capture_output=True, text=True, timeout=60)
+        ids = sorted(set(found.stdout.split()))
+        if ids:
+            subprocess.run([docker, "image", "rm", "-f", *ids], capture_output=True, timeout=300)
+    for lock in Path(tempfile.gettempdir()).glob(f"gpurig-test-{run}-*.lock"):
+        lock.unlink(missing_ok=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    places = {}
     for item in items:
         where = item.path.relative_to(ROOT / "tests").as_posix() if item.path.is_relative_to(ROOT / "tests") else ""
         if where.startswith(LONG_FOLDERS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
+        folder = next((f for f in LONGEST_FIRST if where.startswith(f + "/")), None)
+        item.add_marker(pytest.mark.xdist_group(folder or where))
+        places[item] = LONGEST_FIRST.index(folder) if folder else len(LONGEST_FIRST)
+    items.sort(key=places.__getitem__)  # stable: within a group, the order pytest collected
 
 
 @pytest.fixture

@@ -28,6 +28,11 @@ import yaml
 
 TEST_LABEL = "io.gpurig.test"
 SESSION = uuid.uuid4().hex[:12]
+# The run this session is part of: under pytest-xdist every worker is a session of its own and they share the run's
+# id (the README's test command); alone, the run is this session. What a whole run shares (the systemd hosts'
+# images) carries RUN_LABEL and is removed by the run's controller at the end (tests/conftest.py).
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or SESSION
+RUN_LABEL = "io.gpurig.test.run"
 BASE_REF = "debian:bookworm-slim"  # the container hosts' base: local if present, else pulled, else bootstrapped
 MIRROR = "http://deb.debian.org/debian"
 LOGIN = "gpurig"
@@ -88,7 +93,8 @@ def container_kit():
     """This module's session, label, login and helpers for conftests further down (a conftest is not importable)."""
     import types
 
-    return types.SimpleNamespace(session=SESSION, label=TEST_LABEL, login=LOGIN, mirror=MIRROR, host=ContainerHost, banner=_banner)
+    return types.SimpleNamespace(session=SESSION, run=RUN, run_label=RUN_LABEL, label=TEST_LABEL, login=LOGIN, mirror=MIRROR,
+                                 host=ContainerHost, banner=_banner)
 
 
 @pytest.fixture(scope="session")

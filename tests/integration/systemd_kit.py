@@ -13,8 +13,11 @@ that reaches for them fails at once and no traffic leaves for them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -64,22 +67,45 @@ STORAGE = {
 
 
 def base_tag(kit, suite: str) -> str:
-    return f"gpurig-test-base-{suite}:{kit.session}"
+    return f"gpurig-test-base-{suite}:{kit.run}"
+
+
+def host_tag(kit, key: str) -> str:
+    return f"gpurig-test-systemd-host-{key}:{kit.run}"
+
+
+def shared(kit) -> bool:
+    """Whether this session is one of several workers of a run (pytest-xdist), which share the host images."""
+    return kit.run != kit.session
+
+
+@contextlib.contextmanager
+def run_lock(kit, key: str):
+    """Held by one worker of the run at a time: the first builds ``key``'s image, the others then find it built."""
+    with open(Path(tempfile.gettempdir()) / f"gpurig-test-{kit.run}-{key}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 def build_image(docker, kit, key: str, bases: list) -> str:
-    """The host image for ``key`` (debian12, debian13) on a freshly debootstrapped base; the base's id goes to ``bases``."""
+    """The host image for ``key`` (debian12, debian13) on a freshly debootstrapped base; the base's id goes to ``bases``.
+
+    Once per run: the workers of an xdist run take turns, and a worker that finds the image built uses it.
+    """
     from gpurig.image.baseimage import bootstrap_base
     from gpurig.image.spec import Bootstrap
 
-    suite = SUITES[key]
-    base = base_tag(kit, suite)
-    # Removed by id at teardown: the bootstrap also tags it gpurig-base:<suite>-minbase, which a tag removal would leave.
-    bases.append(bootstrap_base(docker.client, base, Bootstrap(suite, kit.mirror), {kit.label: kit.session}).image_id)
-    tag = f"gpurig-test-systemd-host-{key}:{kit.session}"
-    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    docker("build", "-q", "-t", tag, "--label", f"{kit.label}={kit.session}", "-",
-           input=DOCKERFILE.format(base=base, login=kit.login), env=env, timeout=600)
+    suite, tag = SUITES[key], host_tag(kit, key)
+    labels = {kit.label: kit.session, kit.run_label: kit.run}
+    with run_lock(kit, key):
+        if docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).returncode == 0:
+            return tag
+        base = base_tag(kit, suite)
+        # Removed by id at teardown: the bootstrap also tags it gpurig-base:<suite>-minbase, which a tag removal would leave.
+        bases.append(bootstrap_base(docker.client, base, Bootstrap(suite, kit.mirror), labels).image_id)
+        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        docker("build", "-q", "-t", tag, *(f"--label={k}={v}" for k, v in labels.items()), "-",
+               input=DOCKERFILE.format(base=base, login=kit.login), env=env, timeout=600)
     return tag
 
 
@@ -120,8 +146,10 @@ class SystemdImages:
             docker("rm", "-f", "-v", *left, check=False)
         # the networks hosts were started on (SystemdHosts.make(network=...)), once no container is left on them
         docker("network", "prune", "-f", "--filter", f"label={kit.label}={kit.session}", check=False)
+        if shared(kit):
+            return  # the images are the run's: its controller removes them once every worker is done (tests/conftest.py)
         for key, suite in SUITES.items():
-            docker("image", "rm", "-f", f"gpurig-test-systemd-host-{key}:{kit.session}", check=False)
+            docker("image", "rm", "-f", host_tag(kit, key), check=False)
             docker("image", "rm", "-f", base_tag(kit, suite), check=False)
         for image_id in self.bases:
             docker("image", "rm", "-f", image_id, check=False)
