@@ -8,7 +8,6 @@ finds the job by its id or a unique prefix of it, and acts on that host.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
@@ -266,11 +265,12 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
     exit_for(report)
 
 
-@host_task(help={"job": "the job (its id, or a unique start of it)", "into": f"where to put them (default: ./{RUNS}/JOB)"},
+@host_task(help={"job": "the job (its id, or a unique start of it)",
+                 "into": f"where to put them (default: as run --wait, the job's WORKDIR/{RUNS}/JOB when run from inside it, else ./{RUNS}/JOB)"},
            positional=["job"], name="fetch")
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
-    from gpurig.jobs.artifacts import fetch
+    from gpurig.jobs.artifacts import default_into, fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
     from gpurig.results import Outcome
@@ -283,7 +283,7 @@ def fetch_(c, opts: HostOptions, job=None, into=None):
                           "write them to a shared folder the nodes mount (a dataset volume)")
     if not view.artifacts:
         raise ConfigError(f"job {view.id} names no artifacts", "give run --artifacts PATH (e.g. checkpoints/) for the next job")
-    dest = chosen_into or Path.cwd() / RUNS / view.id
+    dest = chosen_into or default_into(view.id, view.workdir, str(view.raw.get("client") or ""))
 
     def work(conn: Connection) -> Outcome:
         return Outcome(data=fetch(JobAgent(conn), view.id, dest))

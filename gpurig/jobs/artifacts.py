@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gpurig.errors import GpurigError, HostError, counted
-from gpurig.files import output_dir
+from gpurig.files import RUNS, output_dir
 from gpurig.jobs.remote import JobAgent
 
 
@@ -35,6 +36,22 @@ class Fetched:
             return f"no artifact files (nothing under the --artifacts paths) for {self.into}"
         moved = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''} ({self.bytes} bytes)"
         return f"{moved} fetched into {self.into}, {self.unchanged} unchanged; sha256 checked"
+
+
+def default_into(job: str, workdir: str, client: str, cwd: Path | None = None, here: str | None = None) -> Path:
+    """Where ``fetch`` puts a job's artifacts without ``--into``: where ``run --wait`` does, WORKDIR/gpurig-runs/JOB.
+
+    WORKDIR is the folder the job's record names when this machine submitted
+    the job and the current directory is that folder or one inside it (the
+    record is the host's word: no folder elsewhere is written on it); else
+    the current directory.
+    """
+    cwd = cwd or Path.cwd()
+    recorded = Path(workdir) if workdir else None
+    if recorded is not None and recorded.is_absolute() and client == (here or socket.gethostname()):
+        if cwd == recorded or recorded in cwd.parents:
+            return recorded / RUNS / job
+    return cwd / RUNS / job
 
 
 def sha256_of(path: Path) -> str:

@@ -68,3 +68,19 @@ def test_a_jobs_gpu_use_is_its_own_gpus_over_its_own_run_with_the_monitors_diagn
     other_gpu = job_view("gpu-input-bound", doc(devices=["7"], attempts=[{"started_at": samples[0]["t"], "ended_at": samples[-1]["t"]}]))
     assert gpu_use(other_gpu, run).util_mean is None
     assert gpu_use(job_view("h", doc(devices=[])), run).note == "no GPU was given to the job, so none was sampled"
+
+
+def test_fetch_puts_artifacts_where_run_wait_does_when_run_from_inside_the_jobs_workdir(tmp_path):
+    from gpurig.jobs.artifacts import default_into
+
+    work = tmp_path / "proj"
+    (work / "src").mkdir(parents=True)
+    assert default_into("d23e", str(work), "laptop", cwd=work / "src", here="laptop") == work / "gpurig-runs" / "d23e"
+    assert default_into("d23e", str(work), "laptop", cwd=work, here="laptop") == work / "gpurig-runs" / "d23e"
+    # elsewhere, another machine's job, or a record naming no folder: the current directory, as before
+    elsewhere = tmp_path / "other"
+    assert default_into("d23e", str(work), "laptop", cwd=elsewhere, here="laptop") == elsewhere / "gpurig-runs" / "d23e"
+    assert default_into("d23e", str(work), "ci-runner", cwd=work, here="laptop") == work / "gpurig-runs" / "d23e"
+    assert default_into("d23e", "", "laptop", cwd=elsewhere, here="laptop") == elsewhere / "gpurig-runs" / "d23e"
+    # the record is the host's word: a folder that is neither the current one nor above it is never written on it
+    assert default_into("d23e", "/etc", "laptop", cwd=work, here="laptop") == work / "gpurig-runs" / "d23e"
