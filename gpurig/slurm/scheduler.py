@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.errors import ConfigError, HostError, InventoryError
+from gpurig.errors import ConfigError, HostError, InventoryError, counted
 from gpurig.slurm import health
 
 if TYPE_CHECKING:
@@ -176,7 +176,12 @@ def usable_nodes(reach: Reach, cluster: ClusterHosts, partition: str, wanted: in
     members = nodes_for(cluster, partition)
     names = {h.name for h in members}
     by_name = {n.name: n.name for n in good} if {n.name for n in good} <= names else hostnames(reach, cluster)
-    return [h for h in members if h.name in {by_name.get(n.name) for n in good}], health.nodes_text(bad)
+    usable = [h for h in members if h.name in {by_name.get(n.name) for n in good}]
+    if len(usable) < wanted:
+        raise InventoryError(f"of the nodes Slurm gives jobs in partition {partition} ({', '.join(n.name for n in good)}), "
+                             f"{counted(len(usable), 'node')} matched the inventory's slurm_nodes; the job needs {wanted}",
+                             "put the cluster's nodes in slurm_nodes and provision them (gpurig provision)")
+    return usable, health.nodes_text(bad)
 
 
 def partition_check(sinfo: str, partition: str, wanted: int) -> tuple[list[health.ClusterNode], list[health.ClusterNode]]:

@@ -18,7 +18,7 @@ import pytest
 
 from gpurig.connect.engineinfo import EngineInfo, ImageInfo
 from gpurig.deploy.containers import ContainerSpec
-from gpurig.errors import ConfigError, GpurigError, HostError
+from gpurig.errors import ConfigError, GpurigError, HostError, InventoryError
 from gpurig.inventory import Host
 from gpurig.inventory.profile import SlurmSettings
 from gpurig.jobs.request import RunRequest
@@ -119,6 +119,17 @@ def test_run_refuses_a_partition_with_no_usable_node_naming_each_and_submits_not
         assert f"{name} drained (gpurig: host.driver: " in err.value.problem
     assert "gpurig verify" in err.value.fix
     assert [line for line in sent if "sinfo" not in line] == []  # no node prepared, nothing queued
+
+
+def test_usable_nodes_that_are_none_of_the_inventorys_are_refused_not_left_unprepared(monkeypatch):
+    sent: list[str] = []
+    strangers = IDLE.replace("gpurig-slurm-", "elsewhere-")
+    monkeypatch.setattr(scheduler, "fleet", fleet_of({"sinfo": strangers, "hostname": "not-it"}, sent))
+    target, request = job_target()
+    with pytest.raises(InventoryError) as err:
+        scheduler.submit(None, hosts(), target, request, sbatch.SlurmRequest())
+    assert "0 nodes matched the inventory's slurm_nodes" in err.value.problem
+    assert not [line for line in sent if "sbatch" in line]
 
 
 class Engine:
