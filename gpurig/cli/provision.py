@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gpurig.cli.base import project_spec_files
 from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, make_connector, run_hosts, select_hosts
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
-from gpurig.report import console, err_console
+from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE
 
@@ -47,7 +47,7 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     from gpurig.inventory.profile import host_profile
     from gpurig.report.changes import host_documents, print_diffs, reason_text, result_rows
     from gpurig.steps import converge_rebooting
-    from gpurig.steps.plan import outcome
+    from gpurig.steps.plan import host_results, outcome
 
     names = pick_steps(only, skip)
     chosen = select_hosts(opts)
@@ -81,6 +81,8 @@ def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     opts.show(columns, result_rows(report, lambda s: [reason_text(s)], 1), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     if opts.diff and opts.format == "table":
         print_diffs(report, err_console if opts.json == "-" else console)
+    for step in (s for r in report.results for s in host_results(r) if s.details.get("warning")):
+        err_console.print(f"[yellow]warning: {outside(str(step.details['warning']))}[/]", highlight=False)
     exit_for(report)
 
 

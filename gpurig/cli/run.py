@@ -190,6 +190,9 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     per_node = request.gpus.count if request.gpus is not None else (1 if target.cuda else 0)
     submitted = scheduler.submit(reach, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node), check=opts.check)
+    if submitted.left_out:
+        err_console.print(f"[yellow]slurm gives these nodes no job, so they get neither the tree nor the image: {outside(submitted.left_out)}[/]",
+                          highlight=False)
     if opts.check:
         err_console.print(f"would sync {request.workdir} to {', '.join(submitted.nodes)} and submit to Slurm on {cluster.controller.name}:",
                           highlight=False)

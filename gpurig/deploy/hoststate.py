@@ -74,25 +74,32 @@ def parse_host_state(output: str, sources: list[str]) -> HostState:
     return HostState(values["tcp"], exists, memlock, capable)
 
 
-def check_memlock(spec: ContainerSpec, state: HostState) -> list[Refusal]:
-    """A memlock ulimit above dockerd's own hard limit fails at start ("error setting rlimit") unless dockerd may raise it."""
+def check_memlock(spec: ContainerSpec, state: HostState, by_flag: bool = False) -> list[Refusal]:
+    """A memlock ulimit above dockerd's own hard limit fails at start ("error setting rlimit") unless dockerd may raise it.
+
+    ``by_flag``: the container is a job's (``run``), whose ulimits are set with --ulimit, not in gpurig_containers.
+    """
     if state.memlock_hard in (None, -1) or state.can_raise_limits is not False:
         return []
     for u in spec.ulimits:
         if u.name == "memlock" and (u.hard == -1 or u.hard > state.memlock_hard):
             asked = "unlimited" if u.hard == -1 else f"{u.hard} bytes"
+            lower = f"pass --ulimit memlock={state.memlock_hard}" if by_flag else f"set ulimits: {{memlock: {state.memlock_hard}}} in gpurig_containers"
             return [Refusal(spec.name, f"memlock {asked} is above dockerd's hard limit of {state.memlock_hard} bytes, "
                                        "which it may not raise (no CAP_SYS_RESOURCE)",
-                            f"set ulimits: {{memlock: {state.memlock_hard}}} in gpurig_containers, or give docker.service LimitMEMLOCK=infinity")]
+                            f"{lower}, or give docker.service LimitMEMLOCK=infinity")]
     return []
 
 
-def check_fits_host(spec: ContainerSpec, state: HostState, cpus: int | None) -> list[Refusal]:
-    """What the host must have for the container: its volume sources (datasets are never made), dockerd's limits, the CPUs asked for."""
+def check_fits_host(spec: ContainerSpec, state: HostState, cpus: int | None, by_flag: bool = False) -> list[Refusal]:
+    """What the host must have for the container: its volume sources (datasets are never made), dockerd's limits, the CPUs asked for.
+
+    ``by_flag``: a job's container, whose limits ``run``'s flags set (check_memlock).
+    """
     refusals = [Refusal(spec.name, f"the volume source {v.source!r} does not exist on the host",
                         "create it there (datasets are mounted read-only, never made), or fix the path")
                 for v in spec.volumes if not v.create and not state.exists.get(v.source, True)]
-    refusals += check_memlock(spec, state)
+    refusals += check_memlock(spec, state, by_flag)
     if spec.cpus and cpus and spec.cpus > cpus:
         refusals.append(Refusal(spec.name, f"cpus: {spec.cpus:g} but the host has {cpus}", f"set cpus to at most {cpus}"))
     return refusals

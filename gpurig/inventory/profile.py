@@ -89,6 +89,7 @@ class HostProfile:
     daemon: Mapping[str, Any] = field(default_factory=dict)  # keys merged into /etc/docker/daemon.json
     containers: tuple[Mapping[str, Any], ...] = ()  # validated by deploy
     slurm: SlurmSettings = SlurmSettings()
+    slurm_expect_drained: bool = False  # a Slurm node meant to stay drained: provision warns of its drain instead of failing
 
 
 class _Reader:
@@ -279,6 +280,7 @@ _READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
     "gpurig_daemon": _daemon,
     "gpurig_containers": _containers,
     "gpurig_slurm": _slurm,
+    "gpurig_slurm_expect_drained": lambda r, v: r.boolean("gpurig_slurm_expect_drained", v),
 }
 PROFILE_KEYS = tuple(_READERS)
 

@@ -81,9 +81,7 @@ def submit_job(conn: Connection, t: JobTarget) -> Submitted:
         if t.request.container and exec_target is None:
             raise HostError(f"there is no container {t.request.container} on the host", "deploy it first (gpurig deploy), or run in a fresh one (--variant)",
                             host=conn.name)
-        refusals = preflight(engine, t, facts, request, read_host(conn, [v.source for v in t.container.volumes]) if t.container else None)
-        if refusals:
-            raise HostError("; ".join(r.problem for r in refusals), "; ".join(r.fix for r in refusals), host=conn.name)
+        refuse(conn, engine, t, facts, request)
         if t.check:  # what a sync would move, read without making the host's folder
             return Submitted(t.job, "", jobspec.gpu_request(request), plan_sync(t.tree, agent.manifest(t.key, create=False)))
         delivery, moved = "", 0
@@ -131,7 +129,17 @@ def gpu_request(t: JobTarget, facts: Facts, host_name: str):
     return asked
 
 
-def preflight(engine: Engine, t: JobTarget, facts: Facts, request, state: HostState | None) -> list[Refusal]:
+def refuse(conn: Connection, engine: Engine, t: JobTarget, facts: Facts, request, runtime: bool = True) -> None:
+    """Pre-flight on ``conn``'s host (``run``'s, or each node of a Slurm job's): every refusal in one HostError, with its fix.
+
+    ``runtime``: GPUs need NVIDIA's runtime (a Slurm job's script passes the device files where there is none).
+    """
+    refusals = preflight(engine, t, facts, request, read_host(conn, [v.source for v in t.container.volumes]) if t.container else None, runtime)
+    if refusals:
+        raise HostError("; ".join(r.problem for r in refusals), "; ".join(r.fix for r in refusals), host=conn.name)
+
+
+def preflight(engine: Engine, t: JobTarget, facts: Facts, request, state: HostState | None, runtime: bool = True) -> list[Refusal]:
     """Deploy's checks for the job's container: driver vs the image's CUDA, the nvidia runtime, MIG, dockerd's limits,
     the datasets it mounts, the disk for the image."""
     if t.container is None or state is None:
@@ -139,7 +147,8 @@ def preflight(engine: Engine, t: JobTarget, facts: Facts, request, state: HostSt
     info = engine.info()
     on_host = engine.image(t.image_ref)
     planned = Planned(t.container.name, t.image_ref, t.image or on_host, not request.none, ())
-    refusals = check_driver(planned, facts, t.matrix_cudas) + check_runtime([planned], info) + check_fits_host(t.container, state, info.cpus)
+    refusals = check_driver(planned, facts, t.matrix_cudas) + (check_runtime([planned], info) if runtime else [])
+    refusals += check_fits_host(t.container, state, info.cpus, by_flag=True)
     if request.all or request.ids:
         refusals += check_mig(planned.name, None if request.all else tuple(request.ids), facts)
     if on_host is None and t.image is not None:

@@ -12,7 +12,10 @@ slurm.conf for every host). In order, each phase over the fleet:
    ``slurm-munge`` and ``slurm-config`` on every host at once;
 4. ``slurm-daemons``: the controller first, then the nodes, then the
    controller's ``scontrol reconfigure`` when a change needs no restart; at the
-   end every node must have registered with the controller.
+   end every node must have registered with the controller;
+5. ``slurm-node``: each node's state as the controller has it then: a node
+   Slurm gives no job (drained, down, not responding) fails with Slurm's
+   reason, unless its ``gpurig_slurm_expect_drained: true`` makes it a warning.
 
 A host whose step failed does no later step; a failed controller stops the
 nodes too. Check mode plans each phase from what the host has now.
@@ -30,20 +33,19 @@ from gpurig.connect.connection import Connection
 from gpurig.connect.connector import Connector
 from gpurig.connect.fleet import run_fleet
 from gpurig.errors import GpurigError, InventoryError, counted
-from gpurig.facts.probes import Section
 from gpurig.inventory import Host, Inventory, load_inventory
 from gpurig.inventory.profile import SlurmSettings, host_profile
 from gpurig.results import FleetReport, HostResult, Outcome
 from gpurig.skeleton import shipped_text
-from gpurig.slurm import conf, hoststeps
+from gpurig.slurm import conf, health, hoststeps
 from gpurig.status import Status, worst
 from gpurig.steps.commands import run_change
 from gpurig.steps.plan import Change, Plan, StepResult, host_results, outcome
 
-STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons")
-SINFO = ["sinfo", "-h", "-N", "-o", "%N|%T|%E"]
+STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons", "slurm-node")
 REGISTER_S = 90.0  # how long every node gets to register with the controller after the daemons started
-UP_STATES = ("idle", "mixed", "allocated", "completing", "drained", "draining", "planned")
+UP_STATES = ("idle", "mixed", "allocated", "completing", "drained", "draining", "planned")  # registered, whether or not Slurm gives it jobs
+EXPECT_DRAINED = "gpurig_slurm_expect_drained"  # a node's var (HostProfile.slurm_expect_drained): its drain is no failure of provision (a warning)
 
 
 @dataclass(frozen=True)
@@ -237,20 +239,42 @@ class ClusterRun:
                                                                   self.rest_changed and h.controller))
 
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
-        """Every node registered with the controller (bounded); a node still down fails with what slurmctld says of it."""
+        """Every node registered with the controller (bounded), then each node's state as Slurm has it: a node Slurm gives
+        no job (drained, down, not responding) fails with Slurm's reason, unless the inventory expects it drained."""
         deadline = time.monotonic() + REGISTER_S
         going = self._going()
         names = {n.name: n.host for n in model.nodes if n.host in going}
         while True:
-            seen = hoststeps.sinfo_nodes(Section(0, conn.admin(SINFO, warn=True, timeout=60).stdout))
-            down = {name: seen.get(name, ("unknown", "")) for name in names if seen.get(name, ("",))[0].rstrip("*~#!%$@^-") not in UP_STATES}
+            said = conn.admin(health.SINFO_CLUSTER, warn=True, timeout=60)
+            seen = health.cluster_nodes(said.stdout if said.ok else "")
+            down = {name: seen[name].state if name in seen else None for name in names
+                    if name not in seen or seen[name].state.state not in UP_STATES}
             if not down or time.monotonic() > deadline:
                 break
             time.sleep(1.0)  # polling slurmctld's view of the nodes with a deadline, not a synchronisation sleep
-        for name, (state, reason) in down.items():
-            node = self.state[names[name]]
-            node.results.append(StepResult("slurm-daemons", Status.FAILED, f"{name} is {state or 'unknown'} to the controller"
-                                           + (f": {reason}" if reason else ""), fix="see /var/log/slurm/slurmd.log on the node"))
+        for name, host in names.items():
+            state = down.get(name, seen[name].state if name in seen else None)
+            if name in down:
+                why = said.stderr.strip()[-200:]
+                text = (f"{name} is {state.text} to the controller" if state else
+                        f"{name} is unknown to the controller: its sinfo did not list it" + (f" ({why})" if why else ""))
+                self.state[host].results.append(StepResult("slurm-daemons", Status.FAILED, text, fix="see /var/log/slurm/slurmd.log on the node"))
+            elif state is not None:
+                self.state[host].results.append(node_result(name, state, host_profile(self.state[host].host).slurm_expect_drained))
+
+
+def node_result(name: str, state: health.NodeState, expect_drained: bool) -> StepResult:
+    """``slurm-node``: whether Slurm gives the node jobs once provision is done; a drained node fails unless it is expected so."""
+    details = {"state": state.state, "reason": state.reason, "responding": state.responding}
+    if state.healthy:
+        return StepResult("slurm-node", Status.OK, f"Slurm gives it jobs ({state.text})", details=details)
+    if expect_drained and state.drained:
+        return StepResult("slurm-node", Status.OK, f"{name} is {state.text}, as {EXPECT_DRAINED}: true expects",
+                          details={**details, "warning": f"{name} is {state.text}: Slurm gives it no job ({EXPECT_DRAINED}: true)"})
+    fix = (f"gpurig's health program drained it: see `gpurig verify -l HOST`, fix the failing record (it resumes the node once it "
+           f"passes), or set {EXPECT_DRAINED}: true on a node meant to stay out"
+           if state.reason.startswith("gpurig:") else "see `sinfo -R` on the controller; resume it with `scontrol update nodename=NODE state=resume`")
+    return StepResult("slurm-node", Status.FAILED, f"Slurm gives {name} no job: {state.text}", fix=fix, details=details)
 
 
 def touched_cluster(chosen: Sequence[Host], source: str | Path) -> tuple[ClusterHosts | None, list[str]]:

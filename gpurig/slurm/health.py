@@ -3,7 +3,10 @@
 Asked on the node itself (it has slurm-client, munge and slurm.conf, as
 gpurig provisions it): ``sinfo -h -n HOST -o '%T|%E'``, one line. A node the
 health program drained carries ``gpurig: <record>: <detail>`` as its reason,
-so verify shows why the scheduler stopped giving it jobs.
+so verify shows why the scheduler stopped giving it jobs. The whole
+cluster's view (provision after it converges, ``run --scheduler slurm``
+before it submits, ``jobs`` for a pending job) is one ``sinfo -h -N -o
+'%N|%P|%T|%E'`` on the controller: ``cluster_nodes`` reads it.
 """
 
 from __future__ import annotations
@@ -15,21 +18,69 @@ from gpurig.errors import GpurigError
 from gpurig.verify.records import Record
 
 SINFO = "sinfo -h -n \"$(hostname -s)\" -o '%T|%E'"
+SINFO_CLUSTER = ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"]  # a line per node and partition: name, partition (* default), state, reason
 HEALTHY = ("idle", "mixed", "allocated", "completing", "planned")
+DRAINED = ("drained", "draining", "drain")
+FLAGS = "*~#!%$@^-"  # sinfo's state suffixes; * is "not responding": Slurm gives such a node no new job
 
 
 @dataclass(frozen=True)
 class NodeState:
     state: str  # idle, mixed, allocated, drained, draining, down, ... as sinfo's %T says it (flags like * kept out)
     reason: str = ""
+    responding: bool = True  # False: sinfo marked the state with *, slurmctld has not heard from the node
 
     @property
     def healthy(self) -> bool:
-        return self.state in HEALTHY
+        """Whether Slurm gives the node new jobs."""
+        return self.state in HEALTHY and self.responding
+
+    @property
+    def drained(self) -> bool:
+        return self.state in DRAINED
 
     @property
     def text(self) -> str:
-        return f"{self.state} ({self.reason})" if self.reason and self.reason != "none" else self.state
+        state = self.state if self.responding else f"{self.state}, not responding"
+        return f"{state} ({self.reason})" if self.reason and self.reason != "none" else state
+
+
+def state_of(state: str, reason: str = "") -> NodeState:
+    """A node's state from sinfo's %T and %E (``drained*`` -> drained, not responding)."""
+    word = state.strip().lower()
+    return NodeState(word.rstrip(FLAGS), reason.strip(), responding="*" not in word)
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    name: str  # Slurm's NodeName (the host's hostname)
+    partitions: tuple[str, ...]
+    state: NodeState
+
+
+def cluster_nodes(sinfo: str) -> dict[str, ClusterNode]:
+    """``sinfo -h -N -o '%N|%P|%T|%E'`` on the controller: NodeName -> the node, its partitions (no default's *) and state."""
+    found: dict[str, ClusterNode] = {}
+    for line in sinfo.splitlines():
+        parts = line.split("|", 3)
+        if len(parts) != 4 or not parts[0].strip():
+            continue
+        name, partition = parts[0].strip(), parts[1].strip().rstrip("*")
+        old = found.get(name)
+        partitions = (*old.partitions, partition) if old else (partition,)
+        found[name] = ClusterNode(name, partitions, state_of(parts[2], parts[3]))
+    return found
+
+
+def partition_nodes(nodes: dict[str, ClusterNode], partition: str) -> tuple[list[ClusterNode], list[ClusterNode]]:
+    """The partition's nodes Slurm gives new jobs, and those it does not (each with its state and reason)."""
+    members = [n for n in nodes.values() if partition in n.partitions]
+    return [n for n in members if n.state.healthy], [n for n in members if not n.state.healthy]
+
+
+def nodes_text(nodes: list[ClusterNode]) -> str:
+    """``n1 drained (gpurig: host.driver: ...); n2 down (Not responding)``, for one line."""
+    return "; ".join(f"{n.name} {n.state.text}" for n in nodes)
 
 
 def node_state(conn: Connection) -> NodeState | None:
@@ -42,7 +93,7 @@ def node_state(conn: Connection) -> NodeState | None:
     if not line:
         return None
     state, _, reason = line.partition("|")
-    return NodeState(state.strip().rstrip("*~#!%$@^-").lower(), reason.strip())
+    return state_of(state, reason)
 
 
 def node_record(conn: Connection) -> Record:

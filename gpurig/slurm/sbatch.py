@@ -199,7 +199,8 @@ def view_of(host: str, job: dict) -> JobView:
            "argv": shlex.split(command) if command else [], "submitted_at": when("submit_time"), "started_at": when("start_time"),
            "ended_at": when("end_time") if state not in ("pending", "running") else None, "exit_code": code,
            "mode": "slurm", "container": job.get("nodes") or "", "batch_host": job.get("batch_host") or "",
-           "slurm": {"state": raw, "nodes": job.get("nodes"), "user": job.get("user_name"), "comment": comment}}
+           "slurm": {"state": raw, "nodes": job.get("nodes"), "user": job.get("user_name"), "comment": comment,
+                     "partition": str(job.get("partition") or "")}}
     return job_view(host, doc)
 
 

@@ -11,13 +11,15 @@ which gpurig's own job ids never are).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.errors import ConfigError, HostError, InventoryError
+from gpurig.errors import ConfigError, HostError, InventoryError, counted
+from gpurig.slurm import health
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
@@ -82,13 +84,17 @@ class Submitted:
     nodes: tuple[str, ...]
     script: str  # for --check
     via: str = "sbatch"  # or slurmrestd (gpurig_slurm.rest)
+    left_out: str = ""  # the partition's nodes Slurm gives no job (not prepared), each with its state and reason
 
 
 def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest, *, check: bool = False) -> Submitted:
-    """Every node gets the tree and the image, then the controller queues the job; its Slurm id (with ``check``, only the script)."""
+    """The partition's usable nodes pass the pre-flight and get the tree and the image, then the controller queues the job.
+
+    Nothing is queued into a partition with fewer usable nodes than the job
+    asks for; with ``check`` the same checks run, nothing moves, and the
+    script is the answer.
+    """
     from gpurig.connect.streams import Streams
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.jobs.sync import sync
     from gpurig.results import Outcome
     from gpurig.slurm import sbatch
 
@@ -96,27 +102,14 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
         raise ConfigError("--container cannot be used with --scheduler slurm", "Slurm starts the job's container: use --variant or --image")
     login = cluster.controller.user or "root"
     script = sbatch.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
-    if check:
-        return Submitted("", tuple(h.name for h in nodes_for(cluster, slurm.partition)), script)
-
-    def prepare(conn: Connection) -> Outcome:
-        from gpurig.connect.engine import open_engine
-
-        with open_engine(conn) as engine:
-            if engine.image(target.image_ref) is None:
-                if target.deliver is None:
-                    raise HostError(f"{target.image_ref} is not on the node", "build it here or push it to the spec's registry", host=conn.name)
-                target.deliver(engine, conn, target.image_ref)
-        agent = JobAgent(conn)
-        synced = sync(agent, target.key, target.tree)
-        conn.run(["mkdir", "-p", "--", f"{sbatch.folder(login, target.key)}/runs"], timeout=30)
-        return Outcome(changed=synced.moved > 0)
-
-    nodes = nodes_for(cluster, slurm.partition)
-    ready = fleet(reach, nodes, prepare)
+    partition = partition_name(cluster, slurm.partition)
+    usable, left_out = usable_nodes(reach, cluster, partition, slurm.nodes)
+    ready = fleet(reach, usable, lambda conn: prepare(conn, target, login, check))
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
+    if check:
+        return Submitted("", tuple(h.name for h in usable), script, left_out=left_out)
     comment = f"gpurig:{target.key} {' '.join(request.argv)}"[:900]
 
     via = "slurmrestd" if cluster.settings.rest else "sbatch"
@@ -138,25 +131,113 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     queued = fleet(reach, [cluster.controller], queue).results[0]
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
-    return Submitted(str(queued.data), tuple(h.name for h in nodes), script, via)
+    return Submitted(str(queued.data), tuple(h.name for h in usable), script, via, left_out)
+
+
+def prepare(conn: Connection, target, login: str, check: bool) -> Outcome:
+    """One node of the job's: the pre-flight ``run`` does on a host (gpurig.jobs.submit), then (not in check mode) the image and the tree."""
+    from gpurig.connect.engine import open_engine
+    from gpurig.facts import gather_complete
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.submit import gpu_request, refuse
+    from gpurig.jobs.sync import sync
+    from gpurig.results import Outcome
+    from gpurig.slurm import sbatch
+
+    facts = gather_complete(conn)
+    with open_engine(conn) as engine:
+        refuse(conn, engine, target, facts, gpu_request(target, facts, conn.name), runtime=False)  # no runtime: the device files
+        if check:
+            return Outcome()
+        if engine.image(target.image_ref) is None:
+            if target.deliver is None:
+                raise HostError(f"{target.image_ref} is not on the node", "build it here or push it to the spec's registry", host=conn.name)
+            target.deliver(engine, conn, target.image_ref)
+    synced = sync(JobAgent(conn), target.key, target.tree)
+    conn.run(["mkdir", "-p", "--", f"{sbatch.folder(login, target.key)}/runs"], timeout=30)
+    return Outcome(changed=synced.moved > 0)
+
+
+def usable_nodes(reach: Reach, cluster: ClusterHosts, partition: str, wanted: int) -> tuple[list, str]:
+    """The partition's nodes Slurm gives jobs, as the controller says now (and the others as one text); one line when fewer than ``wanted``."""
+    from gpurig.results import Outcome
+
+    def ask(conn: Connection) -> Outcome:
+        said = conn.run(health.SINFO_CLUSTER, warn=True, timeout=60)
+        if said.failed:
+            raise HostError(f"sinfo failed, so the partition's nodes could not be checked: {(said.stderr or said.stdout).strip()[-200:]}",
+                            "check slurmctld on the controller (gpurig provision)", host=conn.name)
+        return Outcome(data=said.stdout)
+
+    asked = fleet(reach, [cluster.controller], ask).results[0]
+    if not asked.succeeded:
+        raise HostError(asked.reason, asked.fix, host=asked.host)
+    good, bad = partition_check(str(asked.data), partition, wanted)
+    members = nodes_for(cluster, partition)
+    names = {h.name for h in members}
+    by_name = {n.name: n.name for n in good} if {n.name for n in good} <= names else hostnames(reach, cluster)
+    usable = [h for h in members if h.name in {by_name.get(n.name) for n in good}]
+    if len(usable) < wanted:
+        raise InventoryError(f"of the nodes Slurm gives jobs in partition {partition} ({', '.join(n.name for n in good)}), "
+                             f"{counted(len(usable), 'node')} matched the inventory's slurm_nodes; the job needs {wanted}",
+                             "put the cluster's nodes in slurm_nodes and provision them (gpurig provision)")
+    return usable, health.nodes_text(bad)
+
+
+def partition_check(sinfo: str, partition: str, wanted: int) -> tuple[list[health.ClusterNode], list[health.ClusterNode]]:
+    """The partition's usable and unusable nodes from the controller's sinfo; a ConfigError naming each node's state and reason when
+    fewer than ``wanted`` are usable (the job would wait in the queue for good)."""
+    good, bad = health.partition_nodes(health.cluster_nodes(sinfo), partition)
+    if len(good) >= wanted:
+        return good, bad
+    if not good and not bad:
+        raise ConfigError(f"Slurm lists no node in partition {partition}", "provision the cluster (gpurig provision), then see `sinfo`")
+    said = f"partition {partition} has no node Slurm gives jobs" if not good else \
+        f"the job asks for {wanted} nodes; partition {partition} has {len(good)} Slurm gives jobs ({', '.join(n.name for n in good)})"
+    ours = any(n.state.reason.startswith("gpurig:") for n in bad)
+    fix = ("gpurig's health program drained them: `gpurig verify -l NODE` shows the failing record; the node is resumed once it passes"
+           if ours else "resume them (`scontrol update nodename=NODE state=resume` on the controller) or give another --partition")
+    raise ConfigError(f"{said}: {health.nodes_text(bad)}", fix)
+
+
+def partition_name(cluster: ClusterHosts, partition: str | None) -> str:
+    """The job's partition: the one asked for (it must be the cluster's), else the default one (the first by name, as slurm.conf says)."""
+    names = sorted({p for parts in cluster.partitions.values() for p in parts})
+    if partition and partition not in names:
+        raise ConfigError(f"the cluster has no partition {partition!r}", f"its partitions: {', '.join(names)}")
+    return partition or names[0]
 
 
 def nodes_for(cluster: ClusterHosts, partition: str | None):
-    """The nodes a job may run on, which need its tree and image: the partition's (the default one's: the first by name)."""
-    names = sorted({p for parts in cluster.partitions.values() for p in parts})
-    wanted = partition or (names[0] if names else None)
-    if partition and partition not in names:
-        raise ConfigError(f"the cluster has no partition {partition!r}", f"its partitions: {', '.join(names)}")
+    """The nodes of the job's partition, as the inventory has them."""
+    wanted = partition_name(cluster, partition)
     return [h for h in cluster.nodes if wanted in cluster.partitions.get(h.name, ())]
 
 
-def slurm_jobs(conn: Connection) -> list[JobView]:
+def slurm_jobs(conn: Connection, explain: bool = True) -> list[JobView]:
+    """gpurig's jobs in Slurm; with ``explain``, a pending job whose partition has no node Slurm gives jobs says so (one more sinfo)."""
     from gpurig.slurm import sbatch
 
     said = conn.run(["squeue", "--json", "--states=all"], timeout=60, warn=True)  # 24.11 hides ended jobs otherwise
     if said.failed:
         raise HostError(f"squeue --json failed: {(said.stderr or said.stdout).strip()[-200:]}", "check slurmctld on the controller", host=conn.name)
-    return sbatch.gpurig_jobs(said.stdout, conn.name)
+    views = sbatch.gpurig_jobs(said.stdout, conn.name)
+    if not explain or not any(v.state == "pending" for v in views):
+        return views
+    nodes = conn.run(health.SINFO_CLUSTER, timeout=60, warn=True)
+    return [pending_why(v, nodes.stdout) for v in views] if nodes.ok else views
+
+
+def pending_why(view: JobView, sinfo: str) -> JobView:
+    """A pending job's reason (``Resources``) with why, when its partition has no node Slurm gives jobs (each node's state and reason)."""
+    partition = str((view.raw.get("slurm") or {}).get("partition") or "")
+    if view.state != "pending" or not partition or "," in partition:
+        return view
+    good, bad = health.partition_nodes(health.cluster_nodes(sinfo), partition)
+    if good or not bad:
+        return view
+    reason = f"{view.reason}; partition {partition} has no node Slurm gives jobs: {health.nodes_text(bad)}"
+    return dataclasses.replace(view, reason=reason, raw={**view.raw, "reason": reason})
 
 
 class Controller:
@@ -174,17 +255,17 @@ class Controller:
         self.conn.close()
         self.connector.close()
 
-    def find(self, job: str) -> JobView:
-        found = [v for v in slurm_jobs(self.conn) if v.id == job]
+    def find(self, job: str, explain: bool = False) -> JobView:
+        found = [v for v in slurm_jobs(self.conn, explain) if v.id == job]
         if not found:
             raise ConfigError(f"no gpurig job {job} in Slurm on {self.cluster.controller.name}",
                               f"see the jobs with `gpurig jobs` (an ended job stays {self.cluster.settings.min_job_age} s: gpurig_slurm.min_job_age)")
         return found[0]
 
 
-def find(reach: Reach, cluster: ClusterHosts, job: str) -> JobView:
+def find(reach: Reach, cluster: ClusterHosts, job: str, explain: bool = False) -> JobView:
     with Controller(reach, cluster) as controller:
-        return controller.find(job)
+        return controller.find(job, explain)
 
 
 def follow(reach: Reach, cluster: ClusterHosts, view: JobView, out: Callable[[bytes], None], follow_it: bool = True) -> JobView:
@@ -203,6 +284,11 @@ def _follow(reach: Reach, controller: Controller, view: JobView, out: Callable[[
         time.sleep(POLL_S)  # polling Slurm's queue for the job to start (it has no batch host before)
         view = controller.find(view.id)
     batch = str(view.raw.get("batch_host") or "")
+    if not batch:
+        view = controller.find(view.id, explain=True)
+        said = f"has not started (pending: {view.reason or 'queued'})" if view.state == "pending" else f"never ran on a node ({view.state_text})"
+        raise ConfigError(f"job {view.id} {said}", f"see it with `gpurig jobs --job {view.id}`; `gpurig logs --job {view.id} --follow` waits "
+                                                   "for it to start")
     # the inventory's name is the hostname on most fleets; else each node is asked its hostname once
     host = batch if batch in {h.name for h in cluster.nodes} else hostnames(reach, cluster).get(batch)
     if host is None:

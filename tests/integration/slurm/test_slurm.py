@@ -81,6 +81,18 @@ def test_a_one_gpu_job_sees_only_its_device_and_its_exit_code_comes_back(cluster
     assert [a for a in listening if a.endswith(":1AA4")] == ["0100007F:1AA4"]  # slurmrestd on 127.0.0.1:6820 only, never the network
 
 
+def test_a_memlock_dockerd_cannot_raise_is_refused_before_submitting_naming_the_flag(cluster):
+    hosts, inv, work = cluster
+    queued = hosts.ssh(hosts.controller, "squeue -h -o %i").stdout
+    (work / "job").mkdir(exist_ok=True)
+    # the hosts' dockerd runs without CAP_SYS_RESOURCE under a finite memlock: deploy's default (memlock unlimited) cannot start
+    proc = gpurig(work, "run", "-i", str(inv), "--scheduler", "slurm", "--image", IMAGE, "--workdir", str(work / "job"), "--", "true")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "memlock unlimited is above dockerd's hard limit" in proc.stderr and "--ulimit memlock=" in proc.stderr, proc.stderr[-2000:]
+    assert "gpurig_containers" not in proc.stderr  # run reads no gpurig_containers ulimits: the flag is the fix
+    assert hosts.ssh(hosts.controller, "squeue -h -o %i").stdout == queued  # nothing submitted
+
+
 def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):
     hosts, inv, work = cluster
     proc = run_job(work, inv, "--nodes", "2", "--gpus", "1", "--launcher", "none", "--wait", "--", "sh", "show.sh")
@@ -128,6 +140,56 @@ def test_a_failing_health_probe_drains_its_node_and_a_passing_one_resumes_it(clu
     assert "(slurm node)" in status.stdout and "drain" in status.stdout
     hosts.replay_probe(node)
     until(lambda s: s[0] in ("idle", "mixed", "allocated"), "never resumed")
+
+
+def test_a_fully_drained_cluster_fails_provision_and_refuses_jobs_saying_why(cluster):
+    hosts, inv, work = cluster
+    queued = hosts.ssh(hosts.controller, "squeue -h -o %i").stdout
+
+    def states() -> dict[str, tuple[str, str]]:
+        lines = hosts.ssh(hosts.controller, "sinfo -h -N -o '%N|%T|%E'").stdout.splitlines()
+        return {n: (s, r) for n, s, r in (line.split("|", 2) for line in lines if line)}
+
+    def until(pred, what):
+        end = time.monotonic() + 90
+        while not all(pred(*states()[n.name]) for n in hosts.nodes):
+            assert time.monotonic() < end, f"{what}: {states()}"
+            time.sleep(0.5)  # the health program runs every 2 s (gpurig_slurm.health_interval)
+
+    for node in hosts.nodes:  # no NVIDIA driver answers: host.driver fails and the health program drains the node
+        hosts.replay_probe(node, smi="nvidia-smi-no-driver.txt")
+    until(lambda s, r: s.startswith("drain") and r.startswith("gpurig: host.driver"), "never drained")
+    try:
+        done = gpurig(work, "provision", "-i", str(inv), "--only", "slurm", "--json", "-", timeout=600)
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+        steps = {h["host"]: {s["step"]: s for s in h["steps"]} for h in json.loads(done.stdout)["hosts"]}
+        for node in hosts.nodes:
+            step = steps[node.name]["slurm-node"]
+            assert step["status"] == "failed" and f"{node.name} no job: drained (gpurig: host.driver" in step["reason"], step
+        expected = hosts.write(work / "inventory" / "drained.yaml", {**VARS, "gpurig_slurm_expect_drained": True})
+        warned = gpurig(work, "provision", "-i", str(expected), "--only", "slurm", timeout=600)
+        assert warned.returncode == 0, warned.stdout[-3000:] + warned.stderr[-3000:]
+        assert all(f"warning: {n.name} is drained (gpurig: host.driver" in warned.stderr for n in hosts.nodes), warned.stderr[-2000:]
+        refused = run_job(work, inv, "--gpus", "1", "--", "sh", "show.sh")
+        assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
+        line = refused.stderr.strip().splitlines()[-1]
+        assert "partition gpu has no node Slurm gives jobs" in line and "fix:" in line, refused.stderr[-2000:]
+        assert all(f"{n.name} drained (gpurig: host.driver" in line for n in hosts.nodes), line
+        assert hosts.ssh(hosts.controller, "squeue -h -o %i").stdout == queued  # nothing submitted
+        # a job queued past gpurig (sbatch by hand) waits: jobs and logs say why
+        job = hosts.ssh(hosts.controller, "sbatch --parsable -p gpu --comment='gpurig:by-hand true' --wrap true").stdout.strip()
+        try:
+            listed = json.loads(gpurig(work, "jobs", "-i", str(inv), "--job", job, "--json", "-").stdout)["jobs"][0]
+            assert listed["state"] == "pending" and "partition gpu has no node Slurm gives jobs" in listed["reason"], listed
+            logs = gpurig(work, "logs", "-i", str(inv), "--job", job)
+            assert logs.returncode == 2 and f"job {job} has not started (pending: " in logs.stderr, logs.stderr[-2000:]
+            assert "none of the inventory's nodes" not in logs.stderr
+        finally:
+            hosts.ssh(hosts.controller, f"scancel {job}")
+    finally:
+        for node in hosts.nodes:
+            hosts.replay_probe(node)
+        until(lambda s, r: s in ("idle", "mixed", "allocated"), "never resumed")
 
 
 def test_a_setting_change_is_shown_first_then_applied_live_with_a_reconfigure(cluster):
