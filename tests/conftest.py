@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,23 @@ LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm"
                  "integration/hosts")
 
 
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the run itself has none, so
+# every table gpurig printed there (in-process, or in a gpurig a test started) was 80 columns wide and cut what a
+# test reads. The controller says what the run had (pytest_configure), and each worker puts that back here, before
+# anything reads them.
+TERMINAL_VARS = ("COLUMNS", "LINES")
+if os.environ.get("PYTEST_XDIST_WORKER") and "GPURIGTEST_RUN_COLUMNS" in os.environ:
+    for _name in TERMINAL_VARS:
+        if os.environ.get(f"GPURIGTEST_RUN_{_name}"):
+            os.environ[_name] = os.environ[f"GPURIGTEST_RUN_{_name}"]
+        else:
+            os.environ.pop(_name, None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        for name in TERMINAL_VARS:
+            os.environ[f"GPURIGTEST_RUN_{name}"] = os.environ.get(name, "")
     # A suite started in the background of a script (`cmd &`, nohup) inherits SIGINT ignored, and every gpurig a test
     # starts would inherit that too: the Ctrl-C tests would wait for a stop that never comes. A handled SIGINT here
     # is reset to the default in each child at exec, as a terminal gives it.
