@@ -100,9 +100,11 @@ def run_fleet(
 
     pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="gpurig-host")
     interrupted, stop_code = False, 0
+    pending: dict[Future, Host] = {}  # filled one by one: a Ctrl-C while the hosts are handed out still finds those already started
     try:
         display.start(len(hosts), label)
-        pending: dict[Future, Host] = {pool.submit(one, h): h for h in hosts}
+        for h in hosts:
+            pending[pool.submit(one, h)] = h
         while pending:
             # A short wait keeps the main thread responsive to Ctrl-C.
             done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)

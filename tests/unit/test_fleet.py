@@ -118,3 +118,18 @@ def test_progress_on_a_terminal_prints_each_host_as_it_finishes(tmp_path):
     text = buf.getvalue()
     assert "l0" in text and "l2" in text
     assert "failed" in text and "exited 1" in text
+
+
+def test_ctrl_c_as_the_run_starts_is_an_interrupted_run_not_a_crash(tmp_path):
+    import pytest
+
+    from gpurig.results import FleetEvents, FleetInterrupted
+
+    class CtrlCAtStart(FleetEvents):
+        def start(self, total: int, label: str) -> None:
+            raise KeyboardInterrupt  # the person's Ctrl-C before the hosts are all handed out
+
+    with pytest.raises(FleetInterrupted) as stop:
+        run_fleet(hosts(2), lambda c: None, connector=connector(tmp_path), events=CtrlCAtStart())
+    assert [(r.host, r.reason) for r in stop.value.report.results] == [("l0", "interrupted"), ("l1", "interrupted")]
+    assert stop.value.exit_code == 130
