@@ -116,18 +116,20 @@ def run_stage(stage) -> int:
 
 
 def first_reason(report: Path) -> str:
-    """The first failing host's (or container's) reason in a stage's JSON report."""
+    """The first failing host's (or container's) reason in a stage's JSON report; run's job's own words when it ended badly."""
     try:
         doc = json.loads(report.read_text())
     except (OSError, ValueError):
         return ""
+    job = doc.get("job") or {}
+    if job.get("state") in ("failed", "cancelled"):
+        return f"job {job.get('id')} {job['state']}" + (f" ({job['reason']})" if job.get("reason") else "")
     for h in doc.get("hosts") or ():
         for c in h.get("containers") or ():
             if c.get("status") == "failed" and c.get("reason"):
                 return f"{h.get('host')}: {c.get('name')}: {c['reason']}"
         if h.get("status") not in ("ok", "changed") and h.get("reason"):
             return f"{h.get('host')}: {h['reason']}"
-    job = doc.get("job") or {}
     if job.get("state") and job.get("state") != "succeeded":
         return f"job {job.get('id')} {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else "")
     return ""

@@ -140,6 +140,10 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         if opts.check or not wait:
             return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
         done = follow(conn, submitted.job, request, into_dir)
+        view = done.view
+        if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
+            why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
+            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=why, fix=done.error.fix if done.error else "")
         if done.error is not None:
             return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
         return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
@@ -156,10 +160,10 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         from gpurig.jobs.views import job_junit
 
         write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
-    exit_for(report)
     done = waited(report)
-    if done and done[0].view.exit_status:
+    if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
         raise Exit(code=done[0].view.exit_status)
+    exit_for(report)
 
 
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec) -> None:

@@ -1,0 +1,140 @@
+"""What `run --wait` and `logs --follow` say and do when a signal stops them, and how `run --wait` reports a job that failed.
+
+The tasks run in-process over one host whose connection is scripted: the
+submission is replaced (the job is on the host once it returns), and the job
+agent's verbs answer as the host's would. The signal arrives while the log is
+being followed, as Ctrl-C or a CI runner's SIGTERM does: the main thread gets
+it, and the command reading the log stops as a real connection's does.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import signal
+
+import pytest
+from fakes import ScriptedConnection
+from invoke import Context
+from invoke.exceptions import Exit
+
+from gpurig.cli import base, jobqueue, options
+from gpurig.cli import run as run_task
+from gpurig.inventory import Host
+from gpurig.jobs import submit
+from gpurig.jobs.sync import SyncPlan
+
+HOST = Host("gpu-01", (), {}, connection="ssh")
+
+
+def verb(line: str) -> str:
+    """The job agent's verb in a command line (the agent travels in front of it)."""
+    return line.rsplit("))' ", 1)[1].split()[0]
+
+
+class Host1:
+    """The host as the agent on it answers; ``signal`` is sent to this process when the log is being followed."""
+
+    def __init__(self, signum: int | None = None, ended: dict | None = None) -> None:
+        self.signum = signum
+        self.ended = ended or {"state": "succeeded", "exit_code": 0}
+        self.asked: list[str] = []
+        self.job = ""
+
+    def connection(self) -> ScriptedConnection:
+        conn: ScriptedConnection
+
+        def answer(line: str):
+            self.asked.append(verb(line))
+            if self.asked[-1] == "logs":
+                if self.signum is not None:
+                    _thread.interrupt_main(self.signum)  # the signal reaches the main thread, as the terminal's or the runner's does
+                    assert conn._interrupted.wait(30), "the fleet never stopped the command"
+                    raise conn._interrupted_error()  # what a real connection raises for a command it stopped
+                return 0, "", "gpurig-job-state: " + json.dumps(self.ended) + "\n"
+            if self.asked[-1] == "list":
+                return 0, json.dumps({"jobs": [{"id": self.job, "mode": "exec", "container": "box", **self.ended,
+                                                "reason": f"exited {self.ended['exit_code']}" if self.ended["exit_code"] else ""}]}), ""
+            if self.asked[-1] == "samples":
+                return 0, '{"records": []}', ""
+            if self.asked[-1] == "cancel":
+                return 0, json.dumps({"id": self.job, "state": "cancelled", "changed": True, "reason": "cancelled"}), ""
+            raise AssertionError(f"unexpected command: {line[-200:]}")
+
+        conn = ScriptedConnection(HOST.name, answer)
+        return conn
+
+
+class FakeConnector:
+    def __init__(self, host: Host1) -> None:
+        self.host = host
+
+    def open(self, _host: Host) -> ScriptedConnection:
+        return self.host.connection()
+
+    def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt here, whatever the test runner set."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def gpu_host(monkeypatch, tmp_path, sigint_raises):
+    """``gpu_host(signal=None, ended=...)`` -> the scripted host `run` submits to and follows the job on."""
+    made: list[Host1] = []
+
+    def make(signum: int | None = None, ended: dict | None = None) -> Host1:
+        host = Host1(signum, ended)
+        made.append(host)
+        return host
+
+    def submit_job(conn, target):
+        made[-1].job = target.job
+        return submit.Submitted(target.job, "pending", {}, SyncPlan((), (), 0))
+
+    monkeypatch.setattr(submit, "submit_job", submit_job)
+    for module in (run_task, jobqueue):
+        monkeypatch.setattr(module, "select_hosts", lambda opts: [HOST])
+    for module in (options, run_task, jobqueue):
+        monkeypatch.setattr(module, "make_connector", lambda opts, early=None: FakeConnector(made[-1]), raising=False)
+    monkeypatch.setattr(base, "PROGRAM_ARGV", ["gpurig", "run", "--", "sh", "train.sh"])
+    (tmp_path / "train.sh").write_text("echo hi\n")
+    monkeypatch.chdir(tmp_path)
+    return make
+
+
+def run(capsys, **flags) -> tuple[int, str]:
+    """`gpurig run --container box --wait ... -- sh train.sh`: its exit code and all it wrote on stderr (its last line included)."""
+    c = Context()
+    c.remainder = "sh train.sh"
+    capsys.readouterr()
+    try:
+        run_task.run(c, **{"container": "box", "wait": True, **flags})
+        code, last = 0, ""
+    except Exit as stop:
+        code, last = stop.code, str(stop.message or "")
+    return code, capsys.readouterr().err + last
+
+
+def test_a_job_that_exited_3_is_failed_in_the_recap_and_run_wait_exits_3(gpu_host, capsys, tmp_path):
+    host = gpu_host(ended={"state": "failed", "exit_code": 3})
+    got, said = run(capsys, json=str(tmp_path / "run.json"))
+    assert got == 3
+    assert f"gpu-01: job {host.job} failed (exited 3)" in said
+    assert "failed=1" in said and "changed=1" not in said
+    assert json.loads((tmp_path / "run.json").read_text())["hosts"][0]["status"] == "failed"
+
+
+def test_a_job_that_succeeded_is_changed_and_exits_0(gpu_host, capsys):
+    gpu_host()
+    got, said = run(capsys)
+    assert got == 0 and "changed=1" in said and "failed=0" in said
