@@ -125,6 +125,39 @@ def run(capsys, **flags) -> tuple[int, str]:
     return code, capsys.readouterr().err + last
 
 
+@pytest.mark.parametrize(("signum", "code", "head"), [(signal.SIGINT, 130, "gpurig: interrupted; "),
+                                                      (signal.SIGTERM, 143, "gpurig: terminated (SIGTERM); ")])
+def test_a_signal_during_run_wait_detaches_and_says_once_how_to_follow_and_stop_the_job(gpu_host, capsys, signum, code, head):
+    host = gpu_host(signum)
+    got, said = run(capsys)
+    job = host.job
+    assert got == code
+    assert said.strip().splitlines()[-1] == (f"{head}detached from job {job}, which goes on: follow it with gpurig logs --job {job} "
+                                             f"--follow; stop it with gpurig cancel {job}")
+    assert "run again" not in said and said.count(job) == 3  # one line: not "the command was stopped", not a recap of it
+    assert "cancel" not in host.asked  # the job was left alone
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_cancel_on_interrupt_cancels_the_job_on_its_host_and_says_so(gpu_host, capsys, tmp_path, signum, code):
+    from gpurig.cli.ci import first_reason
+
+    host = gpu_host(signum)
+    got, said = run(capsys, cancel_on_interrupt=True, json=str(tmp_path / "run.json"))
+    assert got == code
+    assert host.asked[-1] == "cancel"
+    assert said.strip().splitlines()[-1].endswith(f"; cancelled job {host.job} (cancelled)")
+    assert "goes on" not in said and "run again" not in said
+    assert json.loads((tmp_path / "run.json").read_text())["job"]["state"] == "cancelled"  # the report, too, says what became of it
+    assert first_reason(tmp_path / "run.json") == f"job {host.job} cancelled (cancelled)"  # ci's line when its runner cancels it
+
+
+def test_cancel_on_interrupt_needs_wait(gpu_host, capsys):
+    host = gpu_host()
+    got, said = run(capsys, wait=False, cancel_on_interrupt=True)
+    assert got == 2 and "--cancel-on-interrupt needs --wait" in said and host.asked == []
+
+
 def test_a_job_that_exited_3_is_failed_in_the_recap_and_run_wait_exits_3(gpu_host, capsys, tmp_path):
     host = gpu_host(ended={"state": "failed", "exit_code": 3})
     got, said = run(capsys, json=str(tmp_path / "run.json"))
@@ -138,3 +171,44 @@ def test_a_job_that_succeeded_is_changed_and_exits_0(gpu_host, capsys):
     gpu_host()
     got, said = run(capsys)
     assert got == 0 and "changed=1" in said and "failed=0" in said
+
+
+@pytest.fixture
+def slurm_job(monkeypatch, tmp_path):
+    """`run --scheduler slurm --wait` whose following of Slurm job 42 a SIGTERM stops; what was cancelled, in ``cancelled``."""
+    from types import SimpleNamespace
+
+    from gpurig.jobs.views import job_view
+    from gpurig.slurm import scheduler
+
+    cancelled: list[str] = []
+    node = Host("node-01", (), {}, connection="ssh")
+
+    def follow(*args, **kwargs):
+        raise base.Terminated()  # what the task's SIGTERM handler raises in the main thread
+
+    def cancel(reach, cluster, job):
+        cancelled.append(job)
+        return job_view("ctl", {"id": job, "state": "cancelled", "mode": "slurm"})
+
+    monkeypatch.setattr(scheduler, "the_cluster", lambda source: SimpleNamespace(nodes=(node,), controller=SimpleNamespace(name="ctl")))
+    monkeypatch.setattr(scheduler, "submit", lambda *args, **kwargs: scheduler.Submitted("42", ("node-01",), "", "sbatch"))
+    monkeypatch.setattr(scheduler, "find", lambda reach, cluster, job: job_view("ctl", {"id": job, "state": "running", "mode": "slurm"}))
+    monkeypatch.setattr(scheduler, "follow", follow)
+    monkeypatch.setattr(scheduler, "cancel", cancel)
+    monkeypatch.setattr(base, "PROGRAM_ARGV", ["gpurig", "run", "--", "sh", "train.sh"])
+    monkeypatch.chdir(tmp_path)
+    return cancelled
+
+
+@pytest.mark.parametrize("cancel", [True, False])
+def test_a_sigterm_during_a_slurm_run_wait_scancels_the_job_only_when_asked(slurm_job, capsys, cancel):
+    code, said = run(capsys, scheduler="slurm", cancel_on_interrupt=cancel)
+    assert code == 143
+    last = said.strip().splitlines()[-1]
+    if cancel:
+        assert slurm_job == ["42"] and last == "gpurig: terminated (SIGTERM); cancelled slurm job 42 (cancelled)"
+    else:
+        assert slurm_job == [] and last == ("gpurig: terminated (SIGTERM); detached from slurm job 42, which goes on: "
+                                            "follow it with gpurig logs --job 42 --follow; stop it with gpurig cancel 42")
+
