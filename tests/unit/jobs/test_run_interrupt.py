@@ -173,6 +173,21 @@ def test_a_job_that_succeeded_is_changed_and_exits_0(gpu_host, capsys):
     assert got == 0 and "changed=1" in said and "failed=0" in said
 
 
+def test_ctrl_c_on_logs_follow_ends_quietly_in_one_line_with_130(gpu_host, capsys, monkeypatch):
+    host = gpu_host(signal.SIGINT)
+    host.job = "abc12345"
+    from gpurig.jobs.views import job_view
+
+    monkeypatch.setattr(jobqueue, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "running"}))
+    capsys.readouterr()
+    with pytest.raises(Exit) as stop:
+        jobqueue.logs(Context(), name=host.job, job=True, follow=True)
+    said = capsys.readouterr().err
+    assert stop.value.code == 130
+    assert str(stop.value.message) == f"gpurig: interrupted; stopped following job {host.job}, which goes on (gpurig cancel {host.job} stops it)"
+    assert said == ""  # no recap, no "failed", no "run again"
+
+
 @pytest.fixture
 def slurm_job(monkeypatch, tmp_path):
     """`run --scheduler slurm --wait` whose following of Slurm job 42 a SIGTERM stops; what was cancelled, in ``cancelled``."""
