@@ -188,6 +188,23 @@ def test_ctrl_c_on_logs_follow_ends_quietly_in_one_line_with_130(gpu_host, capsy
     assert said == ""  # no recap, no "failed", no "run again"
 
 
+def test_ci_runs_its_job_with_cancel_on_interrupt_unless_told_otherwise(monkeypatch, tmp_path):
+    from gpurig.cli import ci
+
+    asked: list[dict] = []
+    monkeypatch.setattr(run_task, "run", lambda c, **flags: asked.append(flags))
+    (tmp_path / "run.json").write_text("{}")
+
+    class Box:
+        name, entry = "box", None
+
+    opts = options.host_options(Context(), inventory=str(tmp_path / "hosts.yaml"))
+    for cancel in (True, False):
+        ci.chain(Context(), opts, Box(), tmp_path, variant="slim", spec=None, skipped=["build", "deploy", "verify"], level="quick",
+                 artifacts=None, workdir=None, timeout=None, env=None, keep_reports=False, cancel=cancel)
+    assert [a["cancel_on_interrupt"] for a in asked] == [True, False]
+
+
 @pytest.fixture
 def slurm_job(monkeypatch, tmp_path):
     """`run --scheduler slurm --wait` whose following of Slurm job 42 a SIGTERM stops; what was cancelled, in ``cancelled``."""
@@ -226,4 +243,3 @@ def test_a_sigterm_during_a_slurm_run_wait_scancels_the_job_only_when_asked(slur
     else:
         assert slurm_job == [] and last == ("gpurig: terminated (SIGTERM); detached from slurm job 42, which goes on: "
                                             "follow it with gpurig logs --job 42 --follow; stop it with gpurig cancel 42")
-
