@@ -180,16 +180,19 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     try:
         report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending)},
                            interrupt_recap=not wait)
-    except FleetInterrupted as stop:
+    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
         if not wait:
             raise
+        stopped = stop.report if isinstance(stop, FleetInterrupted) else None
         if stage[0] == "submitting":  # no job known to be on the host: the recap says where the submission stopped
             from gpurig.report.fleetrun import print_recap
 
-            print_recap(stop.report, err_console)
+            if stopped is not None:
+                print_recap(stopped, err_console)
             raise
-        said = after_interrupt(opts, host, stop.report, job, stage[0], request, cancel_on_interrupt, ending)
-        write_json_report(opts, stop.report, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
+        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel_on_interrupt, ending)
+        if stopped is not None:
+            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
         raise interrupted(stop, said) from None
     show_run(opts, report, wait)
     if junit:
@@ -203,12 +206,12 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     exit_for(report)
 
 
-def after_interrupt(opts: HostOptions, host, report: FleetReport, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
+def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
                     ending: dict) -> str:
     """What became of the job --wait followed when a signal stopped it (``ending`` says it for the report): cancelled (``cancel``),
     left to go on, or already ended."""
     if stage == "ended":
-        found = waited(report)
+        found = waited(report) if report is not None else []
         if not found:
             return f"job {job}'s log had ended; see how the job ended with gpurig jobs --job {job}"
         view = found[0].view
@@ -219,13 +222,13 @@ def after_interrupt(opts: HostOptions, host, report: FleetReport, job: str, stag
         return f"detached from job {job}, which goes on: {follow_hint(job)}"
     from gpurig.connect.fleet import run_fleet
     from gpurig.jobs.remote import JobAgent
-    from gpurig.results import FleetInterrupted, Outcome
+    from gpurig.results import Outcome
 
     connector = make_connector(opts)
     try:
         done = run_fleet([host], lambda conn: Outcome(data=JobAgent(conn).cancel(job, request.grace)), connector=connector, forks=1,
                          label="cancel").results[0]
-    except FleetInterrupted:
+    except KeyboardInterrupt:
         return f"interrupted again while cancelling job {job}, which may go on: stop it with gpurig cancel {job}"
     finally:
         connector.close()

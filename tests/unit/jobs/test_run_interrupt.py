@@ -138,6 +138,25 @@ def test_a_signal_during_run_wait_detaches_and_says_once_how_to_follow_and_stop_
     assert "cancel" not in host.asked  # the job was left alone
 
 
+def test_a_second_ctrl_c_while_gpurig_stops_still_says_what_became_of_the_job(gpu_host, capsys, monkeypatch):
+    from gpurig.connect import fleet
+    from gpurig.results import FleetInterrupted
+
+    real = fleet.run_fleet
+
+    def impatient(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except FleetInterrupted:
+            raise KeyboardInterrupt from None  # the person's second Ctrl-C, landing while the fleet stopped its commands
+
+    monkeypatch.setattr(fleet, "run_fleet", impatient)
+    host = gpu_host(signal.SIGINT)
+    got, said = run(capsys)
+    assert got == 130 and said.strip().splitlines()[-1].startswith(f"gpurig: interrupted; detached from job {host.job}, which goes on")
+
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_cancel_on_interrupt_cancels_the_job_on_its_host_and_says_so(gpu_host, capsys, tmp_path, signum, code):
     from gpurig.cli.ci import first_reason
