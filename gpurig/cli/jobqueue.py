@@ -143,7 +143,7 @@ def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, lab
     """The job's log to stdout; Ctrl-C (or SIGTERM) while following ends it with one line: following stopped, the job goes on."""
     from gpurig.connect.connection import CommandInterrupted
     from gpurig.jobs.remote import JobAgent
-    from gpurig.results import FleetInterrupted, Outcome
+    from gpurig.results import Outcome
 
     def work(conn: Connection) -> Outcome:
         try:
@@ -151,12 +151,12 @@ def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, lab
         except CommandInterrupted:
             if not conn.interrupted:
                 raise
-            return Outcome(detail="stopped following; the job was left to go on")  # what was stopped was the reading, not the job
+            return Outcome(detail="stopped following the log")  # what was stopped was the reading, not the job
         return Outcome(data=end)
 
     try:
         return on_job_host(opts, view, label, work, interrupt_recap=False)
-    except FleetInterrupted as stop:
+    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short
         raise stopped_following(stop, view) from None
 
 

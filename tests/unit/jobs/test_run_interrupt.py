@@ -192,7 +192,8 @@ def test_a_job_that_succeeded_is_changed_and_exits_0(gpu_host, capsys):
     assert got == 0 and "changed=1" in said and "failed=0" in said
 
 
-def test_ctrl_c_on_logs_follow_ends_quietly_in_one_line_with_130(gpu_host, capsys, monkeypatch):
+@pytest.mark.parametrize("task", ["logs --job ID --follow", "attach ID"])
+def test_ctrl_c_on_logs_follow_or_attach_ends_quietly_in_one_line_with_130(gpu_host, capsys, monkeypatch, task):
     host = gpu_host(signal.SIGINT)
     host.job = "abc12345"
     from gpurig.jobs.views import job_view
@@ -200,7 +201,10 @@ def test_ctrl_c_on_logs_follow_ends_quietly_in_one_line_with_130(gpu_host, capsy
     monkeypatch.setattr(jobqueue, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "running"}))
     capsys.readouterr()
     with pytest.raises(Exit) as stop:
-        jobqueue.logs(Context(), name=host.job, job=True, follow=True)
+        if task.startswith("logs"):
+            jobqueue.logs(Context(), name=host.job, job=True, follow=True)
+        else:
+            jobqueue.attach(Context(), job=host.job)
     said = capsys.readouterr().err
     assert stop.value.code == 130
     assert str(stop.value.message) == f"gpurig: interrupted; stopped following job {host.job}, which goes on (gpurig cancel {host.job} stops it)"
