@@ -7,6 +7,9 @@ with the same output, and writes its JSON report (and verify's and run's
 JUnit) into ``--reports DIR``. A stage that fails stops the chain: one line
 names the stage, its first reason and the stages not run, and the task exits
 with the stage's code (the script's own exit code when ``run`` is the one).
+A CI runner's cancel (SIGTERM) or Ctrl-C during ``run`` cancels the job
+(``run --cancel-on-interrupt``), so no job outlives the pipeline that made it;
+``--no-cancel-on-interrupt`` leaves it running instead.
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ CI_HELP = {
     "env": "NAME=VALUE for the job's environment (repeatable)",
     "reports": "write each stage's JSON report (and verify's and run's JUnit XML) into this folder",
     "spec": "image spec file (default: the one in images/)",
+    "cancel_on_interrupt": "when ci is interrupted (Ctrl-C, a runner's SIGTERM) during run, cancel the job (default; "
+                           "--no-cancel-on-interrupt leaves it running)",
 }
 
 
 @host_task(help=CI_HELP, iterable=["artifacts", "env"])
 def ci(c, opts: HostOptions, variant="slim", skip=None, level="quick", artifacts=None, workdir=None, timeout=None, env=None, reports=None,
-       spec=None):
+       spec=None, cancel_on_interrupt=True):
     """For CI: build -> deploy -> verify -> run (waiting) -> collect on one host; stops at the first failing stage, with its reason."""
     if dry_run(c):
         raise ConfigError("--dry: ci has no check mode", "run its stages with --check: gpurig deploy --check, gpurig run --check")
@@ -63,11 +68,11 @@ def ci(c, opts: HostOptions, variant="slim", skip=None, level="quick", artifacts
         out = Path(reports) if reports else Path(scratch)
         out.mkdir(parents=True, exist_ok=True)
         chain(c, opts, container, out, variant=variant, spec=spec, skipped=skipped, level=level, artifacts=artifacts, workdir=workdir,
-              timeout=timeout, env=env, keep_reports=bool(reports))
+              timeout=timeout, env=env, keep_reports=bool(reports), cancel=bool(cancel_on_interrupt))
 
 
 def chain(c, opts: HostOptions, container, out: Path, *, variant: str, spec, skipped: list[str], level: str, artifacts, workdir, timeout, env,
-          keep_reports: bool) -> None:
+          keep_reports: bool, cancel: bool = True) -> None:
     from gpurig.cli import deploy as deploy_task
     from gpurig.cli import images, run, verify
 
@@ -79,8 +84,8 @@ def chain(c, opts: HostOptions, container, out: Path, *, variant: str, spec, ski
         ("deploy", lambda: deploy_task.deploy(c, variant=variant, spec=spec, **host, json=str(out / "deploy.json")), out / "deploy.json"),
         ("verify", lambda: verify.verify(c, container=container.name, level=level, junit=str(out / "verify.xml"), **host,
                                          json=str(out / "verify.json")), out / "verify.json"),
-        ("run", lambda: run.run(c, container=container.name, wait=True, artifacts=artifacts, workdir=workdir, timeout=timeout, env=env,
-                                junit=str(out / "run.xml"), **host, json=str(out / "run.json")), out / "run.json"),
+        ("run", lambda: run.run(c, container=container.name, wait=True, cancel_on_interrupt=cancel, artifacts=artifacts, workdir=workdir,
+                                timeout=timeout, env=env, junit=str(out / "run.xml"), **host, json=str(out / "run.json")), out / "run.json"),
     ]
     for name, stage, report in steps:
         if name in skipped:
@@ -116,18 +121,20 @@ def run_stage(stage) -> int:
 
 
 def first_reason(report: Path) -> str:
-    """The first failing host's (or container's) reason in a stage's JSON report."""
+    """The first failing host's (or container's) reason in a stage's JSON report; run's job's own words when it ended badly."""
     try:
         doc = json.loads(report.read_text())
     except (OSError, ValueError):
         return ""
+    job = doc.get("job") or {}
+    if job.get("state") in ("failed", "cancelled"):
+        return f"job {job.get('id')} {job['state']}" + (f" ({job['reason']})" if job.get("reason") else "")
     for h in doc.get("hosts") or ():
         for c in h.get("containers") or ():
             if c.get("status") == "failed" and c.get("reason"):
                 return f"{h.get('host')}: {c.get('name')}: {c['reason']}"
         if h.get("status") not in ("ok", "changed") and h.get("reason"):
             return f"{h.get('host')}: {h['reason']}"
-    job = doc.get("job") or {}
     if job.get("state") and job.get("state") != "succeeded":
         return f"job {job.get('id')} {job.get('state')}" + (f" ({job['reason']})" if job.get("reason") else "")
     return ""

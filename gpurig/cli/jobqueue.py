@@ -19,7 +19,9 @@ from gpurig.cli.options import (
     exit_for,
     exit_with_job,
     fleet_document,
+    follow_hint,
     host_task,
+    interrupted,
     make_connector,
     run_hosts,
     select_hosts,
@@ -131,20 +133,37 @@ def find_job(opts: HostOptions, wanted: str) -> JobView:
         raise
 
 
-def on_job_host(opts: HostOptions, view: JobView, label: str, work) -> FleetReport:
+def on_job_host(opts: HostOptions, view: JobView, label: str, work, interrupt_recap: bool = True) -> FleetReport:
     chosen = [h for h in select_hosts(opts) if h.name == view.host]
-    return run_hosts(opts, chosen, work, label=label, schema=f"gpurig.{label}/1")
+    return run_hosts(opts, chosen, work, label=label, schema=f"gpurig.{label}/1", interrupt_recap=interrupt_recap)
 
 
 def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
+    """The job's log to stdout; Ctrl-C (or SIGTERM) while following ends it with one line: following stopped, the job goes on."""
+    from gpurig.connect.connection import CommandInterrupted
     from gpurig.jobs.remote import JobAgent
     from gpurig.results import Outcome
 
     def work(conn: Connection) -> Outcome:
-        end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
+        try:
+            end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
+        except CommandInterrupted:
+            if not conn.interrupted:
+                raise
+            return Outcome(detail="stopped following the log")  # what was stopped was the reading, not the job
         return Outcome(data=end)
 
-    return on_job_host(opts, view, label, work)
+    try:
+        return on_job_host(opts, view, label, work, interrupt_recap=False)
+    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short
+        raise stopped_following(stop, view) from None
+
+
+def stopped_following(stop: KeyboardInterrupt, view: JobView) -> Exception:
+    """The one line a signal ends a job's followed log with: the person stopped following, the job is as it was."""
+    if view.ended:
+        return interrupted(stop, f"stopped reading job {view.id}'s log; the job had ended ({view.state_text})")
+    return interrupted(stop, f"stopped following job {view.id}, which goes on (gpurig cancel {view.id} stops it)")
 
 
 def print_now(text: str) -> None:
@@ -161,7 +180,10 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
         from gpurig.slurm.scheduler import follow as follow_slurm
         from gpurig.slurm.scheduler import the_cluster
 
-        follow_slurm(slurm_reach(opts), the_cluster(opts.settings.inventory), view, to_stdout, follow_it=follow)
+        try:
+            follow_slurm(slurm_reach(opts), the_cluster(opts.settings.inventory), view, to_stdout, follow_it=follow)
+        except KeyboardInterrupt as stop:
+            raise stopped_following(stop, view) from None
         return
     exit_for(stream_log(opts, view, follow=follow, tail=tail, label="logs"))
 
@@ -215,13 +237,13 @@ def attach(c, opts: HostOptions, job=None, tail=20):
     if view.mode == "slurm":
         from gpurig.slurm import scheduler
 
-        exit_with_job(scheduler.follow(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view, to_stdout))
+        try:
+            after = scheduler.follow(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view, to_stdout)
+        except KeyboardInterrupt as stop:
+            raise interrupted(stop, f"detached from slurm job {view.id}, which goes on: {follow_hint(view.id)}") from None
+        exit_with_job(after)
         return
-    try:
-        report = stream_log(opts, view, follow=True, tail=int(tail), label="attach")
-    except KeyboardInterrupt:
-        err_console.print(f"detached from job {view.id}; it goes on (gpurig cancel {view.id} stops it)", highlight=False)
-        raise
+    report = stream_log(opts, view, follow=True, tail=int(tail), label="attach")
     exit_for(report)
     end = next((r.data for r in report.results if r.data is not None), None)
     after = find_job(opts, view.id)

@@ -22,6 +22,7 @@ import functools
 import getpass
 import inspect
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -241,6 +242,19 @@ def exit_with_job(view: JobView) -> None:
         raise Exit(code=view.exit_status)
 
 
+def follow_hint(job: str) -> str:
+    """How a person follows a job gpurig no longer follows, and how they stop it."""
+    return f"follow it with gpurig logs --job {job} --follow; stop it with gpurig cancel {job}"
+
+
+def interrupted(stop: KeyboardInterrupt, said: str) -> Exit:
+    """The one line that ends a task a signal stopped, saying what became of its job; exit 130 after Ctrl-C, 143 after SIGTERM."""
+    from gpurig.results import SIGINT_EXIT
+
+    code = int(getattr(stop, "exit_code", SIGINT_EXIT))
+    return Exit(f"gpurig: {'terminated (SIGTERM)' if code == 128 + signal.SIGTERM else 'interrupted'}; {said}", code=code)
+
+
 def run_hosts(
     opts: HostOptions,
     hosts: Sequence[Host],
@@ -252,6 +266,7 @@ def run_hosts(
     finished: bool = True,
     connector: Connector | None = None,
     spread: bool = False,
+    interrupt_recap: bool = True,
 ) -> FleetReport:
     """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
 
@@ -259,6 +274,7 @@ def run_hosts(
     more work follows (provision's cluster phase), so the report and the recap wait for ``finish``. ``connector``:
     ``connect_early``'s, whose logins are under way (closed here, as one made here is). ``spread``: ``work`` keeps
     nothing across hosts and returns picklable data, so a run over hundreds of hosts may use a worker process per core.
+    ``interrupt_recap=False``: after Ctrl-C the task says itself, in one line, what became of its work (a job it follows).
     """
     from gpurig.connect.fleet import run_fleet
     from gpurig.connect.spread import worker_count
@@ -271,8 +287,9 @@ def run_hosts(
         report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label,
                            workers=worker_count(len(hosts)) if spread else 1)
     except FleetInterrupted as stop:
-        _write(opts, stop.report, schema, annotate)
-        print_recap(stop.report, err_console)
+        write_json_report(opts, stop.report, schema, annotate)
+        if interrupt_recap:
+            print_recap(stop.report, err_console)
         raise
     finally:
         connector.close()
@@ -294,7 +311,7 @@ def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callab
     """The JSON report if asked, and the recap."""
     from gpurig.report.fleetrun import print_recap
 
-    _write(opts, report, schema, annotate)
+    write_json_report(opts, report, schema, annotate)
     print_recap(report, err_console)
 
 
@@ -303,7 +320,8 @@ def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra:
     return document(schema, {**report.to_dict(), **extra}, inventory=str(opts.settings.inventory), check=opts.check)
 
 
-def _write(opts: HostOptions, report: FleetReport, schema: str, annotate) -> None:
+def write_json_report(opts: HostOptions, report: FleetReport, schema: str, annotate=None) -> None:
+    """The JSON report where --json asks for one (written again when a task learns more after the run, as run after a cancel)."""
     if opts.json:
         from gpurig.files import write_report
         from gpurig.results import jsonable

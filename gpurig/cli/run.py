@@ -7,7 +7,9 @@ variant, or an explicit image, or a deployed container), then
 it prints the job's id and returns; the job goes on without this process.
 With ``--wait`` it streams the log, fetches the artifacts, prints the summary
 (exit code, wall time, GPU use, the diagnosis) on stderr and exits with the
-script's exit code; Ctrl-C then detaches, leaving the job running.
+script's exit code. Ctrl-C or SIGTERM then detaches, leaving the job running,
+and says how to follow and stop it; with ``--cancel-on-interrupt`` (``gpurig
+ci``'s way) it cancels the job instead, as ``gpurig cancel`` does, and says so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,21 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec, remainder_argv
-from gpurig.cli.options import HostOptions, exit_for, exit_with_job, fleet_document, host_task, run_hosts, select_hosts, slurm_reach, to_stdout
+from gpurig.cli.options import (
+    HostOptions,
+    exit_for,
+    exit_with_job,
+    fleet_document,
+    follow_hint,
+    host_task,
+    interrupted,
+    make_connector,
+    run_hosts,
+    select_hosts,
+    slurm_reach,
+    to_stdout,
+    write_json_report,
+)
 from gpurig.errors import ConfigError, GpurigError, InventoryError
 from gpurig.files import RUNS, output_dir
 from gpurig.report import console, err_console, outside
@@ -61,7 +77,8 @@ RUN_HELP = {
     "env": "NAME=VALUE for the job's environment (repeatable); the value reaches the script byte for byte",
     "ulimit": "NAME=N or NAME=SOFT:HARD over the container's ulimits (repeatable; -1 unlimited), e.g. memlock=-1",
     "shm_size": "the job's /dev/shm (default: the container's, 16g unless gpurig_shm_size or its gpurig_containers entry says)",
-    "wait": "stream the log until the job ends, fetch its artifacts, exit with its exit code (for CI)",
+    "wait": "stream the log until the job ends, fetch its artifacts, exit with its exit code (for CI); Ctrl-C detaches, the job goes on",
+    "cancel_on_interrupt": "with --wait, Ctrl-C or SIGTERM cancels the job (as gpurig cancel does) instead of leaving it running",
     "junit": "with --wait, also write the result as JUnit XML to this file (- = stdout)",
     "into": f"where --wait puts the artifacts (default: WORKDIR/{RUNS}/JOB)",
     "spec": "image spec file (default: the one in images/)",
@@ -87,7 +104,7 @@ class Waited:
 @host_task(help=RUN_HELP, changes=True, iterable=["artifacts", "env", "ulimit"])
 def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
-        spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None):
+        spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None, cancel_on_interrupt=False):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.sync import sync_key
@@ -103,6 +120,8 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
     if junit and not wait:
         raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
+    if cancel_on_interrupt and not wait:
+        raise ConfigError("--cancel-on-interrupt needs --wait (without it, gpurig leaves as soon as the job is submitted)", "add --wait")
     # checked as given, before anything resolves it: resolving first followed another user's link unchecked
     chosen_into = output_dir(into, "--into") if into else None
     request = jobspec.RunRequest(
@@ -118,7 +137,7 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         raise ConfigError(f"--scheduler {scheduler!r} is not one gpurig knows", f"use {' or '.join(SCHEDULERS)}")
     if scheduler == "slurm":
         return run_slurm(c, opts, request, nodes=jobspec.whole(nodes, "--nodes", 1, 10_000, "2"), partition=partition, launcher=launcher,
-                         wait=bool(wait), junit=junit, spec=spec)
+                         wait=bool(wait), junit=junit, spec=spec, cancel=bool(cancel_on_interrupt))
     chosen = select_hosts(opts)
     if len(chosen) != 1:
         raise InventoryError(f"run puts a job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
@@ -132,37 +151,99 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     into_dir = chosen_into or request.workdir / RUNS / job
+    stage = ["submitting"]  # then "following" (the job is on the host), then "ended" (its log ended): what an interrupt leaves
+    ending: dict = {}  # what an interrupt did to the job, for the JSON report: detached, or its state after the cancel
 
     def work(conn: Connection) -> Outcome:
+        from gpurig.connect.connection import CommandInterrupted
         from gpurig.jobs.submit import submit_job
 
         submitted = submit_job(conn, target)
         if opts.check or not wait:
             return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
-        done = follow(conn, submitted.job, request, into_dir)
+        stage[0] = "following"
+        try:
+            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, "ended"))
+        except CommandInterrupted:
+            if not conn.interrupted:
+                raise
+            # what became of the job is said once, by the task (the command stopped was gpurig's reading of the log, not the job)
+            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted; job {submitted.job} was left to go on")
+        view = done.view
+        if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
+            why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
+            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=why, fix=done.error.fix if done.error else "")
         if done.error is not None:
             return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
         return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
 
     try:
-        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep)})
-    except FleetInterrupted:
-        if wait:
-            err_console.print(f"detached from job {job}; it goes on: `gpurig attach {job}`, `gpurig cancel {job}`")
-        raise
+        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending)},
+                           interrupt_recap=not wait)
+    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
+        if not wait:
+            raise
+        stopped = stop.report if isinstance(stop, FleetInterrupted) else None
+        if stage[0] == "submitting":  # no job known to be on the host: the recap says where the submission stopped
+            from gpurig.report.fleetrun import print_recap
+
+            if stopped is not None:
+                print_recap(stopped, err_console)
+            raise
+        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel_on_interrupt, ending)
+        if stopped is not None:
+            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
+        raise interrupted(stop, said) from None
     show_run(opts, report, wait)
     if junit:
         from gpurig.files import write_text_report
         from gpurig.jobs.views import job_junit
 
         write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
-    exit_for(report)
     done = waited(report)
-    if done and done[0].view.exit_status:
+    if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
         raise Exit(code=done[0].view.exit_status)
+    exit_for(report)
 
 
-def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec) -> None:
+def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
+                    ending: dict) -> str:
+    """What became of the job --wait followed when a signal stopped it (``ending`` says it for the report): cancelled (``cancel``),
+    left to go on, or already ended."""
+    if stage == "ended":
+        found = waited(report) if report is not None else []
+        if not found:
+            return f"job {job}'s log had ended; see how the job ended with gpurig jobs --job {job}"
+        view = found[0].view
+        fetch = f"; bring its artifacts with gpurig fetch {job}" if request.artifacts else ""
+        return f"job {job} had already ended ({view.state_text}, exit code {view.exit_status}){fetch}"
+    if not cancel:
+        ending.update(detached=True)
+        return f"detached from job {job}, which goes on: {follow_hint(job)}"
+    from gpurig.connect.fleet import run_fleet
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.results import Outcome
+
+    connector = make_connector(opts)
+    try:
+        done = run_fleet([host], lambda conn: Outcome(data=JobAgent(conn).cancel(job, request.grace)), connector=connector, forks=1,
+                         label="cancel").results[0]
+    except KeyboardInterrupt:
+        return f"interrupted again while cancelling job {job}, which may go on: stop it with gpurig cancel {job}"
+    finally:
+        connector.close()
+    if not isinstance(done.data, dict):
+        return f"job {job} could not be cancelled ({done.reason}) and may go on: stop it with gpurig cancel {job}"
+    state = str(done.data.get("state") or "")
+    ending.update(state=state, reason=str(done.data.get("reason") or ""))
+    if done.data.get("changed"):
+        return f"cancelled job {job} ({state})"
+    return f"job {job} had already ended ({state})" if state in ("succeeded", "failed", "cancelled") else \
+        f"job {job} is {state} after the cancel: stop it with gpurig cancel {job}"
+
+
+def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec,
+              cancel: bool = False) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
     from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
@@ -209,7 +290,10 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
                                                           "nodes": list(submitted.nodes)}}))
     if not wait:
         return
-    view = scheduler.follow(reach, cluster, scheduler.find(reach, cluster, submitted.job), to_stdout)
+    try:
+        view = scheduler.follow(reach, cluster, scheduler.find(reach, cluster, submitted.job), to_stdout)
+    except KeyboardInterrupt as stop:
+        raise interrupted(stop, slurm_after_interrupt(reach, cluster, submitted.job, cancel)) from None
     if junit:
         from gpurig.files import write_text_report
         from gpurig.jobs.views import job_junit
@@ -218,8 +302,24 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     exit_with_job(view)
 
 
-def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path) -> Waited:
-    """--wait: the log to stdout until the job ends, then its artifacts and its GPU use."""
+def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
+    """What became of the Slurm job --wait followed when a signal stopped it: scancelled (``cancel``), or left to go on."""
+    from gpurig.slurm import scheduler
+
+    if not cancel:
+        return f"detached from slurm job {job}, which goes on: {follow_hint(job)}"
+    try:
+        after = scheduler.cancel(reach, cluster, job)
+    except KeyboardInterrupt:
+        return f"interrupted again while cancelling slurm job {job}, which may go on: stop it with gpurig cancel {job}"
+    except GpurigError as err:
+        return f"slurm job {job} could not be cancelled ({err.problem}) and may go on: stop it with gpurig cancel {job}"
+    return f"cancelled slurm job {job} ({after.state_text})" if after.state == "cancelled" else \
+        f"slurm job {job} is {after.state_text} after scancel" + ("" if after.ended else f": stop it with gpurig cancel {job}")
+
+
+def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, log_ended=lambda: None) -> Waited:
+    """--wait: the log to stdout until the job ends (then ``log_ended()``), then its artifacts and its GPU use."""
     from gpurig.jobs.artifacts import fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.summary import gpu_use
@@ -232,6 +332,7 @@ def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path) 
         sys.stdout.flush()
 
     agent.logs(job, out, follow=True)
+    log_ended()
     found = agent.jobs((job,))
     view = job_view(conn.name, found[0]) if found else None
     if view is None:
@@ -275,9 +376,9 @@ def waited(rep: FleetReport) -> list[Waited]:
     return [r.waited for r in results_of(rep) if r.waited is not None]
 
 
-def job_doc(rep: FleetReport) -> dict | None:
+def job_doc(rep: FleetReport, ending: dict | None = None) -> dict | None:
     found = results_of(rep)
-    return found[0].to_dict() if found else None
+    return {**found[0].to_dict(), **(ending or {})} if found else None
 
 
 def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:

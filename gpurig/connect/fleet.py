@@ -66,8 +66,10 @@ def run_fleet(
     open_conns: dict[str, Connection] = {}
     lock = threading.Lock()
     stopping = threading.Event()
+    handed_out = threading.Event()  # no host starts before every one is recorded in ``pending``: a Ctrl-C then finds them all
 
     def one(host: Host) -> HostResult:
+        handed_out.wait()
         if stopping.is_set():
             return HostResult(host.name, Status.FAILED, "interrupted before start")
         start = time.monotonic()
@@ -100,9 +102,12 @@ def run_fleet(
 
     pool = ThreadPoolExecutor(max_workers=forks, thread_name_prefix="gpurig-host")
     interrupted, stop_code = False, 0
+    pending: dict[Future, Host] = {}
     try:
         display.start(len(hosts), label)
-        pending: dict[Future, Host] = {pool.submit(one, h): h for h in hosts}
+        for h in hosts:
+            pending[pool.submit(one, h)] = h
+        handed_out.set()
         while pending:
             # A short wait keeps the main thread responsive to Ctrl-C.
             done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -113,6 +118,7 @@ def run_fleet(
     except KeyboardInterrupt as stop:
         interrupted, stop_code = True, getattr(stop, "exit_code", SIGINT_EXIT)
         stopping.set()
+        handed_out.set()  # the hosts not yet started see ``stopping`` and touch nothing
         connector.stop()
         pool.shutdown(wait=False, cancel_futures=True)
         with lock:
@@ -127,6 +133,7 @@ def run_fleet(
             if not fut.cancelled():
                 results[pending[fut].name] = fut.result()
     finally:
+        handed_out.set()  # whatever ended the loop, no host waits for it forever
         pool.shutdown(wait=not interrupted)
         display.stop()
 

@@ -152,3 +152,18 @@ def test_without_a_terminal_a_short_run_prints_no_progress_line(tmp_path):
     log = io.StringIO()
     run_fleet(hosts(2), lambda conn: None, connector=connector(tmp_path), events=PlainProgress(Console(file=log, width=200)))
     assert log.getvalue() == ""
+
+
+def test_ctrl_c_as_the_run_starts_is_an_interrupted_run_not_a_crash(tmp_path):
+    import pytest
+
+    from gpurig.results import FleetEvents, FleetInterrupted
+
+    class CtrlCAtStart(FleetEvents):
+        def start(self, total: int, label: str) -> None:
+            raise KeyboardInterrupt  # the person's Ctrl-C before the hosts are all handed out
+
+    with pytest.raises(FleetInterrupted) as stop:
+        run_fleet(hosts(2), lambda c: None, connector=connector(tmp_path), events=CtrlCAtStart())
+    assert [(r.host, r.reason) for r in stop.value.report.results] == [("l0", "interrupted"), ("l1", "interrupted")]
+    assert stop.value.exit_code == 130

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,6 +177,38 @@ def test_a_job_runs_to_completion_after_the_client_is_killed(job_host, job_cli, 
     done = until(job_cli, running["id"], lambda j: j["state"] not in ("pending", "running"), "ended")
     assert done["state"] == "succeeded" and done["exit_code"] == 0
     assert job_cli("logs", "--job", running["id"]).stdout == b"started\nfinished\n"
+
+
+
+def test_ctrl_c_on_run_wait_leaves_the_job_running_and_a_sigterm_with_cancel_on_interrupt_cancels_it(job_host, job_cli, tmp_path):
+    work = workdir(tmp_path, {"slow.sh": "echo started; while [ ! -e release ]; do sleep 0.1; done; echo finished\n"})
+
+    def interrupted(sig: int, *flags: str) -> tuple[int, str, str]:
+        client = job_cli("run", "--image", JOB_IMAGE, *HOST_ULIMIT, "--gpus", "none", "--workdir", str(work), "--wait", *flags, "--",
+                         "sh", "slow.sh", wait=False)
+        try:
+            assert client.stdout.readline() == b"started\n", client.stderr.read()[-2000:]
+            client.send_signal(sig)
+            _, err = client.communicate(timeout=120)
+        finally:
+            if client.poll() is None:
+                client.kill()
+        said = err.decode()
+        last = said.strip().splitlines()[-1]
+        found = re.search(r"job ([a-f0-9]{8})", last)
+        assert found and "run again" not in said, said[-2000:]
+        return client.returncode, last, found.group(1)
+
+    code, last, ident = interrupted(signal.SIGINT)
+    assert code == 130 and last.startswith(f"gpurig: interrupted; detached from job {ident}, which goes on: "
+                                           f"follow it with gpurig logs --job {ident} --follow"), last
+    assert job_state(job_cli, ident)["state"] == "running"  # it went on without gpurig
+    release(job_host, ident)
+    assert until(job_cli, ident, lambda j: j["state"] != "running", "ended")["state"] == "succeeded"
+
+    code, last, ident = interrupted(signal.SIGTERM, "--cancel-on-interrupt", "--grace", "2")
+    assert code == 143 and last == f"gpurig: terminated (SIGTERM); cancelled job {ident} (cancelled)", last
+    assert job_state(job_cli, ident)["state"] == "cancelled"
 
 
 def test_two_jobs_asking_for_the_one_gpu_run_one_after_the_other(job_host, job_cli, tmp_path):
