@@ -172,15 +172,15 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     request = RunRequest(argv=("python", "train.py", "a b", "$(touch /tmp/pwned)"), workdir=Path("."), name="train")
     script = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, gpus_per_node=1), spec, "img:1", "gpurig", "work-01")
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:1" in script and "#SBATCH --output=/srv/gpurig/sync/gpurig/work-01/runs/%j.log" in script
-    node = shlex.split(script[script.index("exec srun"):])[-1]  # srun ... sh -c NODE_SCRIPT
-    last = node.splitlines()[-1]
+    node = shlex.split(script[script.index("\nsrun "):].split("\nran=")[0])[-1]  # srun ... sh -c NODE_SCRIPT
+    last = node.splitlines()[-2]  # docker run's line; then the node records its exit code
     assert last.endswith("'img:1' python train.py 'a b' '$(touch /tmp/pwned)'") or last.endswith("img:1 python train.py 'a b' '$(touch /tmp/pwned)'")
     assert "TOKEN" not in last and '--env-file "$envs"' in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
-    assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n" in node  # written by the node's shell, 0600, never an argv
+    assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n)" in script and "TOKEN" not in node  # in srun's environment, never an argv
     with pytest.raises(Exception, match="line break"):
         sbatch.batch_script(request, sbatch.SlurmRequest(), dataclasses.replace(spec, env=(("A", "1\n2"),)), "img:1", "gpurig", "k")
     torch = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
-    launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
+    launched = shlex.split(torch[torch.index("\nsrun "):].split("\nran=")[0])[-1].splitlines()[-2]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
     assert "python train.py" not in launched
 
