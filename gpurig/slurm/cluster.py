@@ -38,6 +38,7 @@ from gpurig.skeleton import shipped_text
 from gpurig.slurm import conf, hoststeps
 from gpurig.status import Status, worst
 from gpurig.steps.commands import run_change
+from gpurig.steps.docker import added_group_members
 from gpurig.steps.plan import Change, Plan, StepResult, host_results, outcome
 
 STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons")
@@ -103,8 +104,10 @@ class _Host:
 class ClusterRun:
     """The phases over the cluster's hosts; ``results`` at the end: host -> its slurm StepResults."""
 
-    def __init__(self, cluster: ClusterHosts, connector: Connector, *, check: bool, diff: bool, forks: int = 64) -> None:
+    def __init__(self, cluster: ClusterHosts, connector: Connector, *, check: bool, diff: bool, forks: int = 64,
+                 regrouped: frozenset[str] = frozenset()) -> None:
         self.cluster, self.connector, self.check, self.diff, self.forks = cluster, connector, check, diff, forks
+        self.regrouped = regrouped  # the hosts where a user joined the docker group in this run: Slurm still has the old groups
         self.state = {h.name: _Host(h, h.name == cluster.controller.name) for h in cluster.hosts}
         self.key: str | None = None  # the cluster's munge key, in memory only, once read from the controller
         self.restart = False
@@ -233,8 +236,9 @@ class ClusterRun:
         assert h.facts is not None
         if not h.controller and model.node(h.host.name) is None:
             return
+        regroup = bool(self.regrouped) if h.controller else h.host.name in self.regrouped
         self._record(conn, h, "slurm-daemons", hoststeps.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
-                                                                  self.rest_changed and h.controller))
+                                                                  self.rest_changed and h.controller, regroup))
 
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         """Every node registered with the controller (bounded); a node still down fails with what slurmctld says of it."""
@@ -277,9 +281,10 @@ def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callabl
     if any(h.name in failed for h in cluster.hosts):
         extra = {h.name: [StepResult("slurm", Status.SKIPPED, "not run: a host of the cluster failed its own steps")] for h in cluster.hosts}
     else:
+        regrouped = frozenset(name for name, r in by_host.items() if any(added_group_members(s) for s in host_results(r)))
         connector = connect()
         try:
-            extra = ClusterRun(cluster, connector, check=check, diff=diff, forks=forks).run()
+            extra = ClusterRun(cluster, connector, check=check, diff=diff, forks=forks, regrouped=regrouped).run()
         finally:
             connector.close()
     results = list(report.results)

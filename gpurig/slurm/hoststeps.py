@@ -274,10 +274,14 @@ def _node_lines(text: str) -> list[str]:
     return sorted(line for line in text.splitlines() if line.startswith(("NodeName=", "SlurmctldHost=", "ClusterName=", "AuthAlt")))
 
 
-def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool, rest: bool = False, rest_changed: bool = False) -> Plan:
+def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool, rest: bool = False, rest_changed: bool = False,
+                 regroup: bool = False) -> Plan:
     """Start what is not running; restart after a change Slurm does not take live; else a reconfigure (the controller's).
 
-    ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed.
+    ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed. ``regroup``: a user
+    joined the docker group on this node (a node's) or on one of the cluster's hosts (the controller's), and Slurm
+    caches a user's groups (GroupUpdateTime, 10 minutes): slurmd restarts, so the user's next job can use docker
+    without sudo; the controller reconfigures (Slurm 23.11 and later send the groups from slurmctld's own cache).
     """
     daemon = "slurmctld" if controller else "slurmd"
     commands: list[Shell] = [Shell("systemctl daemon-reload")] if rest_changed else []
@@ -292,9 +296,12 @@ def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bo
         elif (unit == daemon and restart) or (unit == "slurmrestd" and (restart or rest_changed)):
             commands.append(Shell(f"systemctl restart {unit}"))
             said.append(f"restart {unit}")
-    if controller and changed and not restart and facts.active(daemon):
+        elif unit == "slurmd" and regroup:
+            commands.append(Shell("systemctl restart slurmd"))
+            said.append("restart slurmd (a user joined the docker group: its jobs get the new group)")
+    if controller and (changed or regroup) and not restart and facts.active(daemon):
         commands.append(Shell("scontrol reconfigure"))
-        said.append("scontrol reconfigure")
+        said.append("scontrol reconfigure" + ("" if changed else " (a user joined the docker group)"))
     if not commands:  # a daemon-reload comes only with slurmrestd's start or restart
         return Plan.ok(f"{', '.join(units[:-1])} and {units[-1]} running")
     return Plan.change(", ".join(said) or "enable at boot", Change(", ".join(said) or f"enable munge and {daemon}", tuple(commands)))

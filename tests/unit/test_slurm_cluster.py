@@ -20,7 +20,9 @@ from gpurig.inventory import Host
 from gpurig.inventory.profile import SlurmSettings
 from gpurig.jobs.request import RunRequest
 from gpurig.slurm import conf, hoststeps, sbatch
+from gpurig.slurm.cluster import ClusterHosts, ClusterRun
 from gpurig.status import Status
+from gpurig.steps.plan import StepResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 HARDWARE = conf.parse_slurmd_c((FIXTURES / "slurmd-C.txt").read_text())
@@ -249,3 +251,36 @@ def test_a_long_partition_is_cut_in_its_error_line(tmp_path):
     proc = gpurig(tmp_path, "run", "--scheduler", "slurm", "--partition", "9" * 5000, "--", "true")
     assert_one_line_error(proc, "--partition", "is not a partition name")
     assert len(proc.stderr) < 400, len(proc.stderr)
+
+
+def cluster_hosts_of_three() -> ClusterHosts:
+    hosts = [Host(n, (g,), {}, user="gpurig") for n, g in (("ctl", "slurm_controller"), ("n1", "slurm_nodes"), ("n2", "slurm_nodes"))]
+    return ClusterHosts(hosts[0], tuple(hosts[1:]), {"n1": ("gpu",), "n2": ("gpu",)}, SlurmSettings())
+
+
+def docker_step_adding(user: str) -> StepResult:
+    """The docker step's result on a recorded Debian 12 host where ``user`` is not in the docker group (gpurig is)."""
+    from gpurig.facts import parse_facts
+    from gpurig.inventory.profile import host_profile
+    from gpurig.steps.docker import DockerStep
+
+    recorded = parse_facts((FIXTURES.parent / "facts" / "debian12-systemd-docker.txt").read_text())
+    plan = DockerStep().plan(recorded, host_profile(Host("n1", ("slurm_nodes",), {"gpurig_docker": {"users": [user]}}), "hosts.yaml"))
+    assert [c.summary for c in plan.changes] == [f"add {user} to the docker group"]
+    return StepResult("docker", plan.status, plan.reason, plan.changes, 0.2)
+
+
+def test_a_user_joining_the_docker_group_restarts_slurmd_there_and_reconfigures_the_controller():
+    running = {"munge": (True, True), "slurmd": (True, True), "slurmctld": (True, True)}
+    run = ClusterRun(cluster_hosts_of_three(), None, check=True, diff=False, regrouped=frozenset({"n1"}))  # type: ignore[arg-type]
+    model = conf.SlurmCluster("lab", "slurm-ctl", "ctl", (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0,), None, ("gpu",)),
+                                                          conf.SlurmNode("n2", "slurm-n2", HARDWARE, (0,), None, ("gpu",))), SlurmSettings())
+    said = {}
+    for name in ("ctl", "n1", "n2"):
+        run.state[name].facts = facts(host=name, units=running)
+        run._daemons(None, run.state[name], model)  # type: ignore[arg-type]
+        said[name] = [str(c) for ch in run.state[name].results[-1].changes for c in ch.commands]
+    assert said == {"ctl": ["scontrol reconfigure"], "n1": ["systemctl restart slurmd"], "n2": []}
+    assert "docker group" in run.state["n1"].results[-1].reason
+    assert hoststeps.plan_daemons(facts(units=running), False, restart=False, changed=False).status == Status.OK  # no join: nothing
+
