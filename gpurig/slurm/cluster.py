@@ -275,7 +275,11 @@ def touched_cluster(chosen: Sequence[Host], source: str | Path) -> tuple[Cluster
 
 def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callable[[], Connector], check: bool, diff: bool,
                  forks: int) -> FleetReport:
-    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
+    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them).
+
+    Its duration is the whole run's, the cluster's phases included; a host's, its own steps' and its slurm steps'.
+    """
+    started = time.monotonic()
     by_host = report.by_host()
     failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
     if any(h.name in failed for h in cluster.hosts):
@@ -294,10 +298,11 @@ def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callabl
         merged = (*mine, *steps)
         done = outcome(merged, lambda r: f"step {r.step} failed: {r.reason}")
         status = worst([old.status] if old and old.status == Status.UNREACHABLE else [done.resolved])
-        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), old.duration_s if old else 0.0, done.fix)
+        took = (old.duration_s if old else 0.0) + sum(s.duration_s for s in steps)
+        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), took, done.fix)
         if old:
             results[results.index(old)] = made
         else:
             results.append(made)
     counts = {k: sum(1 for r in results if r.status == k) for k in report.summary}
-    return dataclasses.replace(report, results=tuple(results), summary=counts)
+    return dataclasses.replace(report, results=tuple(results), summary=counts, duration_s=report.duration_s + time.monotonic() - started)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shlex
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,33 @@ def test_a_user_joining_the_docker_group_restarts_slurmd_there_and_reconfigures_
     assert "docker group" in run.state["n1"].results[-1].reason
     assert hoststeps.plan_daemons(facts(units=running), False, restart=False, changed=False).status == Status.OK  # no join: nothing
 
+
+def test_the_provision_recap_times_the_whole_run_and_the_cluster_run_learns_who_joined_the_docker_group(monkeypatch):
+    from rich.console import Console
+
+    from gpurig.report.fleetrun import print_recap
+    from gpurig.results import FleetReport, HostResult
+    from gpurig.slurm import cluster as cluster_module
+
+    seen = {}
+
+    class TimedRun:  # the cluster's phases took 30 s (the clock below), each host's slurm-daemons 2 s of it
+        def __init__(self, found, connector, *, regrouped=frozenset(), **_):
+            seen["regrouped"] = regrouped
+
+        def run(self):
+            return {n: [StepResult("slurm-daemons", Status.OK, "running", duration_s=2.0)] for n in ("ctl", "n1", "n2")}
+
+    clock = iter([100.0, 130.0])
+    monkeypatch.setattr(cluster_module, "ClusterRun", TimedRun)
+    monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    own = {"ctl": (), "n1": (docker_step_adding("alice"),), "n2": ()}
+    report = FleetReport(tuple(HostResult(n, Status.CHANGED if steps else Status.OK, data=steps, duration_s=0.2) for n, steps in own.items()),
+                         "2026-12-04T22:00:00Z", 0.6, summary={s: 0 for s in Status})
+    done = cluster_module.with_cluster(report, cluster_hosts_of_three(), connect=lambda: types.SimpleNamespace(close=lambda: None),
+                                       check=False, diff=False, forks=4)
+    assert done.duration_s == pytest.approx(30.6) and [r.duration_s for r in done.results] == pytest.approx([2.2, 2.2, 2.2])
+    console = Console(record=True, width=120)
+    print_recap(done, console)
+    assert "3 hosts in 30.6s" in console.export_text()
+    assert seen["regrouped"] == frozenset({"n1"})  # n1's docker step added alice: the cluster run restarts its slurmd
