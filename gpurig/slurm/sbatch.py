@@ -217,8 +217,10 @@ def view_of(host: str, job: dict) -> JobView:
     state = STATES.get(raw, "failed")
     comment = str(job.get("comment") or "")
     command = comment.split(" ", 1)[1] if comment.startswith("gpurig:") and " " in comment else ""
-    reason = "" if state in ("running", "succeeded") else raw.lower() if state == "failed" else str(job.get("state_reason") or "")
-    if state == "pending" and reason in ("None", ""):
+    said = str(job.get("state_reason") or "")
+    said = "" if said == "None" else said  # Slurm's word for no reason (a cancelled job's): never shown as "cancelled (None)"
+    reason = "" if state in ("running", "succeeded") else raw.lower() if state == "failed" else said
+    if state == "pending" and not reason:
         reason = "queued"
 
     def when(key: str) -> float | None:

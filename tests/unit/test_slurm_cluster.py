@@ -163,6 +163,7 @@ def test_slurms_states_and_exit_codes_as_gpurig_says_them():
     assert (views["13"].state, views["13"].exit_code, views["13"].reason) == ("failed", 3, "failed")
     assert (views["14"].state, views["14"].exit_code) == ("failed", 137)  # killed by SIGKILL: 128 + 9
     assert (views["15"].state, views["15"].exit_code) == ("cancelled", 143)
+    assert views["15"].state_text == "cancelled"  # Slurm's state_reason "None" is no reason, not "cancelled (None)"
     assert views["9"].state == "failed" and views["9"].reason == "out_of_memory"
     assert views["13"].argv == ("python", "train.py", "--run", "13") and views["13"].raw["batch_host"] == "slurm-n1"
     assert sbatch.gpurig_jobs(squeue("squeue-22.05.json", {}), "ctl") == []  # no comment: not gpurig's
