@@ -236,7 +236,7 @@ class ClusterRun:
         assert h.facts is not None
         if not h.controller and model.node(h.host.name) is None:
             return
-        regroup = bool(self.regrouped) if h.controller else h.host.name in self.regrouped
+        regroup = h.host.name in self.regrouped
         self._record(conn, h, "slurm-daemons", hoststeps.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
                                                                   self.rest_changed and h.controller, regroup))
 

@@ -279,9 +279,10 @@ def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bo
     """Start what is not running; restart after a change Slurm does not take live; else a reconfigure (the controller's).
 
     ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed. ``regroup``: a user
-    joined the docker group on this node (a node's) or on one of the cluster's hosts (the controller's), and Slurm
-    caches a user's groups (GroupUpdateTime, 10 minutes): slurmd restarts, so the user's next job can use docker
-    without sudo; the controller reconfigures (Slurm 23.11 and later send the groups from slurmctld's own cache).
+    joined the docker group on this host, and Slurm caches a user's groups (GroupUpdateTime, 10 minutes): the daemon
+    restarts, so the user's next job gets the group. slurmctld's matters most: it looks the groups up on the
+    controller and sends them with the job (seen on 22.05: a node's own membership did not count); slurmd's where
+    that is turned off (LaunchParameters=disable_send_gids).
     """
     daemon = "slurmctld" if controller else "slurmd"
     commands: list[Shell] = [Shell("systemctl daemon-reload")] if rest_changed else []
@@ -296,12 +297,12 @@ def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bo
         elif (unit == daemon and restart) or (unit == "slurmrestd" and (restart or rest_changed)):
             commands.append(Shell(f"systemctl restart {unit}"))
             said.append(f"restart {unit}")
-        elif unit == "slurmd" and regroup:
-            commands.append(Shell("systemctl restart slurmd"))
-            said.append("restart slurmd (a user joined the docker group: its jobs get the new group)")
-    if controller and (changed or regroup) and not restart and facts.active(daemon):
+        elif unit == daemon and regroup:
+            commands.append(Shell(f"systemctl restart {unit}"))
+            said.append(f"restart {unit} (a user joined the docker group: its jobs get the new group)")
+    if controller and changed and not restart and not regroup and facts.active(daemon):
         commands.append(Shell("scontrol reconfigure"))
-        said.append("scontrol reconfigure" + ("" if changed else " (a user joined the docker group)"))
+        said.append("scontrol reconfigure")
     if not commands:  # a daemon-reload comes only with slurmrestd's start or restart
         return Plan.ok(f"{', '.join(units[:-1])} and {units[-1]} running")
     return Plan.change(", ".join(said) or "enable at boot", Change(", ".join(said) or f"enable munge and {daemon}", tuple(commands)))

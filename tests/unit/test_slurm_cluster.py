@@ -272,9 +272,9 @@ def docker_step_adding(user: str) -> StepResult:
     return StepResult("docker", plan.status, plan.reason, plan.changes, 0.2)
 
 
-def test_a_user_joining_the_docker_group_restarts_slurmd_there_and_reconfigures_the_controller():
+def test_a_user_joining_the_docker_group_restarts_the_slurm_daemon_of_that_host():
     running = {"munge": (True, True), "slurmd": (True, True), "slurmctld": (True, True)}
-    run = ClusterRun(cluster_hosts_of_three(), None, check=True, diff=False, regrouped=frozenset({"n1"}))  # type: ignore[arg-type]
+    run = ClusterRun(cluster_hosts_of_three(), None, check=True, diff=False, regrouped=frozenset({"ctl", "n1"}))  # type: ignore[arg-type]
     model = conf.SlurmCluster("lab", "slurm-ctl", "ctl", (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0,), None, ("gpu",)),
                                                           conf.SlurmNode("n2", "slurm-n2", HARDWARE, (0,), None, ("gpu",))), SlurmSettings())
     said = {}
@@ -282,7 +282,7 @@ def test_a_user_joining_the_docker_group_restarts_slurmd_there_and_reconfigures_
         run.state[name].facts = facts(host=name, units=running)
         run._daemons(None, run.state[name], model)  # type: ignore[arg-type]
         said[name] = [str(c) for ch in run.state[name].results[-1].changes for c in ch.commands]
-    assert said == {"ctl": ["scontrol reconfigure"], "n1": ["systemctl restart slurmd"], "n2": []}
+    assert said == {"ctl": ["systemctl restart slurmctld"], "n1": ["systemctl restart slurmd"], "n2": []}
     assert "docker group" in run.state["n1"].results[-1].reason
     assert hoststeps.plan_daemons(facts(units=running), False, restart=False, changed=False).status == Status.OK  # no join: nothing
 
