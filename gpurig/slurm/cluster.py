@@ -40,6 +40,7 @@ from gpurig.skeleton import shipped_text
 from gpurig.slurm import conf, health, hoststeps
 from gpurig.status import Status, worst
 from gpurig.steps.commands import run_change
+from gpurig.steps.docker import added_group_members
 from gpurig.steps.plan import Change, Plan, StepResult, host_results, outcome
 
 STEP_NAMES = ("slurm-packages", "slurm-rest", "slurm-munge", "slurm-config", "slurm-daemons", "slurm-node")
@@ -105,8 +106,10 @@ class _Host:
 class ClusterRun:
     """The phases over the cluster's hosts; ``results`` at the end: host -> its slurm StepResults."""
 
-    def __init__(self, cluster: ClusterHosts, connector: Connector, *, check: bool, diff: bool, forks: int = 64) -> None:
+    def __init__(self, cluster: ClusterHosts, connector: Connector, *, check: bool, diff: bool, forks: int = 64,
+                 regrouped: frozenset[str] = frozenset()) -> None:
         self.cluster, self.connector, self.check, self.diff, self.forks = cluster, connector, check, diff, forks
+        self.regrouped = regrouped  # the hosts where a user joined the docker group in this run: Slurm still has the old groups
         self.state = {h.name: _Host(h, h.name == cluster.controller.name) for h in cluster.hosts}
         self.key: str | None = None  # the cluster's munge key, in memory only, once read from the controller
         self.restart = False
@@ -235,8 +238,9 @@ class ClusterRun:
         assert h.facts is not None
         if not h.controller and model.node(h.host.name) is None:
             return
+        regroup = h.host.name in self.regrouped
         self._record(conn, h, "slurm-daemons", hoststeps.plan_daemons(h.facts, h.controller, self.restart, self.changed, self.cluster.settings.rest,
-                                                                  self.rest_changed and h.controller))
+                                                                  self.rest_changed and h.controller, regroup))
 
     def _settle(self, conn: Connection, h: _Host, model: conf.SlurmCluster) -> None:
         """Every node registered with the controller (bounded), then each node's state as Slurm has it: a node Slurm gives
@@ -295,15 +299,20 @@ def touched_cluster(chosen: Sequence[Host], source: str | Path) -> tuple[Cluster
 
 def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callable[[], Connector], check: bool, diff: bool,
                  forks: int) -> FleetReport:
-    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them)."""
+    """The report with each cluster host's slurm steps after its own (a host whose own steps failed does none of them).
+
+    Its duration is the whole run's, the cluster's phases included; a host's, its own steps' and its slurm steps'.
+    """
+    started = time.monotonic()
     by_host = report.by_host()
     failed = {h for h, r in by_host.items() if r.status in (Status.FAILED, Status.UNREACHABLE)}
     if any(h.name in failed for h in cluster.hosts):
         extra = {h.name: [StepResult("slurm", Status.SKIPPED, "not run: a host of the cluster failed its own steps")] for h in cluster.hosts}
     else:
+        regrouped = frozenset(name for name, r in by_host.items() if any(added_group_members(s) for s in host_results(r)))
         connector = connect()
         try:
-            extra = ClusterRun(cluster, connector, check=check, diff=diff, forks=forks).run()
+            extra = ClusterRun(cluster, connector, check=check, diff=diff, forks=forks, regrouped=regrouped).run()
         finally:
             connector.close()
     results = list(report.results)
@@ -313,10 +322,11 @@ def with_cluster(report: FleetReport, cluster: ClusterHosts, *, connect: Callabl
         merged = (*mine, *steps)
         done = outcome(merged, lambda r: f"step {r.step} failed: {r.reason}")
         status = worst([old.status] if old and old.status == Status.UNREACHABLE else [done.resolved])
-        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), old.duration_s if old else 0.0, done.fix)
+        took = (old.duration_s if old else 0.0) + sum(s.duration_s for s in steps)
+        made = HostResult(name, status, done.detail or (old.reason if old else ""), tuple(merged), took, done.fix)
         if old:
             results[results.index(old)] = made
         else:
             results.append(made)
     counts = {k: sum(1 for r in results if r.status == k) for k in report.summary}
-    return dataclasses.replace(report, results=tuple(results), summary=counts)
+    return dataclasses.replace(report, results=tuple(results), summary=counts, duration_s=report.duration_s + time.monotonic() - started)

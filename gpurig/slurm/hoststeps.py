@@ -274,10 +274,15 @@ def _node_lines(text: str) -> list[str]:
     return sorted(line for line in text.splitlines() if line.startswith(("NodeName=", "SlurmctldHost=", "ClusterName=", "AuthAlt")))
 
 
-def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool, rest: bool = False, rest_changed: bool = False) -> Plan:
+def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bool, rest: bool = False, rest_changed: bool = False,
+                 regroup: bool = False) -> Plan:
     """Start what is not running; restart after a change Slurm does not take live; else a reconfigure (the controller's).
 
-    ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed.
+    ``rest``: slurmrestd runs too (the controller's), restarted after its unit's drop-in changed. ``regroup``: a user
+    joined the docker group on this host, and Slurm caches a user's groups (GroupUpdateTime, 10 minutes): the daemon
+    restarts, so the user's next job gets the group. slurmctld's matters most: it looks the groups up on the
+    controller and sends them with the job (seen on 22.05: a node's own membership did not count); slurmd's where
+    that is turned off (LaunchParameters=disable_send_gids).
     """
     daemon = "slurmctld" if controller else "slurmd"
     commands: list[Shell] = [Shell("systemctl daemon-reload")] if rest_changed else []
@@ -292,7 +297,10 @@ def plan_daemons(facts: SlurmFacts, controller: bool, restart: bool, changed: bo
         elif (unit == daemon and restart) or (unit == "slurmrestd" and (restart or rest_changed)):
             commands.append(Shell(f"systemctl restart {unit}"))
             said.append(f"restart {unit}")
-    if controller and changed and not restart and facts.active(daemon):
+        elif unit == daemon and regroup:
+            commands.append(Shell(f"systemctl restart {unit}"))
+            said.append(f"restart {unit} (a user joined the docker group: its jobs get the new group)")
+    if controller and changed and not restart and not regroup and facts.active(daemon):
         commands.append(Shell("scontrol reconfigure"))
         said.append("scontrol reconfigure")
     if not commands:  # a daemon-reload comes only with slurmrestd's start or restart

@@ -11,8 +11,13 @@ NVIDIA's runtime is, else the device files themselves), the job's memory and
 CPUs (a container is dockerd's child, outside the job's cgroup, so Slurm's own
 limits do not reach it), and the rendezvous of a multi-node run
 (``MASTER_ADDR`` the first node, ``MASTER_PORT`` from the job id,
-``NODE_RANK``, ``NNODES``); with ``--launcher torchrun`` the command is
-started by torchrun with them. The Epilog removes whatever container a
+``NODE_RANK``, ``NNODES``, each passed as NAME=value: ``sudo -n docker``
+keeps no variable); with ``--launcher torchrun`` the command is started by
+torchrun with them. The job's env travels in srun's environment and reaches
+docker as an env file (0600, removed when the container ends), never an argv.
+The job's exit code is its failing rank's own (each node records its
+container's, the batch script exits with it), not srun's highest or the
+SIGTERM that stopped the other ranks. The Epilog removes whatever container a
 cancelled job left. States and exit codes come from ``squeue --json``
 (Slurm 22.05's and 24.11's shapes); the log is read on the batch host.
 """
@@ -97,17 +102,32 @@ def batch_script(request: RunRequest, slurm: SlurmRequest, spec: ContainerSpec, 
         "# gpurig run --scheduler slurm: one task a node runs the image on the GPUs Slurm allocated there",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-        "export MASTER_ADDR MASTER_PORT",
-        f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 sh -c {q(node_script(base, image, flags, words, env_file(spec)))}",
+        # the job's env reaches each node in srun's environment (only its user and root read it), never in an argv
+        f"GPURIG_ENV=$(cat <<'{ENV_END}'\n{env_file(spec)}{ENV_END}\n)",
+        "export MASTER_ADDR MASTER_PORT GPURIG_ENV",
+        f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 sh -c {q(node_script(base, image, flags, words))}",
+        "ran=$?",
+        "# the job's exit code: each node's, gathered from its own disk (srun's own is the highest, or the signal that stopped the others)",
+        f"codes=$(srun --kill-on-bad-exit=0 --ntasks-per-node=1 sh -c {q(GATHER)} '' {q(base)})",
+        f"exit $(printf '%s\\n' \"$codes\" | awk -v ran=\"$ran\" {q(PICK)})",
     ]
     return "\n".join(lines) + "\n"
 
 
 ENV_END = "GPURIG_ENV_END"
+# On each node after the job's step: what its container exited with (rank, code, 1 when a signal stopped it), and no env file left behind.
+GATHER = 'r=$1/runs/$SLURM_JOB_ID/node$SLURM_NODEID; cat "$r.exit" 2>/dev/null; rm -f "$r.exit" "$r.env"'
+# Rank 0's code when it failed on its own; else the lowest rank's that failed on its own (the others were stopped because of it);
+# else the lowest failing rank's; else srun's (0 when every rank succeeded, or a node that recorded nothing).
+PICK = """$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && $2 != 0 {
+    if ($3 == 0 && (own == "" || $1 < own_rank)) { own = $2; own_rank = $1 }
+    if (any == "" || $1 < any_rank) { any = $2; any_rank = $1 }
+}
+END { print (own != "" ? own : any != "" ? any : ran) }"""
 
 
 def env_file(spec: ContainerSpec) -> str:
-    """The job's env as the lines of docker's --env-file, written 0600 by each node's shell (a value never in an argv)."""
+    """The job's env as the lines of docker's --env-file, written 0600 by each node's shell and removed when its container ends."""
     for name, value in spec.env:
         if "\n" in value or "\r" in value:
             raise ConfigError(f"--env {name}: a value with a line break cannot go through Slurm's docker run (its --env-file is one line a value)",
@@ -115,16 +135,26 @@ def env_file(spec: ContainerSpec) -> str:
     return "".join(f"{name}={value}\n" for name, value in spec.env)
 
 
-def node_script(base: str, image: str, flags: str, words: str, env: str = "") -> str:
-    """What each node of the allocation runs: its copy of the tree, then the container on the job's own GPUs, memory and CPUs."""
+def node_script(base: str, image: str, flags: str, words: str) -> str:
+    """What each node of the allocation runs: its copy of the tree, then the container on the job's own GPUs, memory and CPUs.
+
+    Every value the container gets is in docker's argv as NAME=value, or in the env file: ``sudo -n docker`` (a user
+    outside the docker group) resets the environment, so a bare ``--env NAME`` would pass nothing. The node records
+    its container's exit code for the batch script (GATHER), and whether a signal stopped it (the job's end, or
+    another rank's failure).
+    """
     q = shlex.quote
     return "\n".join([
         "set -u",
-        f'envs={q(base)}/runs/$SLURM_JOB_ID/node$SLURM_NODEID.env',
-        f'mkdir -p {q(base)}/runs/$SLURM_JOB_ID && (umask 077 && cat > "$envs" <<\'{ENV_END}\'\n{env}{ENV_END}\n) || exit 125',
+        f"runs={q(base)}/runs/$SLURM_JOB_ID",
+        'envs=$runs/node$SLURM_NODEID.env work=$runs/node$SLURM_NODEID killed=0 started=""',
+        'finish() { rm -f "$envs"; printf \'%s %s %s\\n\' "$SLURM_NODEID" "$1" "$killed" > "$runs/node$SLURM_NODEID.exit"; exit "$1"; }',
+        "# stopped before its container: it ends here; once docker runs, docker stops the container and the node records how it ended",
+        """trap 'killed=1; [ -n "$started" ] || finish 143' HUP INT TERM""",
+        'mkdir -p "$runs" && (umask 077 && : > "$envs" && if [ -n "$GPURIG_ENV" ]; then printf \'%s\\n\' "$GPURIG_ENV" > "$envs"; fi) || finish 125',
+        "unset GPURIG_ENV",
         'gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}',
-        f"work={q(base)}/runs/$SLURM_JOB_ID/node$SLURM_NODEID",
-        f'mkdir -p "$work" && cp -al {q(base)}/tree/. "$work"/ || exit 125',
+        f'mkdir -p "$work" && cp -al {q(base)}/tree/. "$work"/ || finish 125',
         "if docker info >/dev/null 2>&1; then d=docker; else d='sudo -n docker'; fi",
         'devices=""; nproc=1',
         'if [ -n "$gpus" ]; then',
@@ -135,11 +165,14 @@ def node_script(base: str, image: str, flags: str, words: str, env: str = "") ->
         "fi",
         'mem=""; [ -n "${SLURM_MEM_PER_NODE:-}" ] && mem="--memory ${SLURM_MEM_PER_NODE}m"',
         "cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
-        f"exec $d run --rm --init --name gpurig-slurm-$SLURM_JOB_ID-$SLURM_NODEID --label {JOB_LABEL}=$SLURM_JOB_ID --network host "
+        'started=1; [ "$killed" = 0 ] || finish 143',
+        f"$d run --rm --init --name gpurig-slurm-$SLURM_JOB_ID-$SLURM_NODEID --label {JOB_LABEL}=$SLURM_JOB_ID --network host "
         '$devices $mem ${cpus:+--cpuset-cpus $cpus} '
         f'--mount type=bind,source="$work",target=/workspace --workdir /workspace '
-        '--env MASTER_ADDR --env MASTER_PORT --env NODE_RANK=$SLURM_NODEID --env NNODES=$SLURM_NNODES --env SLURM_JOB_ID '
+        '--env "MASTER_ADDR=$MASTER_ADDR" --env "MASTER_PORT=$MASTER_PORT" --env "NODE_RANK=$SLURM_NODEID" --env "NNODES=$SLURM_NNODES" '
+        '--env "SLURM_JOB_ID=$SLURM_JOB_ID" '
         f'--env-file "$envs" {flags} {q(image)} {words}',
+        'finish "$?"',
     ])
 
 
@@ -184,8 +217,10 @@ def view_of(host: str, job: dict) -> JobView:
     state = STATES.get(raw, "failed")
     comment = str(job.get("comment") or "")
     command = comment.split(" ", 1)[1] if comment.startswith("gpurig:") and " " in comment else ""
-    reason = "" if state in ("running", "succeeded") else raw.lower() if state == "failed" else str(job.get("state_reason") or "")
-    if state == "pending" and reason in ("None", ""):
+    said = str(job.get("state_reason") or "")
+    said = "" if said == "None" else said  # Slurm's word for no reason (a cancelled job's): never shown as "cancelled (None)"
+    reason = "" if state in ("running", "succeeded") else raw.lower() if state == "failed" else said
+    if state == "pending" and not reason:
         reason = "queued"
 
     def when(key: str) -> float | None:

@@ -12,9 +12,10 @@ import shlex
 
 from gpurig.facts import Facts
 from gpurig.inventory.profile import HostProfile
+from gpurig.status import Status
 from gpurig.steps.apt import download_command, dpkg_arch, install_command
 from gpurig.steps.commands import Shell, Upload
-from gpurig.steps.plan import Change, Plan, Step
+from gpurig.steps.plan import Change, Plan, Step, StepResult
 
 ENGINES = {"distro": ("docker.io",), "docker": ("docker-ce", "docker-ce-cli", "containerd.io")}
 CLIENTS = {"distro": ("docker-cli",), "docker": ()}  # Debian 13 ships the client apart, only recommended by docker.io
@@ -22,6 +23,7 @@ DOCKER_KEYRING = "/etc/apt/keyrings/docker.asc"
 DOCKER_LIST = "/etc/apt/sources.list.d/docker.list"
 START_SYSTEMD = "systemctl enable --now docker"
 START_SYSV = "service docker start"
+JOINS_GROUP = " to the docker group"  # how a change that adds a user ends: a daemon that starts the user's processes restarts for it
 REPO_FIX = ("the host cannot reach Docker's repository: use gpurig_docker.source: distro (Debian's and Ubuntu's "
             "docker.io), or mirror download.docker.com where the host can reach it")
 
@@ -70,10 +72,15 @@ class DockerStep(Step):
         members = system.docker_members or ()
         for user in wanted.docker.users:
             if user not in members:
-                changes.append(Change(f"add {user} to the docker group", (Shell(shlex.join(["usermod", "-aG", "docker", user])),)))
+                changes.append(Change(f"add {user}{JOINS_GROUP}", (Shell(shlex.join(["usermod", "-aG", "docker", user])),)))
         if not changes:
             users = f"; {', '.join(wanted.docker.users)} in the docker group" if wanted.docker.users else ""
             version = facts.docker.server_version or system.installed.get(have or "", "")
             return Plan.ok(f"Docker {version} ({have}) installed, enabled and running{users}".replace("  ", " "))
         reason = "Docker is not installed" if have is None else f"Docker ({have}) is installed"
         return Plan.change(reason, *changes)
+
+
+def added_group_members(result: StepResult) -> bool:
+    """Whether the docker step added (or, in check mode, would add) a user to the docker group: running daemons keep the old groups."""
+    return result.step == DockerStep.name and result.status == Status.CHANGED and any(c.summary.endswith(JOINS_GROUP) for c in result.changes)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shlex
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from gpurig.inventory import Host
 from gpurig.inventory.profile import SlurmSettings
 from gpurig.jobs.request import RunRequest
 from gpurig.slurm import conf, hoststeps, sbatch
+from gpurig.slurm.cluster import ClusterHosts, ClusterRun
 from gpurig.status import Status
+from gpurig.steps.plan import StepResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 HARDWARE = conf.parse_slurmd_c((FIXTURES / "slurmd-C.txt").read_text())
@@ -160,6 +163,7 @@ def test_slurms_states_and_exit_codes_as_gpurig_says_them():
     assert (views["13"].state, views["13"].exit_code, views["13"].reason) == ("failed", 3, "failed")
     assert (views["14"].state, views["14"].exit_code) == ("failed", 137)  # killed by SIGKILL: 128 + 9
     assert (views["15"].state, views["15"].exit_code) == ("cancelled", 143)
+    assert views["15"].state_text == "cancelled"  # Slurm's state_reason "None" is no reason, not "cancelled (None)"
     assert views["9"].state == "failed" and views["9"].reason == "out_of_memory"
     assert views["13"].argv == ("python", "train.py", "--run", "13") and views["13"].raw["batch_host"] == "slurm-n1"
     assert sbatch.gpurig_jobs(squeue("squeue-22.05.json", {}), "ctl") == []  # no comment: not gpurig's
@@ -172,15 +176,15 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     request = RunRequest(argv=("python", "train.py", "a b", "$(touch /tmp/pwned)"), workdir=Path("."), name="train")
     script = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, gpus_per_node=1), spec, "img:1", "gpurig", "work-01")
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:1" in script and "#SBATCH --output=/srv/gpurig/sync/gpurig/work-01/runs/%j.log" in script
-    node = shlex.split(script[script.index("exec srun"):])[-1]  # srun ... sh -c NODE_SCRIPT
-    last = node.splitlines()[-1]
+    node = shlex.split(script[script.index("\nsrun "):].split("\nran=")[0])[-1]  # srun ... sh -c NODE_SCRIPT
+    last = node.splitlines()[-2]  # docker run's line; then the node records its exit code
     assert last.endswith("'img:1' python train.py 'a b' '$(touch /tmp/pwned)'") or last.endswith("img:1 python train.py 'a b' '$(touch /tmp/pwned)'")
     assert "TOKEN" not in last and '--env-file "$envs"' in last and "--label io.gpurig.slurm.job=$SLURM_JOB_ID" in last
-    assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n" in node  # written by the node's shell, 0600, never an argv
+    assert "<<'GPURIG_ENV_END'\nTOKEN=s p$(x)\nGPURIG_ENV_END\n)" in script and "TOKEN" not in node  # in srun's environment, never an argv
     with pytest.raises(Exception, match="line break"):
         sbatch.batch_script(request, sbatch.SlurmRequest(), dataclasses.replace(spec, env=(("A", "1\n2"),)), "img:1", "gpurig", "k")
     torch = sbatch.batch_script(request, sbatch.SlurmRequest(nodes=2, launcher="torchrun"), spec, "img:1", "gpurig", "work-01")
-    launched = shlex.split(torch[torch.index("exec srun"):])[-1].splitlines()[-1]
+    launched = shlex.split(torch[torch.index("\nsrun "):].split("\nran=")[0])[-1].splitlines()[-2]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
     assert "python train.py" not in launched
 
@@ -249,3 +253,66 @@ def test_a_long_partition_is_cut_in_its_error_line(tmp_path):
     proc = gpurig(tmp_path, "run", "--scheduler", "slurm", "--partition", "9" * 5000, "--", "true")
     assert_one_line_error(proc, "--partition", "is not a partition name")
     assert len(proc.stderr) < 400, len(proc.stderr)
+
+
+def cluster_hosts_of_three() -> ClusterHosts:
+    hosts = [Host(n, (g,), {}, user="gpurig") for n, g in (("ctl", "slurm_controller"), ("n1", "slurm_nodes"), ("n2", "slurm_nodes"))]
+    return ClusterHosts(hosts[0], tuple(hosts[1:]), {"n1": ("gpu",), "n2": ("gpu",)}, SlurmSettings())
+
+
+def docker_step_adding(user: str) -> StepResult:
+    """The docker step's result on a recorded Debian 12 host where ``user`` is not in the docker group (gpurig is)."""
+    from gpurig.facts import parse_facts
+    from gpurig.inventory.profile import host_profile
+    from gpurig.steps.docker import DockerStep
+
+    recorded = parse_facts((FIXTURES.parent / "facts" / "debian12-systemd-docker.txt").read_text())
+    plan = DockerStep().plan(recorded, host_profile(Host("n1", ("slurm_nodes",), {"gpurig_docker": {"users": [user]}}), "hosts.yaml"))
+    assert [c.summary for c in plan.changes] == [f"add {user} to the docker group"]
+    return StepResult("docker", plan.status, plan.reason, plan.changes, 0.2)
+
+
+def test_a_user_joining_the_docker_group_restarts_the_slurm_daemon_of_that_host():
+    running = {"munge": (True, True), "slurmd": (True, True), "slurmctld": (True, True)}
+    run = ClusterRun(cluster_hosts_of_three(), None, check=True, diff=False, regrouped=frozenset({"ctl", "n1"}))  # type: ignore[arg-type]
+    model = conf.SlurmCluster("lab", "slurm-ctl", "ctl", (conf.SlurmNode("n1", "slurm-n1", HARDWARE, (0,), None, ("gpu",)),
+                                                          conf.SlurmNode("n2", "slurm-n2", HARDWARE, (0,), None, ("gpu",))), SlurmSettings())
+    said = {}
+    for name in ("ctl", "n1", "n2"):
+        run.state[name].facts = facts(host=name, units=running)
+        run._daemons(None, run.state[name], model)  # type: ignore[arg-type]
+        said[name] = [str(c) for ch in run.state[name].results[-1].changes for c in ch.commands]
+    assert said == {"ctl": ["systemctl restart slurmctld"], "n1": ["systemctl restart slurmd"], "n2": []}
+    assert "docker group" in run.state["n1"].results[-1].reason
+    assert hoststeps.plan_daemons(facts(units=running), False, restart=False, changed=False).status == Status.OK  # no join: nothing
+
+
+def test_the_provision_recap_times_the_whole_run_and_the_cluster_run_learns_who_joined_the_docker_group(monkeypatch):
+    from rich.console import Console
+
+    from gpurig.report.fleetrun import print_recap
+    from gpurig.results import FleetReport, HostResult
+    from gpurig.slurm import cluster as cluster_module
+
+    seen = {}
+
+    class TimedRun:  # the cluster's phases took 30 s (the clock below), each host's slurm-daemons 2 s of it
+        def __init__(self, found, connector, *, regrouped=frozenset(), **_):
+            seen["regrouped"] = regrouped
+
+        def run(self):
+            return {n: [StepResult("slurm-daemons", Status.OK, "running", duration_s=2.0)] for n in ("ctl", "n1", "n2")}
+
+    clock = iter([100.0, 130.0])
+    monkeypatch.setattr(cluster_module, "ClusterRun", TimedRun)
+    monkeypatch.setattr(cluster_module, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    own = {"ctl": (), "n1": (docker_step_adding("alice"),), "n2": ()}
+    report = FleetReport(tuple(HostResult(n, Status.CHANGED if steps else Status.OK, data=steps, duration_s=0.2) for n, steps in own.items()),
+                         "2026-12-04T22:00:00Z", 0.6, summary={s: 0 for s in Status})
+    done = cluster_module.with_cluster(report, cluster_hosts_of_three(), connect=lambda: types.SimpleNamespace(close=lambda: None),
+                                       check=False, diff=False, forks=4)
+    assert done.duration_s == pytest.approx(30.6) and [r.duration_s for r in done.results] == pytest.approx([2.2, 2.2, 2.2])
+    console = Console(record=True, width=120)
+    print_recap(done, console)
+    assert "3 hosts in 30.6s" in console.export_text()
+    assert seen["regrouped"] == frozenset({"n1"})  # n1's docker step added alice: the cluster run restarts its slurmd

@@ -102,6 +102,39 @@ def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):
     assert ranks == [f"rank 0 of 2 at {master}", f"rank 1 of 2 at {master}"], proc.stdout
 
 
+
+def test_a_job_user_outside_the_docker_group_gets_the_rendezvous_and_rank_0s_exit_code_then_provision_regroups_it(cluster):
+    """Issue 35: through `sudo -n docker` the rendezvous came empty, a failing rank 0's code came back as the 143 of the rank
+    srun stopped, and gpurig_docker.users put the user back in the docker group without slurmd seeing it."""
+    hosts, inv, work = cluster
+
+    def job_groups() -> str:  # what Slurm gives the user's jobs (slurmctld looks the groups up on the controller and sends them)
+        return hosts.ssh(hosts.controller, "srun -N1 id -Gn").stdout
+
+    for host in hosts.hosts:  # as where the job user never was in the group: the daemons restarted, their cached groups gone
+        host.sh("gpasswd -d gpurig docker >/dev/null && systemctl restart slurmctld slurmd 2>/dev/null; true")
+    assert "docker" not in job_groups().split()
+    (work / "job").mkdir(exist_ok=True)
+    (work / "job" / "rank.sh").write_text('echo "rank $NODE_RANK at $MASTER_ADDR:$MASTER_PORT with $TOKEN"\n'
+                                          '[ "$NODE_RANK" = 0 ] && exit 4\nexec sleep 120\n')
+    proc = run_job(work, inv, "--nodes", "2", "--gpus", "1", "--launcher", "none", "--env", "TOKEN=s p", "--wait", "--", "sh", "rank.sh")
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-3000:]  # rank 0's own code, not rank 1's SIGTERM (143)
+    master = sorted(n.name for n in hosts.nodes)[0]
+    said = [line for line in proc.stdout.splitlines() if line.startswith("rank 0 ")]
+    assert len(said) == 1 and re.fullmatch(rf"rank 0 at {re.escape(master)}:\d+ with s p", said[0]), proc.stdout
+    job = re.search(r"slurm job (\d+)", proc.stderr).group(1)  # type: ignore[union-attr]
+    listed = json.loads(gpurig(work, "jobs", "-i", str(inv), "--job", job, "--json", "-").stdout)["jobs"][0]
+    assert (listed["state"], listed["exit_code"]) == ("failed", 4), listed
+    for node in hosts.nodes:
+        assert node.sh(f"ls /srv/gpurig/sync/gpurig/*/runs/{job}/ | grep -c '[.]env$'", check=False).stdout.strip() == "0"  # removed
+    again = gpurig(work, "provision", "-i", str(inv), "--only", "docker,slurm", "--json", "-", timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = {h["host"]: {s["step"]: s for s in h["steps"]} for h in json.loads(again.stdout)["hosts"]}
+    assert "restart slurmctld" in steps[hosts.controller.name]["slurm-daemons"]["reason"], steps[hosts.controller.name]
+    for node in hosts.nodes:
+        assert "restart slurmd" in steps[node.name]["slurm-daemons"]["reason"], steps[node.name]
+    assert "docker" in job_groups().split()  # at once, not after Slurm's GroupUpdateTime (10 minutes)
+
 def test_cancel_ends_a_running_job_and_its_containers_go(cluster):
     hosts, inv, work = cluster
     proc = run_job(work, inv, "--gpus", "1", "--", "sleep", "300")
