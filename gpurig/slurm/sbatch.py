@@ -5,7 +5,8 @@ shared filesystem is assumed; a re-sync moves what changed), the image is on
 every node, and ``sbatch`` on the controller (over SSH, as the login user; the
 script on its stdin) queues the job. On each node of the allocation (one
 ``srun`` task a node) the job copies the synced tree (hard links) and runs the
-image with ``docker run --rm --init``, giving it only the GPUs Slurm gave the
+image with ``docker run --rm`` (``--init`` only for an image that is not
+gpurig's: gpurig's run tini as PID 1 themselves), giving it only the GPUs Slurm gave the
 job (``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``: ``--gpus device=...`` where
 NVIDIA's runtime is, else the device files themselves), the job's memory and
 CPUs (a container is dockerd's child, outside the job's cgroup, so Slurm's own
@@ -65,11 +66,12 @@ def time_limit(request: RunRequest) -> int | None:
 
 
 def docker_flags(spec: ContainerSpec) -> list[str]:
-    """The job's container settings as `docker run` flags: deploy's /dev/shm, ulimits and datasets (each one word).
+    """The job's container settings as `docker run` flags: deploy's init, /dev/shm, ulimits and datasets (each one word).
 
     Never the env: a flag's value is in the docker client's argv, which every user of the node sees in ps (``env_file``).
     """
-    flags = ["--ipc", spec.ipc] if spec.ipc != "private" else []
+    flags = ["--init"] if spec.init else []  # gpurig's images run tini as PID 1; a second init warns in every job's log
+    flags += ["--ipc", spec.ipc] if spec.ipc != "private" else []
     if spec.shm_size:
         flags += ["--shm-size", str(spec.shm_size)]
     for u in spec.ulimits:
@@ -166,7 +168,7 @@ def node_script(base: str, image: str, flags: str, words: str) -> str:
         'mem=""; [ -n "${SLURM_MEM_PER_NODE:-}" ] && mem="--memory ${SLURM_MEM_PER_NODE}m"',
         "cpus=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
         'started=1; [ "$killed" = 0 ] || finish 143',
-        f"$d run --rm --init --name gpurig-slurm-$SLURM_JOB_ID-$SLURM_NODEID --label {JOB_LABEL}=$SLURM_JOB_ID --network host "
+        f"$d run --rm --name gpurig-slurm-$SLURM_JOB_ID-$SLURM_NODEID --label {JOB_LABEL}=$SLURM_JOB_ID --network host "
         '$devices $mem ${cpus:+--cpuset-cpus $cpus} '
         f'--mount type=bind,source="$work",target=/workspace --workdir /workspace '
         '--env "MASTER_ADDR=$MASTER_ADDR" --env "MASTER_PORT=$MASTER_PORT" --env "NODE_RANK=$SLURM_NODEID" --env "NNODES=$SLURM_NNODES" '

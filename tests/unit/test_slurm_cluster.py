@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpurig.deploy.containers import ContainerSpec
+from gpurig.image.spec import MatrixEntry
 from gpurig.inventory import Host
 from gpurig.inventory.profile import SlurmSettings
 from gpurig.jobs.request import RunRequest
@@ -187,6 +188,21 @@ def test_the_batch_script_passes_the_command_word_for_word_and_only_the_jobs_gpu
     launched = shlex.split(torch[torch.index("\nsrun "):].split("\nran=")[0])[-1].splitlines()[-2]
     assert 'torchrun --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID"' in launched and launched.endswith("train.py 'a b' '$(touch /tmp/pwned)'")
     assert "python train.py" not in launched
+
+
+def test_gpurigs_images_run_without_a_second_init_and_an_explicit_image_gets_dockers():
+    """gpurig's images run tini as PID 1; docker's --init beside it printed a tini warning into every Slurm job's log."""
+    request = RunRequest(argv=("python", "train.py"), workdir=Path("."), name="train")
+    ours = ContainerSpec(host="n1", name="", variant="slim", image="img:1", entry=MatrixEntry("2.14.1", "13.0"))
+    explicit = dataclasses.replace(ours, variant="", entry=None)
+
+    def docker_run(spec: ContainerSpec) -> list[str]:
+        script = sbatch.batch_script(request, sbatch.SlurmRequest(), spec, "img:1", "gpurig", "k")
+        node = shlex.split(script[script.index("\nsrun "):].split("\nran=")[0])[-1]
+        return shlex.split(node.splitlines()[-2].replace("$", ""))
+
+    assert "--init" not in docker_run(ours)
+    assert "--init" in docker_run(explicit)
 
 
 def test_with_rest_the_controller_gets_slurmrestd_behind_jwt_on_its_loopback():
