@@ -1113,6 +1113,7 @@ def cmd_logs(args):
             shutil.copyfileobj(f, out)
         out.flush()
         token = boot_token()
+        waiting = None  # the pending reason last told (gpurig-job-wait on stderr): once when the job waits, again when why changes
         while follow:
             chunk = f.read(65536)
             if chunk:
@@ -1125,6 +1126,11 @@ def cmd_logs(args):
                 out.write(rest)
                 out.flush()
                 break
+            now_waiting = doc.get("reason", "") if doc["state"] == "pending" else None
+            if now_waiting != waiting:
+                sys.stderr.write("gpurig-job-wait: %s\n" % json.dumps({"state": doc["state"], "reason": doc.get("reason", "")}))
+                sys.stderr.flush()
+                waiting = now_waiting
             time.sleep(0.25)
     doc = describe(directory, boot_token()) or {}
     sys.stderr.write("gpurig-job-state: %s\n" % json.dumps({"state": doc.get("state"), "exit_code": doc.get("exit_code"),

@@ -14,6 +14,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.options import (
     HostOptions,
+    WaitLines,
     connect_early,
     container_names,
     exit_for,
@@ -146,7 +147,7 @@ def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, lab
 
     def work(conn: Connection) -> Outcome:
         try:
-            end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail)
+            end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail, on_wait=WaitLines(view.id) if follow else None)
         except CommandInterrupted:
             if not conn.interrupted:
                 raise
@@ -181,7 +182,8 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
         from gpurig.slurm.scheduler import the_cluster
 
         try:
-            follow_slurm(slurm_reach(opts), the_cluster(opts.settings.inventory), view, to_stdout, follow_it=follow)
+            follow_slurm(slurm_reach(opts), the_cluster(opts.settings.inventory), view, to_stdout, follow_it=follow,
+                         on_wait=WaitLines(view.id) if follow else None)
         except KeyboardInterrupt as stop:
             raise stopped_following(stop, view) from None
         return
@@ -238,7 +240,8 @@ def attach(c, opts: HostOptions, job=None, tail=20):
         from gpurig.slurm import scheduler
 
         try:
-            after = scheduler.follow(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view, to_stdout)
+            after = scheduler.follow(slurm_reach(opts), scheduler.the_cluster(opts.settings.inventory), view, to_stdout,
+                                     on_wait=WaitLines(view.id))
         except KeyboardInterrupt as stop:
             raise interrupted(stop, f"detached from slurm job {view.id}, which goes on: {follow_hint(view.id)}") from None
         exit_with_job(after)

@@ -247,6 +247,39 @@ def follow_hint(job: str) -> str:
     return f"follow it with gpurig logs --job {job} --follow; stop it with gpurig cancel {job}"
 
 
+# a pending job's reasons that say only that its scheduler has not looked at it yet (gpurig's agent, Slurm): no line for them
+NOT_YET_WAITING = ("", "starting", "None")
+
+
+class WaitLines:
+    """``run --wait`` and ``logs --follow`` on a job that stays pending: one line on stderr when it starts waiting, saying why
+    (its place in the queue, the GPUs it waits for, Slurm's reason), one more each time why changes, and one when it stops waiting.
+
+    Called as ``on_wait(state, reason)`` from the thread that follows the job; a reason told again is not printed again, so a log
+    that is no terminal gets at most a line per change.
+    """
+
+    def __init__(self, job: str, clock=None) -> None:
+        import time
+
+        self.job = job
+        self.clock = clock or time.monotonic
+        self.shown = ""
+        self.since = 0.0
+
+    def __call__(self, state: str, reason: str) -> None:
+        if state == "pending":
+            if reason in NOT_YET_WAITING or reason == self.shown:
+                return
+            self.since = self.since if self.shown else self.clock()
+            self.shown = reason
+            err_console.print(f"job {outside(self.job)} is pending: {outside(reason)}", highlight=False, soft_wrap=True)
+        elif self.shown:
+            self.shown = ""
+            err_console.print(f"job {outside(self.job)} is {outside(state or 'no longer pending')} "
+                              f"(it waited {self.clock() - self.since:.0f}s)", highlight=False, soft_wrap=True)
+
+
 def interrupted(stop: KeyboardInterrupt, said: str) -> Exit:
     """The one line that ends a task a signal stopped, saying what became of its job; exit 130 after Ctrl-C, 143 after SIGTERM."""
     from gpurig.results import SIGINT_EXIT

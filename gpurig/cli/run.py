@@ -24,6 +24,7 @@ from invoke.exceptions import Exit
 from gpurig.cli.base import load_project_spec, remainder_argv
 from gpurig.cli.options import (
     HostOptions,
+    WaitLines,
     exit_for,
     exit_with_job,
     fleet_document,
@@ -151,24 +152,29 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     into_dir = chosen_into or request.workdir / RUNS / job
-    stage = ["submitting"]  # then "following" (the job is on the host), then "ended" (its log ended): what an interrupt leaves
-    ending: dict = {}  # what an interrupt did to the job, for the JSON report: detached, or its state after the cancel
+    from gpurig.jobs.submit import READING
+
+    # submit_job's step (reading the host ... submitting, submitted), then "following" (the job is on the host) and "ended" (its log
+    # ended): what an interrupt leaves behind
+    stage = [READING]
+    ending: dict = {}  # what became of the job after an interrupt, for the JSON report: its state as read, detached, or cancelled
 
     def work(conn: Connection) -> Outcome:
         from gpurig.connect.connection import CommandInterrupted
         from gpurig.jobs.submit import submit_job
 
-        submitted = submit_job(conn, target)
+        submitted = submit_job(conn, target, phase=lambda step: stage.__setitem__(0, step))
         if opts.check or not wait:
             return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
-        stage[0] = "following"
+        stage[0] = FOLLOWING
         try:
-            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, "ended"))
+            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, ENDED), WaitLines(submitted.job))
         except CommandInterrupted:
             if not conn.interrupted:
                 raise
             # what became of the job is said once, by the task (the command stopped was gpurig's reading of the log, not the job)
-            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted; job {submitted.job} was left to go on")
+            what = "after its log ended, before how it ended was read" if stage[0] == ENDED else "while following its log"
+            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted {what} (job {submitted.job})")
         view = done.view
         if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
             why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
@@ -178,21 +184,13 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
 
     try:
-        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending)},
-                           interrupt_recap=not wait)
+        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending, job)},
+                           interrupt_recap=False)
     except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
-        if not wait:
-            raise
         stopped = stop.report if isinstance(stop, FleetInterrupted) else None
-        if stage[0] == "submitting":  # no job known to be on the host: the recap says where the submission stopped
-            from gpurig.report.fleetrun import print_recap
-
-            if stopped is not None:
-                print_recap(stopped, err_console)
-            raise
-        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel_on_interrupt, ending)
+        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel_on_interrupt, ending, wait=bool(wait))
         if stopped is not None:
-            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
+            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending, job)})
         raise interrupted(stop, said) from None
     show_run(opts, report, wait)
     if junit:
@@ -206,33 +204,93 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     exit_for(report)
 
 
+FOLLOWING, ENDED = "following", "ended"
+
+
 def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
-                    ending: dict) -> str:
-    """What became of the job --wait followed when a signal stopped it (``ending`` says it for the report): cancelled (``cancel``),
-    left to go on, or already ended."""
-    if stage == "ended":
+                    ending: dict, wait: bool = True) -> str:
+    """What became of the job when a signal stopped ``run`` at ``stage`` (``ending`` says it for the report): never started (nothing
+    runs), cancelled (``cancel``), left to go on, or already ended. Where the job may exist, the host is asked."""
+    from gpurig.jobs.submit import STARTING, SUBMITTED, SUBMITTING
+
+    where = outside(host.name)
+    if stage in STARTING:  # the submission never left: what moved (the image, the synced tree) is reused by the next run
+        ending.update(state="not started", reason=f"interrupted while {stage}")
+        return f"job {job} was not started on {where} (interrupted while {stage}): nothing runs there; run again"
+    if stage == ENDED:
         found = waited(report) if report is not None else []
         if not found:
             return f"job {job}'s log had ended; see how the job ended with gpurig jobs --job {job}"
         view = found[0].view
-        fetch = f"; bring its artifacts with gpurig fetch {job}" if request.artifacts else ""
+        fetch = f"; bring its artifacts with gpurig fetch {job}" if request.artifacts and found[0].fetched is None else ""
         return f"job {job} had already ended ({view.state_text}, exit code {view.exit_status}){fetch}"
-    if not cancel:
-        ending.update(detached=True)
-        return f"detached from job {job}, which goes on: {follow_hint(job)}"
+    if stage == SUBMITTED and not wait:
+        return f"job {job} was submitted on {where} before the interrupt; gpurig leaves it to go on: {follow_hint(job)}"
+    if cancel and stage != SUBMITTING:
+        return cancel_job(opts, host, job, request.grace, ending)
+    looked, problem = look(opts, host, job)
+    if stage == SUBMITTING:  # the request was sent, its answer not read: only the host knows whether the job exists
+        if problem:
+            ending.update(state="unknown", reason=f"interrupted while submitting it; its state could not be read: {problem}")
+            return (f"job {job} may have been started on {where} (interrupted while submitting it; {problem}): see it with gpurig jobs "
+                    f"--job {job}; stop it with gpurig cancel {job}")
+        if looked is None:
+            ending.update(state="not started", reason="interrupted while submitting it, before the host made it")
+            return f"job {job} was not started on {where} (interrupted while submitting it, before the host made it): nothing runs there; run again"
+        if cancel:
+            return cancel_job(opts, host, job, request.grace, ending)
+        ending.update(state=looked.state, reason=looked.reason, detached=True)
+        if looked.ended:
+            return f"job {job} was started on {where} before the interrupt and has ended ({looked.state_text}): see it with gpurig jobs --job {job}"
+        return f"job {job} was started on {where} before the interrupt ({looked.state_text}) and goes on: {follow_hint(job)}"
+    ending.update(detached=True)
+    if problem or looked is None:
+        ending.update(state="unknown", reason=f"not read after the interrupt: {problem or 'the host no longer lists it'}")
+    else:
+        ending.update(state=looked.state, reason=looked.reason)
+        if looked.ended:
+            fetch = f"; bring its artifacts with gpurig fetch {job}" if request.artifacts else ""
+            return f"job {job} ended as gpurig stopped following it ({looked.state_text}){fetch}"
+    return f"detached from job {job}, which goes on: {follow_hint(job)}"
+
+
+def look(opts: HostOptions, host, job: str) -> tuple[JobView | None, str]:
+    """Job ``job`` as its host has it now (None: the host has no such job), or why it could not be read."""
+    from gpurig.connect.fleet import run_fleet
+    from gpurig.jobs.remote import JobAgent
+    from gpurig.jobs.views import job_view
+    from gpurig.results import Outcome
+
+    connector = make_connector(opts)
+    try:
+        got = run_fleet([host], lambda conn: Outcome(data=[job_view(conn.name, d) for d in JobAgent(conn).jobs((job,)) if d.get("id") == job]),
+                        connector=connector, forks=1, label="jobs").results[0]
+    except KeyboardInterrupt:
+        return None, "interrupted again while asking the host"
+    finally:
+        connector.close()
+    if not isinstance(got.data, list):
+        return None, got.reason or "the host did not answer"
+    return (got.data[0] if got.data else None), ""
+
+
+def cancel_job(opts: HostOptions, host, job: str, grace: float, ending: dict) -> str:
+    """--cancel-on-interrupt: the job cancelled as gpurig cancel does; what the host says after it."""
     from gpurig.connect.fleet import run_fleet
     from gpurig.jobs.remote import JobAgent
     from gpurig.results import Outcome
 
     connector = make_connector(opts)
     try:
-        done = run_fleet([host], lambda conn: Outcome(data=JobAgent(conn).cancel(job, request.grace)), connector=connector, forks=1,
+        done = run_fleet([host], lambda conn: Outcome(data=JobAgent(conn).cancel(job, grace)), connector=connector, forks=1,
                          label="cancel").results[0]
     except KeyboardInterrupt:
+        ending.update(state="unknown", reason="interrupted again while cancelling it")
         return f"interrupted again while cancelling job {job}, which may go on: stop it with gpurig cancel {job}"
     finally:
         connector.close()
     if not isinstance(done.data, dict):
+        ending.update(state="unknown", reason=f"the cancel failed: {done.reason}")
         return f"job {job} could not be cancelled ({done.reason}) and may go on: stop it with gpurig cancel {job}"
     state = str(done.data.get("state") or "")
     ending.update(state=state, reason=str(done.data.get("reason") or ""))
@@ -270,7 +328,12 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     target = resolve_target(cluster.nodes[0], request, "slurm", sync_key(request.workdir), tree, check=opts.check,
                             load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
     per_node = request.gpus.count if request.gpus is not None else (1 if target.cuda else 0)
-    submitted = scheduler.submit(reach, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node), check=opts.check)
+    stage = [scheduler.PREPARING]
+    try:
+        submitted = scheduler.submit(reach, cluster, target, request, SlurmRequest(nodes, partition, chosen, per_node), check=opts.check,
+                                     phase=lambda step: stage.__setitem__(0, step))
+    except KeyboardInterrupt as stop:
+        raise interrupted(stop, slurm_not_queued(cluster.controller.name, stage[0], cancel)) from None
     if submitted.left_out:
         err_console.print(f"[yellow]slurm gives these nodes no job, so they get neither the tree nor the image: {outside(submitted.left_out)}[/]",
                           highlight=False)
@@ -291,7 +354,7 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
     if not wait:
         return
     try:
-        view = scheduler.follow(reach, cluster, scheduler.find(reach, cluster, submitted.job), to_stdout)
+        view = scheduler.follow(reach, cluster, scheduler.find(reach, cluster, submitted.job), to_stdout, on_wait=WaitLines(submitted.job))
     except KeyboardInterrupt as stop:
         raise interrupted(stop, slurm_after_interrupt(reach, cluster, submitted.job, cancel)) from None
     if junit:
@@ -300,6 +363,17 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
 
         write_text_report(junit, job_junit([view]), "--junit")
     exit_with_job(view)
+
+
+def slurm_not_queued(controller: str, stage: str, cancel: bool) -> str:
+    """What an interrupt before sbatch answered left: no Slurm job (the nodes were being prepared), or one whose id was not read."""
+    from gpurig.slurm import scheduler
+
+    if stage != scheduler.QUEUEING:
+        return f"no slurm job was queued (interrupted while {stage}): nothing runs; run again"
+    left = " (its id was not read, so --cancel-on-interrupt could not cancel it)" if cancel else ""
+    return (f"a slurm job may have been queued on {outside(controller)}: sbatch was sent, its answer not read{left}; see it with gpurig jobs "
+            f"-l {outside(controller)} and stop it with gpurig cancel ID")
 
 
 def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
@@ -318,8 +392,9 @@ def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
         f"slurm job {job} is {after.state_text} after scancel" + ("" if after.ended else f": stop it with gpurig cancel {job}")
 
 
-def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, log_ended=lambda: None) -> Waited:
-    """--wait: the log to stdout until the job ends (then ``log_ended()``), then its artifacts and its GPU use."""
+def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, log_ended=lambda: None, on_wait=None) -> Waited:
+    """--wait: the log to stdout until the job ends (then ``log_ended()``), then its artifacts and its GPU use; ``on_wait(state, reason)``
+    hears why the job waits while it is pending."""
     from gpurig.jobs.artifacts import fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.summary import gpu_use
@@ -331,17 +406,20 @@ def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, 
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    agent.logs(job, out, follow=True)
+    agent.logs(job, out, follow=True, on_wait=on_wait)
     log_ended()
     found = agent.jobs((job,))
     view = job_view(conn.name, found[0]) if found else None
     if view is None:
         raise ConfigError(f"job {job} is gone from {conn.name}", "see `gpurig jobs`")
-    try:
+    try:  # the artifacts first: a failure after them (the GPU samples) keeps what was fetched in the report
         fetched = fetch(agent, job, into) if request.artifacts else None
-        return Waited(view, fetched, gpu_use(view, agent.samples(job)))
     except GpurigError as err:
         return Waited(view, None, None, err)
+    try:
+        return Waited(view, fetched, gpu_use(view, agent.samples(job)))
+    except GpurigError as err:
+        return Waited(view, fetched, None, err)
 
 
 @dataclass(frozen=True)
@@ -376,9 +454,13 @@ def waited(rep: FleetReport) -> list[Waited]:
     return [r.waited for r in results_of(rep) if r.waited is not None]
 
 
-def job_doc(rep: FleetReport, ending: dict | None = None) -> dict | None:
+def job_doc(rep: FleetReport, ending: dict | None = None, job: str = "") -> dict | None:
+    """The report's job: as submitted and followed, with what an interrupt found (``ending``) over it; a job an interrupt kept from
+    starting is its id and "not started"."""
     found = results_of(rep)
-    return {**found[0].to_dict(), **(ending or {})} if found else None
+    if found:
+        return {**found[0].to_dict(), **(ending or {})}
+    return {"id": job, **ending} if job and ending else None
 
 
 def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:

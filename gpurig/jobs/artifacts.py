@@ -63,8 +63,17 @@ def sha256_of(path: Path) -> str:
 
 
 def fetch(agent: JobAgent, job: str, into: Path) -> Fetched:
-    """The job's artifacts into ``into`` (made if missing): what differs is fetched, verified, then moved into place."""
-    listing = agent.artifacts(job)
+    """The job's artifacts into ``into`` (made if missing): what differs is fetched, verified, then moved into place.
+
+    Interrupted (Ctrl-C, SIGTERM), it says what ``into`` holds: nothing of this fetch (the files move only once all arrived).
+    """
+    from gpurig.connect.connection import CommandInterrupted
+
+    try:
+        listing = agent.artifacts(job)
+    except CommandInterrupted:
+        raise CommandInterrupted(f"fetching job {job}'s artifacts was interrupted before the host listed them; nothing was written into {into}",
+                                 f"bring them with gpurig fetch {job} --into {into}", host=agent.conn.name) from None
     into = output_dir(into, "--into")
     wanted, unchanged = [], 0
     for rel, (size, digest, _mode, _mtime) in sorted(listing.items()):
@@ -84,7 +93,13 @@ def fetch(agent: JobAgent, job: str, into: Path) -> Fetched:
     except OSError as err:
         raise GpurigError(f"cannot write into {into}: {err.strerror}", "free space there, or choose another --into") from None
     try:
-        moved = _receive(agent, job, wanted, listing, stage)
+        try:
+            moved = _receive(agent, job, wanted, listing, stage)
+        except CommandInterrupted:
+            kept = f"; the {counted(unchanged, 'file')} already there match the host's" if unchanged else ""
+            raise CommandInterrupted(f"fetching job {job}'s artifacts was interrupted: {counted(len(wanted), 'file')} to fetch, none of them "
+                                     f"moved into {into}{kept}", f"bring them with gpurig fetch {job} --into {into}",
+                                     host=agent.conn.name) from None
         for rel in wanted:
             dest = into / rel
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ SAMPLER = "checks/gpu_sampler.py"
 JOBS_ROOT = "/srv/gpurig/jobs"
 _ERROR = "gpurig-agent-error: "
 _STATE = "gpurig-job-state: "
+_WAIT = "gpurig-job-wait: "  # while a followed job is pending: its state and why, once and again when why changes
 _NO_PYTHON = (127,)
 
 
@@ -92,8 +93,13 @@ class JobAgent:
     def cancel(self, job: str, grace: float) -> dict[str, Any]:
         return self._json("cancel", "--root", self.root, "--id", job, "--grace", f"{grace:g}", timeout=grace + 90)
 
-    def logs(self, job: str, on_text: Callable[[str], None], *, follow: bool = False, tail: int = 0) -> LogEnd:
-        """The job's log to ``on_text`` (with ``follow`` until the job ends); how the job stood at the end."""
+    def logs(self, job: str, on_text: Callable[[str], None], *, follow: bool = False, tail: int = 0,
+             on_wait: Callable[[str, str], None] | None = None) -> LogEnd:
+        """The job's log to ``on_text`` (with ``follow`` until the job ends); how the job stood at the end.
+
+        ``on_wait(state, reason)``: while a followed job is pending, why it waits (when it starts waiting and when why changes),
+        then its state once it stops waiting.
+        """
         import codecs
 
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -104,7 +110,7 @@ class JobAgent:
                 on_text(shown)
 
         args = ["--root", self.root, "--id", job, *(["--follow"] if follow else []), *(["--tail", str(tail)] if tail else [])]
-        result = self._call("logs", *args, streams=Streams(on_bytes=text))
+        result = self._call("logs", *args, streams=Streams(on_bytes=text), on_output=_wait_lines(on_wait) if on_wait else None)
         rest = decoder.decode(b"", True)
         if rest:
             on_text(rest)
@@ -133,9 +139,10 @@ class JobAgent:
     def line(self, verb: str, *args: str) -> str:
         return embedded_line(self.source, "job_agent.py", [verb, *args])
 
-    def _call(self, verb: str, *args: str, admin: bool = True, streams: Streams | None = None, timeout: float | None = None) -> Result:
+    def _call(self, verb: str, *args: str, admin: bool = True, streams: Streams | None = None, timeout: float | None = None,
+              on_output: Callable[[str, str], None] | None = None) -> Result:
         run = self.conn.admin if admin else self.conn.run
-        return run(self.line(verb, *args), warn=True, timeout=timeout, streams=streams)
+        return run(self.line(verb, *args), warn=True, timeout=timeout, streams=streams, on_output=on_output)
 
     def _json(self, verb: str, *args: str, timeout: float | None = 300) -> dict[str, Any]:
         return self._parse(self._call(verb, *args, timeout=timeout))
@@ -165,3 +172,24 @@ class JobAgent:
         if result.exited != 0:
             said = last_line(result.stderr) or last_line(result.stdout) or f"exit status {result.exited}"
             raise JobError(f"the job agent failed: {said}", "run again with -vv and report what it says", host=self.conn.name)
+
+
+def _wait_lines(on_wait: Callable[[str, str], None]) -> Callable[[str, str], None]:
+    """An output handler that hands each whole gpurig-job-wait line on the command's stderr to ``on_wait(state, reason)``."""
+    held = [""]
+
+    def on_output(stream: str, text: str) -> None:
+        if stream != "stderr":
+            return
+        *lines, held[0] = (held[0] + text).split("\n")
+        for line in lines:
+            if not line.startswith(_WAIT):
+                continue
+            try:
+                doc = json.loads(line[len(_WAIT):])
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                on_wait(str(doc.get("state") or ""), str(doc.get("reason") or ""))
+
+    return on_output

@@ -36,6 +36,11 @@ from gpurig.jobs.tree import Tree
 from gpurig.skeleton import shipped_text
 
 SAMPLE_INTERVAL_S = 2.0
+# What submit_job is doing, as it tells ``phase``: before SUBMITTING no job exists on the host (what moved is the image and the
+# synced tree, which the next run reuses); from SUBMITTING the agent may have made the job, its answer not read; SUBMITTED: it did.
+READING, DELIVERING, SYNCING = "reading the host", "delivering the image", "syncing the working directory"
+SUBMITTING, SUBMITTED = "submitting the job", "submitted"
+STARTING = (READING, DELIVERING, SYNCING)
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,11 @@ class Submitted:
     details: dict = field(default_factory=dict)
 
 
-def submit_job(conn: Connection, t: JobTarget) -> Submitted:
+def submit_job(conn: Connection, t: JobTarget, phase: Callable[[str], None] = lambda step: None) -> Submitted:
+    """The job on ``conn``'s host; ``phase(step)`` hears each step as it begins (READING ... SUBMITTED), so an interrupt can say
+    whether the job may exist."""
     agent = JobAgent(conn)
+    phase(READING)
     facts = gather_complete(conn)
     with open_engine(conn) as engine:
         request = gpu_request(t, facts, conn.name)
@@ -88,15 +96,19 @@ def submit_job(conn: Connection, t: JobTarget) -> Submitted:
         if t.container is not None and engine.image(t.image_ref) is None:
             if t.deliver is None:
                 raise HostError(f"{t.image_ref} is not on the host", "build it here, or push it to the spec's registry", host=conn.name)
+            phase(DELIVERING)
             done = t.deliver(engine, conn, t.image_ref)
             delivery, moved = done.method, done.bytes_moved
         uid = t.uid if t.container is not None else user_of(exec_target.raw if exec_target else {})
     document = job_document(t, facts, request, uid, exec_target)
     bundle = {"job.json": json.dumps(document).encode(), "job_agent.py": shipped_text(AGENT).encode(),
               "gpu_sampler.py": shipped_text(SAMPLER).encode()}
+    phase(SYNCING)
     t.say(f"syncing {t.request.workdir} ({counted(len(t.tree.entries), 'entry', 'entries')})")
     synced = sync(agent, t.key, t.tree, job=t.job, job_files=bundle)
+    phase(SUBMITTING)
     said = agent.submit(t.key, t.job)
+    phase(SUBMITTED)
     return Submitted(t.job, str(said.get("state") or "pending"), document["gpus"], synced.plan, synced, delivery, moved,
                      str(said.get("supervisor") or ""), {"work": said.get("work")})
 

@@ -87,12 +87,18 @@ class Submitted:
     left_out: str = ""  # the partition's nodes Slurm gives no job (not prepared), each with its state and reason
 
 
-def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest, *, check: bool = False) -> Submitted:
+# What submit is doing, as it tells ``phase``: before QUEUEING no Slurm job exists; from QUEUEING sbatch may have queued one whose id
+# was not read; QUEUED: it did.
+PREPARING, QUEUEING, QUEUED = "preparing the nodes", "queueing the job", "queued"
+
+
+def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.SlurmRequest, *, check: bool = False,
+           phase: Callable[[str], None] = lambda step: None) -> Submitted:
     """The partition's usable nodes pass the pre-flight and get the tree and the image, then the controller queues the job.
 
     Nothing is queued into a partition with fewer usable nodes than the job
     asks for; with ``check`` the same checks run, nothing moves, and the
-    script is the answer.
+    script is the answer. ``phase(step)`` hears each step as it begins.
     """
     from gpurig.connect.streams import Streams
     from gpurig.results import Outcome
@@ -103,6 +109,7 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     login = cluster.controller.user or "root"
     script = sbatch.batch_script(request, slurm, target.container, target.image_ref, login, target.key)
     partition = partition_name(cluster, slurm.partition)
+    phase(PREPARING)
     usable, left_out = usable_nodes(reach, cluster, partition, slurm.nodes)
     ready = fleet(reach, usable, lambda conn: prepare(conn, target, login, check))
     bad = [r for r in ready.results if not r.succeeded]
@@ -128,9 +135,11 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
                             host=conn.name)
         return Outcome(data=sbatch.parse_submitted(said.stdout, conn.name))
 
+    phase(QUEUEING)
     queued = fleet(reach, [cluster.controller], queue).results[0]
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
+    phase(QUEUED)
     return Submitted(str(queued.data), tuple(h.name for h in usable), script, via, left_out)
 
 
@@ -268,21 +277,33 @@ def find(reach: Reach, cluster: ClusterHosts, job: str, explain: bool = False) -
         return controller.find(job, explain)
 
 
-def follow(reach: Reach, cluster: ClusterHosts, view: JobView, out: Callable[[bytes], None], follow_it: bool = True) -> JobView:
-    """The job's log, each piece handed to ``out`` as it comes (to the job's end with ``follow_it``); how it ended."""
+def follow(reach: Reach, cluster: ClusterHosts, view: JobView, out: Callable[[bytes], None], follow_it: bool = True,
+           on_wait: Callable[[str, str], None] | None = None) -> JobView:
+    """The job's log, each piece handed to ``out`` as it comes (to the job's end with ``follow_it``); how it ended.
+
+    ``on_wait(state, reason)`` hears why a pending job waits (Slurm's reason, with the partition's unusable nodes where it has no
+    usable one) each time Slurm's reason changes, and the job's state once it stops waiting.
+    """
     with Controller(reach, cluster) as controller:
-        return _follow(reach, controller, view, out, follow_it)
+        return _follow(reach, controller, view, out, follow_it, on_wait or (lambda state, reason: None))
 
 
-def _follow(reach: Reach, controller: Controller, view: JobView, out: Callable[[bytes], None], follow_it: bool) -> JobView:
+def _follow(reach: Reach, controller: Controller, view: JobView, out: Callable[[bytes], None], follow_it: bool,
+            on_wait: Callable[[str, str], None] = lambda state, reason: None) -> JobView:
     from gpurig.connect.streams import Streams
     from gpurig.results import Outcome
     from gpurig.slurm import sbatch
 
     cluster = controller.cluster
+    told = None  # Slurm's own reason last told: why is asked again (one more sinfo) only when it changes
     while follow_it and view.state == "pending":
+        if view.reason != told:
+            told = view.reason
+            on_wait("pending", controller.find(view.id, explain=True).reason)
         time.sleep(POLL_S)  # polling Slurm's queue for the job to start (it has no batch host before)
         view = controller.find(view.id)
+    if told is not None:
+        on_wait(view.state, view.reason)
     batch = str(view.raw.get("batch_host") or "")
     if not batch:
         view = controller.find(view.id, explain=True)

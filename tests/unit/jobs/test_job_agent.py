@@ -207,3 +207,37 @@ def test_the_queue_is_first_in_first_out_among_live_waiting_gpu_jobs(tmp_path):
     state_of(root, "late0006", {"state": "pending", "supervisor": me}, {"seq": 6, "gpus": {"count": 1}})
     assert agent.queue_ahead(str(root), "mine0005", 5) == ["early001"]
     assert agent.queue_ahead(str(root), "early001", 1) == []
+
+
+def test_logs_follow_says_on_stderr_why_a_pending_job_waits_once_and_again_when_why_changes(tmp_path):
+    import threading
+    import time
+
+    job = tmp_path / "jobs" / "abc12345"
+    job.mkdir(parents=True)
+    (job / "log").write_bytes(b"")
+    (job / "meta.json").write_text(json.dumps({"name": "train", "submitted_at": time.time()}))  # just submitted: no supervisor yet
+
+    def state(**doc) -> None:
+        tmp = job / "state.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, job / "state.json")
+
+    state(state="pending", reason="starting")
+    proc = subprocess.Popen([sys.executable, str(AGENT), "logs", "--root", str(tmp_path / "jobs"), "--id", "abc12345", "--follow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(60, proc.kill)  # a bounded wait: a hung agent fails the test instead of hanging it
+    watchdog.start()
+    try:
+        assert json.loads(proc.stderr.readline().decode().split(": ", 1)[1]) == {"state": "pending", "reason": "starting"}
+        state(state="pending", reason="waiting for GPU 0 (held by job ef012345)")
+        said = json.loads(proc.stderr.readline().decode().split(": ", 1)[1])
+        assert said == {"state": "pending", "reason": "waiting for GPU 0 (held by job ef012345)"}
+        state(state="running", reason="")
+        assert json.loads(proc.stderr.readline().decode().split(": ", 1)[1]) == {"state": "running", "reason": ""}
+        state(state="succeeded", reason="", exit_code=0)
+        rest = proc.stderr.read().decode().splitlines()
+        assert proc.wait() == 0
+    finally:
+        watchdog.cancel()
+    assert [line.split(": ", 1)[0] for line in rest] == ["gpurig-job-state"]  # no wait line repeated while why stayed the same

@@ -1,10 +1,13 @@
-"""What `run --wait` and `logs --follow` say and do when a signal stops them, and how `run --wait` reports a job that failed.
+"""What `run` and `logs --follow` say and do when a signal stops them, how `run --wait` reports a job that failed, and what they say
+while a job waits.
 
 The tasks run in-process over one host whose connection is scripted: the
-submission is replaced (the job is on the host once it returns), and the job
-agent's verbs answer as the host's would. The signal arrives while the log is
-being followed, as Ctrl-C or a CI runner's SIGTERM does: the main thread gets
-it, and the command reading the log stops as a real connection's does.
+submission is gpurig's own (``submit_job``) over a host that answers as its
+job agent would (its facts, engine and the tar of the sync stand in), and the
+job agent's verbs answer as the host's would. The signal arrives where the
+test says (while syncing, while the submission is on its way, while the log
+is followed), as Ctrl-C or a CI runner's SIGTERM does: the main thread gets
+it, and the command running stops as a real connection's does.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import _thread
 import json
 import signal
+from types import SimpleNamespace
 
 import pytest
-from fakes import ScriptedConnection
+from fakes import RecordedEngine, ScriptedConnection
 from invoke import Context
 from invoke.exceptions import Exit
 
@@ -22,7 +26,7 @@ from gpurig.cli import base, jobqueue, options
 from gpurig.cli import run as run_task
 from gpurig.inventory import Host
 from gpurig.jobs import submit
-from gpurig.jobs.sync import SyncPlan
+from gpurig.jobs.sync import SyncPlan, SyncResult
 
 HOST = Host("gpu-01", (), {}, connection="ssh")
 
@@ -32,36 +36,84 @@ def verb(line: str) -> str:
     return line.rsplit("))' ", 1)[1].split()[0]
 
 
-class Host1:
-    """The host as the agent on it answers; ``signal`` is sent to this process when the log is being followed."""
+class StreamingConnection(ScriptedConnection):
+    """A scripted host whose commands' output also comes as a real connection gives it while they run: stdout to ``Streams.on_bytes``,
+    stderr to ``on_output``."""
 
-    def __init__(self, signum: int | None = None, ended: dict | None = None) -> None:
+    def _execute(self, line, shown, *, timeout, on_output, watcher=None, streams=None):
+        result = super()._execute(line, shown, timeout=timeout, on_output=on_output, watcher=watcher, streams=streams)
+        if streams is not None and streams.on_bytes is not None and result.stdout:
+            streams.on_bytes(result.stdout.encode())
+        if on_output is not None and result.stderr:
+            on_output("stderr", result.stderr)
+        return result
+
+
+class Host1:
+    """The host as the agent on it answers; ``signum`` is sent to this process at the step ``stop_at`` names: "sync" (the tar of the
+    working directory on its way), "submit" (the submission sent; ``made`` says whether the agent made the job before it was stopped)
+    or "logs" (the log followed)."""
+
+    def __init__(self, signum: int | None = None, ended: dict | None = None, stop_at: str = "logs", made: bool = False,
+                 waits: tuple[tuple[str, str], ...] = ()) -> None:
         self.signum = signum
         self.ended = ended or {"state": "succeeded", "exit_code": 0}
+        self.stop_at = stop_at if signum is not None else ""
+        self.made_when_stopped = made
+        self.waits = waits  # (state, reason) the agent's logs --follow says while the job is pending
         self.asked: list[str] = []
         self.job = ""
+        self.made = False
+        self.unreadable = False  # its job list cannot be read (after the interrupt)
+
+    def stop(self, conn: ScriptedConnection):
+        assert self.signum is not None
+        _thread.interrupt_main(self.signum)  # the signal reaches the main thread, as the terminal's or the runner's does
+        assert conn._interrupted.wait(30), "the fleet never stopped the command"
+        return conn._interrupted_error()  # what a real connection raises for a command it stopped
+
+    def listed(self) -> dict:
+        if not self.made:
+            return {"jobs": []}
+        if self.stop_at in ("logs", "submit"):  # interrupted while the job went on
+            return {"jobs": [{"id": self.job, "mode": "exec", "container": "box", "state": "running", "reason": ""}]}
+        return {"jobs": [{"id": self.job, "mode": "exec", "container": "box", **self.ended,
+                          "reason": f"exited {self.ended['exit_code']}" if self.ended["exit_code"] else ""}]}
 
     def connection(self) -> ScriptedConnection:
         conn: ScriptedConnection
 
         def answer(line: str):
             self.asked.append(verb(line))
+            if self.asked[-1] == "submit":
+                self.job = line.split("--id ", 1)[1].split()[0]
+                if self.stop_at == "submit":
+                    self.made = self.made_when_stopped
+                    raise self.stop(conn)
+                self.made = True
+                return 0, json.dumps({"id": self.job, "state": "pending", "supervisor": "detached process"}), ""
             if self.asked[-1] == "logs":
-                if self.signum is not None:
-                    _thread.interrupt_main(self.signum)  # the signal reaches the main thread, as the terminal's or the runner's does
-                    assert conn._interrupted.wait(30), "the fleet never stopped the command"
-                    raise conn._interrupted_error()  # what a real connection raises for a command it stopped
-                return 0, "", "gpurig-job-state: " + json.dumps(self.ended) + "\n"
+                if self.stop_at == "logs":
+                    raise self.stop(conn)
+                waited = "".join("gpurig-job-wait: " + json.dumps({"state": st, "reason": why}) + "\n" for st, why in self.waits)
+                return 0, "hi\n", waited + "gpurig-job-state: " + json.dumps(self.ended) + "\n"
             if self.asked[-1] == "list":
-                return 0, json.dumps({"jobs": [{"id": self.job, "mode": "exec", "container": "box", **self.ended,
-                                                "reason": f"exited {self.ended['exit_code']}" if self.ended["exit_code"] else ""}]}), ""
+                if self.unreadable:
+                    return 1, "", "sudo: unable to resolve host\n"
+                return 0, json.dumps(self.listed()), ""
+            if self.asked[-1] == "artifacts":
+                return 0, json.dumps({"files": {"model.pt": [5, "0" * 64, 0o644, 0]}}), ""
+            if self.asked[-1] == "pack" and self.stop_at == "pack":
+                raise self.stop(conn)
             if self.asked[-1] == "samples":
                 return 0, '{"records": []}', ""
             if self.asked[-1] == "cancel":
+                if not self.made:
+                    return 1, "", "gpurig-agent-error: " + json.dumps({"problem": f"there is no job {self.job} on this host"}) + "\n"
                 return 0, json.dumps({"id": self.job, "state": "cancelled", "changed": True, "reason": "cancelled"}), ""
             raise AssertionError(f"unexpected command: {line[-200:]}")
 
-        conn = ScriptedConnection(HOST.name, answer)
+        conn = StreamingConnection(HOST.name, answer)
         return conn
 
 
@@ -89,19 +141,23 @@ def sigint_raises():
 
 @pytest.fixture
 def gpu_host(monkeypatch, tmp_path, sigint_raises):
-    """``gpu_host(signal=None, ended=...)`` -> the scripted host `run` submits to and follows the job on."""
+    """``gpu_host(signal=None, ended=..., stop_at=..., made=...)`` -> the scripted host `run` submits to and follows the job on."""
     made: list[Host1] = []
 
-    def make(signum: int | None = None, ended: dict | None = None) -> Host1:
-        host = Host1(signum, ended)
+    def make(signum: int | None = None, ended: dict | None = None, **how) -> Host1:
+        host = Host1(signum, ended, **how)
         made.append(host)
         return host
 
-    def submit_job(conn, target):
-        made[-1].job = target.job
-        return submit.Submitted(target.job, "pending", {}, SyncPlan((), (), 0))
+    def sync(agent, key, tree, *, job=None, job_files=None):
+        if made[-1].stop_at == "sync":  # the tar of the working directory was on its way
+            raise made[-1].stop(agent.conn)
+        return SyncResult(SyncPlan((), (), 0), 0, 0)
 
-    monkeypatch.setattr(submit, "submit_job", submit_job)
+    # what submit_job reads of the host before it syncs: no GPUs, the deployed container "box" the job runs in
+    monkeypatch.setattr(submit, "gather_complete", lambda conn: SimpleNamespace(gpus=()))
+    monkeypatch.setattr(submit, "open_engine", lambda conn: RecordedEngine([SimpleNamespace(name="box", raw={}, image="box:1")]))
+    monkeypatch.setattr(submit, "sync", sync)
     for module in (run_task, jobqueue):
         monkeypatch.setattr(module, "select_hosts", lambda opts: [HOST])
     for module in (options, run_task, jobqueue):
@@ -266,3 +322,136 @@ def test_a_sigterm_during_a_slurm_run_wait_scancels_the_job_only_when_asked(slur
     else:
         assert slurm_job == [] and last == ("gpurig: terminated (SIGTERM); detached from slurm job 42, which goes on: "
                                             "follow it with gpurig logs --job 42 --follow; stop it with gpurig cancel 42")
+
+
+# --- a signal while run starts the job: what exists on the host decides the line ---------------------------------------------------
+
+
+def last_line(said: str) -> str:
+    return said.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_signal_while_the_working_directory_syncs_says_no_job_was_started_and_to_run_again(gpu_host, capsys, tmp_path, wait):
+    host = gpu_host(signal.SIGINT, stop_at="sync")
+    got, said = run(capsys, wait=wait, json=str(tmp_path / "run.json"))
+    assert got == 130
+    job = json.loads((tmp_path / "run.json").read_text())["job"]
+    assert last_line(said) == (f"gpurig: interrupted; job {job['id']} was not started on gpu-01 (interrupted while syncing the working "
+                               f"directory): nothing runs there; run again")
+    assert "submit" not in host.asked and job["state"] == "not started"
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_signal_while_the_submission_is_on_its_way_names_the_job_the_host_made_and_never_says_run_again(gpu_host, capsys, tmp_path, wait):
+    host = gpu_host(signal.SIGTERM, stop_at="submit", made=True)
+    got, said = run(capsys, wait=wait, json=str(tmp_path / "run.json"))
+    assert got == 143
+    assert last_line(said) == (f"gpurig: terminated (SIGTERM); job {host.job} was started on gpu-01 before the interrupt (running) and goes "
+                               f"on: follow it with gpurig logs --job {host.job} --follow; stop it with gpurig cancel {host.job}")
+    assert "run again" not in said  # a second run would start a second job
+    assert json.loads((tmp_path / "run.json").read_text())["job"]["state"] == "running"
+
+
+def test_cancel_on_interrupt_cancels_a_job_the_host_made_while_its_submission_was_interrupted(gpu_host, capsys):
+    host = gpu_host(signal.SIGTERM, stop_at="submit", made=True)
+    got, said = run(capsys, cancel_on_interrupt=True)
+    assert got == 143 and host.asked[-1] == "cancel"
+    assert last_line(said) == f"gpurig: terminated (SIGTERM); cancelled job {host.job} (cancelled)"
+
+
+def test_a_submission_stopped_before_the_host_made_the_job_says_nothing_runs(gpu_host, capsys):
+    host = gpu_host(signal.SIGINT, stop_at="submit", made=False)
+    got, said = run(capsys, cancel_on_interrupt=True)
+    assert got == 130 and "cancel" not in host.asked
+    assert last_line(said) == (f"gpurig: interrupted; job {host.job} was not started on gpu-01 (interrupted while submitting it, before the "
+                               f"host made it): nothing runs there; run again")
+
+
+def test_a_submission_whose_fate_cannot_be_read_says_how_to_find_the_job(gpu_host, capsys, tmp_path):
+    host = gpu_host(signal.SIGINT, stop_at="submit", made=True)
+    host.unreadable = True
+    got, said = run(capsys, json=str(tmp_path / "run.json"))
+    assert got == 130 and "run again" not in said
+    assert last_line(said).startswith(f"gpurig: interrupted; job {host.job} may have been started on gpu-01 (interrupted while submitting it; ")
+    assert last_line(said).endswith(f"see it with gpurig jobs --job {host.job}; stop it with gpurig cancel {host.job}")
+    job = json.loads((tmp_path / "run.json").read_text())["job"]
+    assert job["state"] == "unknown" and "could not be read" in job["reason"]
+
+
+# --- the JSON report after an interrupt -------------------------------------------------------------------------------------------
+
+
+def test_the_json_report_of_a_detached_job_holds_the_state_its_host_gives_after_the_interrupt(gpu_host, capsys, tmp_path):
+    gpu_host(signal.SIGINT)
+    run(capsys, json=str(tmp_path / "run.json"))
+    job = json.loads((tmp_path / "run.json").read_text())["job"]
+    assert job["state"] == "running" and job["detached"] is True  # it said "pending", the state of its submission
+
+
+def test_an_interrupted_artifact_fetch_says_so_in_the_report_and_that_none_of_the_files_moved(gpu_host, capsys, tmp_path):
+    host = gpu_host(signal.SIGINT, stop_at="pack")
+    got, said = run(capsys, artifacts=["model.pt"], json=str(tmp_path / "run.json"))
+    doc = json.loads((tmp_path / "run.json").read_text())
+    into = tmp_path / "gpurig-runs" / host.job
+    assert got == 130
+    assert doc["hosts"][0]["reason"] == (f"fetching job {host.job}'s artifacts was interrupted: 1 file to fetch, none of them moved into "
+                                         f"{into}")
+    assert doc["job"]["state"] == "succeeded" and doc["job"]["error"] == doc["hosts"][0]["reason"]
+    assert last_line(said) == (f"gpurig: interrupted; job {host.job} had already ended (succeeded, exit code 0); bring its artifacts with "
+                               f"gpurig fetch {host.job}")
+    assert not (into / "model.pt").exists()
+
+
+# --- a job that waits says why ------------------------------------------------------------------------------------------------------
+
+
+QUEUED = ("pending", "waiting in the queue: 1 job ahead (ef012345 first)")
+HELD = ("pending", "waiting for GPU 0 (held by job ef012345)")
+
+
+def test_run_wait_on_a_job_that_waits_says_why_once_and_again_when_why_changes(gpu_host, capsys):
+    host = gpu_host(waits=(("pending", "starting"), QUEUED, QUEUED, HELD, ("running", "")))
+    got, said = run(capsys)
+    lines = [line for line in said.splitlines() if line.startswith(f"job {host.job} is ")]
+    assert got == 0 and lines[:2] == [f"job {host.job} is pending: {QUEUED[1]}", f"job {host.job} is pending: {HELD[1]}"]
+    assert len(lines) == 3 and lines[2].startswith(f"job {host.job} is running (it waited ")
+
+
+def test_logs_follow_on_a_waiting_job_says_why_it_waits(gpu_host, capsys, monkeypatch):
+    from gpurig.jobs.views import job_view
+
+    host = gpu_host(waits=(HELD, ("running", "")))
+    host.job = "abc12345"
+    monkeypatch.setattr(jobqueue, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "pending"}))
+    capsys.readouterr()
+    jobqueue.logs(Context(), name=host.job, job=True, follow=True)
+    out, err = capsys.readouterr()
+    assert out == "hi\n" and f"job abc12345 is pending: {HELD[1]}\n" in err
+
+
+def test_a_slurm_job_pending_on_its_partition_says_slurms_reason_and_each_change(monkeypatch):
+    from gpurig.jobs.views import job_view
+    from gpurig.slurm import scheduler
+
+    def view(state: str, reason: str):
+        return job_view("ctl", {"id": "42", "state": state, "reason": reason, "mode": "slurm"})
+
+    polls = iter([view("pending", "Resources"), view("pending", "Priority"), view("failed", "NodeFail")])
+    explained = {"Resources": "Resources; partition gpu has no node Slurm gives jobs: node-01 (drained: gpurig: ecc)"}
+    last = [view("pending", "Resources")]
+
+    class Controller:
+        cluster = SimpleNamespace(nodes=())
+
+        def find(self, job, explain=False):
+            if explain:
+                return view(last[0].state, explained.get(last[0].reason, last[0].reason))
+            last[0] = next(polls)
+            return last[0]
+
+    heard: list[tuple[str, str]] = []
+    monkeypatch.setattr(scheduler, "POLL_S", 0)
+    with pytest.raises(Exception, match="never ran on a node"):
+        scheduler._follow(None, Controller(), last[0], lambda data: None, True, lambda state, why: heard.append((state, why)))
+    assert heard == [("pending", explained["Resources"]), ("pending", "Priority"), ("failed", "NodeFail")]
