@@ -290,7 +290,9 @@ def _save_load(local: Engine, remote: Engine, conn: Connection, ref: str, image_
         for chunk in chunks:
             _checkpoint(conn)  # an interrupted run stops sending: the host's docker load gets no complete image
             meter.add(down=len(chunk))
-            progress(meter.down, max(size, meter.down))
+            # the tar runs past the image's size (a header a file): from there the total is not known until the end, so no "of" (a total
+            # grown to the bytes moved read as done at every chunk, each such count printed unpaced)
+            progress(meter.down, size if meter.down <= size else 0)
             yield chunk
 
     try:

@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -274,3 +275,88 @@ def test_a_delivery_line_names_the_host_once_and_a_count_without_a_total_says_no
     move = imagesource.mover(spec, SimpleNamespace(), printer)
     move(SimpleNamespace(), SimpleNamespace(name="wt-h1"), SimpleNamespace(image_ref="pytorch:slim"), lambda text: None)
     assert shown == ["pytorch:slim: 2 kB", "pytorch:slim: 1 kB of 5 kB"]
+
+
+def shown_counts(feed, every_s: float = 1.0) -> list[str]:
+    """The byte-count lines deploy prints for one host while ``feed(progress)`` reports (done, total): the mover's text, paced by
+    CountPace as ProgressPrinter paces it, on a clock that moves 0.1 s a report."""
+    from gpurig.deploy import imagesource
+
+    now = [0.0]
+    pace = CountPace(every_s, clock=lambda: now[0])
+    lines: list[str] = []
+
+    def count(host, done, total, text):
+        now[0] += 0.1
+        if pace.allow(host, done, total):
+            lines.append(text)
+
+    def deliver(local, engine, conn, ref, *, registry, say=None, progress=None):
+        feed(progress)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(imagesource, "deliver", deliver)
+        move = imagesource.mover(SimpleNamespace(registry=""), SimpleNamespace(), SimpleNamespace(count=count))
+        move(SimpleNamespace(), SimpleNamespace(name="h"), SimpleNamespace(image_ref="img"), lambda text: None)
+    return lines
+
+
+def counts_of(lines: list[str]) -> list[tuple[float, float | None]]:
+    """(done, total) in bytes from 'img: 2 kB of 5 kB' lines (total None where the line gives none)."""
+    units = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    out = []
+    for line in lines:
+        parts = line.split(": ", 1)[1].split(" of ")
+        value = [float(p.split()[0]) * units[p.split()[1]] for p in parts]
+        out.append((value[0], value[1] if len(value) > 1 else None))
+    return out
+
+
+def test_deploy_progress_over_a_recorded_pull_through_the_forward_never_shows_a_total_below_the_bytes_moved():
+    # issue 35: "2 kB of 0 B", or a total that grows past the image's size; the recorded pull through the SSH forward, its wire meter
+    # running ahead of the events by what else crosses the forward (manifests, configs: 2% here)
+    events = recorded("pull-jupyter-after-slim.jsonl")
+    image = sum({e["id"]: e["progressDetail"]["total"] for e in events if e.get("status") == "Downloading"}.values())
+
+    def feed(progress):
+        wire = [0]
+        tracker = PullProgress(progress, moved=lambda: wire[0])
+        for event in events:
+            if event.get("status") == "Downloading":
+                wire[0] = int(tracker.done * 1.02) + 1500
+            tracker.feed(event)
+        tracker.finish()
+
+    lines = shown_counts(feed)
+    counts = counts_of(lines)
+    assert lines and all(" of 0 B" not in line for line in lines)
+    assert all(total is None or done <= total for done, total in counts)
+    assert all(total is None or total <= image * 1.005 for _, total in counts)  # 3 significant digits of rounding
+    assert counts[-1][0] == counts[-1][1]  # the last line says it is all there
+    assert len(lines) <= 15  # paced: a line a second, not one an event
+
+
+def test_save_load_progress_past_the_images_size_is_paced_and_never_grows_the_total_past_the_image():
+    # docker save's tar is bigger than the image's size (a tar header for each file): the stream runs past the size it was counted by
+    from gpurig.deploy import delivery
+
+    size, chunk = 1_000_000, 10_000
+    chunks = [b"x" * chunk] * 130  # 1.3 MB of tar for a 1 MB image
+
+    class Saved:
+        def __iter__(self):
+            return iter(chunks)
+
+        def close(self):
+            pass
+
+    local = SimpleNamespace(save=lambda ref: Saved())
+    remote = SimpleNamespace(name="h", load=lambda stream: [dict() for _ in stream][:0], image=lambda ref: SimpleNamespace(id="sha256:x"))
+    conn = SimpleNamespace(interrupted=False, name="h")
+
+    lines = shown_counts(lambda progress: delivery._save_load(local, remote, conn, "img", "sha256:x", size, progress, lambda text: None))
+    counts = counts_of(lines)
+    assert all(total is None or done <= total for done, total in counts)
+    assert all(total is None or total <= size for done, total in counts[:-1])  # while it streams, no total past the image's size
+    assert lines[-1] == "img: 1.30 MB of 1.30 MB"  # the end says what moved
+    assert len(lines) <= 15  # past the size, each 10 kB chunk was a "final" count, printed unpaced
