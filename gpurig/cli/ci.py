@@ -18,13 +18,17 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, load_project_spec
-from gpurig.cli.options import HostOptions, host_task, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import ConfigError, InventoryError
 from gpurig.report import err_console, outside
+
+if TYPE_CHECKING:
+    from gpurig.flows.fleettask import HostOptions
 
 __all__ = ["ci"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import load_project_spec
-from gpurig.cli.options import HostOptions, connect_early, container_names, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import container_names, host_task, select_hosts
 from gpurig.errors import ConfigError
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
@@ -21,6 +21,7 @@ from gpurig.status import STATUS_STYLE, Status
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.deploy.apply import Target
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.results import FleetReport, HostResult, Outcome
     from gpurig.steps.plan import StepResult
 
@@ -42,6 +43,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
     from gpurig.deploy.imagesource import local_engine, mover, resolve
+    from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
     from gpurig.report.changes import host_documents, print_diffs, result_rows
     from gpurig.report.deliveryprogress import ProgressPrinter
     from gpurig.steps.plan import outcome
@@ -122,6 +124,8 @@ def print_access(report: FleetReport, out) -> None:
 @host_task()
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
+    from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
+
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)
     from gpurig.connect.engine import open_engine
@@ -194,6 +198,7 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
     from gpurig.connect.engine import open_engine
     from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
     from gpurig.results import Outcome
 
     chosen = select_hosts(opts)

@@ -22,21 +22,7 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec, remainder_argv
-from gpurig.cli.options import (
-    HostOptions,
-    exit_for,
-    exit_with_job,
-    fleet_document,
-    follow_hint,
-    host_task,
-    interrupted,
-    make_connector,
-    run_hosts,
-    select_hosts,
-    slurm_reach,
-    to_stdout,
-    write_json_report,
-)
+from gpurig.cli.options import exit_with_job, host_task, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, InventoryError
 from gpurig.files import RUNS, output_dir
 from gpurig.report import console, err_console, outside
@@ -46,6 +32,7 @@ from gpurig.strict import validate
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.submit import Submitted
     from gpurig.results import FleetReport, Outcome
@@ -106,6 +93,7 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None, cancel_on_interrupt=False):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
+    from gpurig.flows.fleettask import exit_for, interrupted, run_hosts, write_json_report
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
@@ -210,6 +198,8 @@ def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: st
                     ending: dict) -> str:
     """What became of the job --wait followed when a signal stopped it (``ending`` says it for the report): cancelled (``cancel``),
     left to go on, or already ended."""
+    from gpurig.flows.fleettask import follow_hint, make_connector
+
     if stage == "ended":
         found = waited(report) if report is not None else []
         if not found:
@@ -245,6 +235,7 @@ def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: st
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec,
               cancel: bool = False) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
+    from gpurig.flows.fleettask import interrupted
     from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
@@ -304,6 +295,7 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
 
 def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
     """What became of the Slurm job --wait followed when a signal stopped it: scancelled (``cancel``), or left to go on."""
+    from gpurig.flows.fleettask import follow_hint
     from gpurig.slurm import scheduler
 
     if not cancel:
@@ -382,6 +374,8 @@ def job_doc(rep: FleetReport, ending: dict | None = None) -> dict | None:
 
 
 def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
+    from gpurig.flows.fleettask import fleet_document
+
     columns = [Column("host"), Column("job"), Column("state"), Column("gpus", drop=2), Column("synced", drop=1), Column("reason")]
     rows = []
     for r in report.results:

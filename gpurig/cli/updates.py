@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import REPORTS_DIR, dry_run, load_project_spec, project_root, task
-from gpurig.cli.options import HostOptions, host_task, make_connector, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import GpurigError, SpecError
 from gpurig.files import write_report
 from gpurig.report import console, err_console
@@ -16,6 +16,7 @@ from gpurig.report.tables import Column, document
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.image import outdated as od
     from gpurig.image.basecheck import BaseState
     from gpurig.image.spec import ImageSpec
@@ -97,6 +98,7 @@ def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] 
     """GPU host -> driver (None: none loaded), from a facts report or asked of the selected hosts now."""
     from gpurig.connect.fleet import run_fleet
     from gpurig.facts import SUMMARY_PROBES, gather_complete
+    from gpurig.flows.fleettask import make_connector
     from gpurig.image import outdated as od
 
     if facts:

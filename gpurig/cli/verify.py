@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.files import write_text_report
 from gpurig.report.tables import Column
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.results import FleetReport, Outcome
 
 __all__ = ["verify"]
@@ -52,6 +53,7 @@ RECORD_COLUMNS = (
 @host_task(help=HELP)
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
+    from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
     from gpurig.inventory.profile import host_profile
     from gpurig.verify.gate import fleet_passed, make_plan, verdict_outcome
 

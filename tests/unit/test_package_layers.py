@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.jobs",),
     ("gpurig.slurm",),
     ("gpurig.report",),
+    ("gpurig.flows",),
     ("gpurig.cli",),
 ]
 TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "process.py", "config.py", "skeleton.py", "results.py"}

@@ -260,8 +260,8 @@ def test_json_report_validates_against_its_schema():
 
     from invoke import Config
 
-    from gpurig.cli.options import HostOptions, fleet_document
     from gpurig.config import settings
+    from gpurig.flows.fleettask import HostOptions, fleet_document
     from gpurig.results import jsonable
 
     schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())
