@@ -23,11 +23,9 @@ if TYPE_CHECKING:
     from gpurig.deploy.apply import Target
     from gpurig.flows.fleettask import HostOptions
     from gpurig.results import FleetReport, HostResult, Outcome
-    from gpurig.steps.plan import StepResult
 
 __all__ = ["deploy", "status", "stop", "rm"]
 
-SCHEMA = "gpurig.deploy/1"
 STATUS_SCHEMA = "gpurig.status/1"
 
 DEPLOY_HELP = {
@@ -43,6 +41,7 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
     from gpurig.deploy.imagesource import local_engine, mover, resolve
+    from gpurig.flows.fleetdeploy import SCHEMA, deploy_cells, print_access
     from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
     from gpurig.report.changes import host_documents, print_diffs, result_rows
     from gpurig.report.deliveryprogress import ProgressPrinter
@@ -90,32 +89,6 @@ def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
 
 def outcomes_of(r: HostResult) -> tuple:
     return r.data if isinstance(r.data, tuple) else ()
-
-
-def deploy_cells(s: StepResult, check: bool) -> list[str]:
-    """action, image, moved, reason of one container."""
-    from gpurig.deploy.progress import human_size
-
-    action = s.changes[0].summary if s.changes else "none"
-    action = f"would {action}" if check and s.changes else action
-    d = s.details
-    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
-    reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
-    if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
-        reason = f"{reason}\n" if reason else ""
-        reason += f"{d['delivery']}: {d['delivery_note']}"
-    return [action, d.get("image", ""), moved, reason]
-
-
-def print_access(report: FleetReport, out) -> None:
-    from gpurig.steps.plan import host_results
-
-    for r in report.results:
-        for s in host_results(r):
-            if s.details.get("access"):
-                out.print(f"[bold]{outside(r.host)} {outside(s.step)}[/]")
-                for line in s.details["access"]:
-                    out.print(outside(line), soft_wrap=True)
 
 
 # --- status, logs, stop, rm ------------------------------------------------------------------

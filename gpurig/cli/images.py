@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.cli.base import CONTEXTS_DIR, REPORTS_DIR, load_project_spec, project_root, project_spec_files, refuse_dry, task
+from gpurig.cli.base import load_project_spec, project_root, project_spec_files, refuse_dry, task
 from gpurig.config import choice
-from gpurig.errors import LintError, SpecError, counted
+from gpurig.errors import LintError, SpecError
 from gpurig.files import shown
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import FORMATS, Column, show
@@ -16,23 +15,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from gpurig.image.render import BuildContext
-    from gpurig.image.spec import ImageSpec
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
-def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | None, all_: bool):
-    """(entries, variants) chosen by the flags: --all is everything, else the default entry and slim."""
-    if all_:
-        if torch or cuda or variant:
-            raise SpecError("--all cannot be combined with --torch/--cuda/--variant", "drop --all or the others")
-        return list(spec.matrix), list(spec.variants)
-    if variant:
-        spec.variant(variant)
-    return [spec.entry(torch, cuda)], [variant or "slim"]
-
-
 def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console, relock: bool = False) -> list[BuildContext]:
     """Render what the flags select: from the spec's lock where it locks them, unless ``relock`` resolves afresh."""
+    from gpurig.flows.imagebuild import CONTEXTS_DIR, select
     from gpurig.image.lock import Locks
     from gpurig.image.render import check_renderable, render_matrix
 
@@ -70,29 +58,13 @@ def render(c, variant=None, torch=None, cuda=None, all=False, spec=None):
 @task(help={"spec": SELECT_HELP["spec"]})
 def lint(c, spec=None):
     """Run hadolint on every rendered Dockerfile (rules ignored, with reasons: .hadolint.yaml)."""
+    from gpurig.flows.imagebuild import CONTEXTS_DIR, lint_dockerfiles
+
     root = project_root(c)
     dockerfiles = sorted((root / CONTEXTS_DIR).glob("*/*/Dockerfile"))
     if not dockerfiles:
         raise LintError("no rendered Dockerfiles in build-contexts/", "run `invoke render --all` first")
     lint_dockerfiles(root, dockerfiles)
-
-
-def lint_dockerfiles(root: Path, dockerfiles: list[Path], out: Console = console) -> None:
-    """hadolint each Dockerfile; a LintError if any has a finding at or above the threshold."""
-    from gpurig.image.lint import failing
-    from gpurig.image.lint import lint as run_hadolint
-
-    bad = 0
-    for dockerfile in dockerfiles:
-        findings = run_hadolint(dockerfile, root / ".hadolint.yaml")
-        failed = failing(findings)
-        bad += len(failed)
-        name = dockerfile.parent.relative_to(root / CONTEXTS_DIR)
-        out.print(f"{'[red]FAIL[/]' if failed else '[green]ok[/]  '} {name}")
-        for finding in findings:
-            out.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
-    if bad:
-        raise LintError(f"hadolint found {counted(bad, 'problem')} in {counted(len(dockerfiles), 'Dockerfile')}", "fix the templates")
 
 
 FORMAT_HELP = "table (default) | tsv | json: how to print the result"
@@ -140,6 +112,8 @@ BUILD_HELP = {
 @task(help=BUILD_HELP, iterable=["label"])
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None, format="table", lock=False):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/ (and the lock with --lock)."""
+    from gpurig.flows.imagebuild import BUILT_COLUMNS, REPORTS_DIR, built_row, lint_dockerfiles
+
     refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
     fmt = choice(format, FORMATS, "--format")
     out = console if fmt == "table" else err_console  # stdout holds only the summary a script reads
@@ -165,15 +139,6 @@ def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=No
     show(console, BUILT_COLUMNS, [built_row(result.report) for result in results], fmt, title="built", schema="gpurig.build/1")
 
 
-def built_row(r: dict) -> tuple[str, ...]:
-    """One built image's row of the build summary, from its build report."""
-    from gpurig.deploy.progress import human_size
-
-    return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
-            f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
-            "yes" if r.get("locked") else "no")
-
-
 def parse_labels(pairs: list[str]) -> dict[str, str]:
     labels = {}
     for pair in pairs:
@@ -184,9 +149,6 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-# The tables every task prints (gpurig.report.tables): at 80 columns the least needed go first, --format tsv has all.
-BUILT_COLUMNS = (Column("image"), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=1), Column("layers", drop=4),
-                 Column("steps run", drop=3), Column("time", drop=2), Column("digest", drop=5), Column("locked", drop=6))
 IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=2),
                  Column("created", drop=3), Column("base", drop=4))
 

@@ -14,8 +14,6 @@ ci``'s way) it cancels the job instead, as ``gpurig cancel`` does, and says so.
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +24,6 @@ from gpurig.cli.options import exit_with_job, host_task, select_hosts, slurm_rea
 from gpurig.errors import ConfigError, GpurigError, InventoryError
 from gpurig.files import RUNS, output_dir
 from gpurig.report import console, err_console, outside
-from gpurig.report.tables import Column
 from gpurig.status import Status
 from gpurig.strict import validate
 
@@ -34,19 +31,9 @@ if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.flows.fleettask import HostOptions
     from gpurig.jobs import request as jobspec
-    from gpurig.jobs.submit import Submitted
-    from gpurig.results import FleetReport, Outcome
-
-if TYPE_CHECKING:
-    from gpurig.jobs.artifacts import Fetched
-    from gpurig.jobs.summary import GpuUse
-    from gpurig.jobs.views import JobView
+    from gpurig.results import Outcome
 
 __all__ = ["run"]
-
-SCHEMA = "gpurig.run/1"
-# git's own folders (nested repositories' too: git never sends their contents), and where fetched artifacts land
-ALWAYS_IGNORED = (".git", f"/{RUNS}")
 
 RUN_HELP = {
     "variant": "run in a fresh container of this variant of the project's image (default slim), with deploy's settings for it",
@@ -78,22 +65,13 @@ RUN_HELP = {
 SCHEDULERS = ("gpurig", "slurm")
 
 
-@dataclass(frozen=True)
-class Waited:
-    """What --wait saw after the submission: how the job ended, its artifacts, its GPU use."""
-
-    view: JobView
-    fetched: Fetched | None
-    use: GpuUse | None
-    error: GpurigError | None = None  # fetching the artifacts or the samples failed: the job's result stands, the host fails
-
-
 @host_task(help=RUN_HELP, changes=True, iterable=["artifacts", "env", "ulimit"])
 def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None, cancel_on_interrupt=False):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
     from gpurig.flows.fleettask import exit_for, interrupted, run_hosts, write_json_report
+    from gpurig.flows.jobrun import ALWAYS_IGNORED, SCHEMA, RunResult, after_interrupt, follow, job_doc, show_run, waited
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
@@ -194,48 +172,11 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     exit_for(report)
 
 
-def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
-                    ending: dict) -> str:
-    """What became of the job --wait followed when a signal stopped it (``ending`` says it for the report): cancelled (``cancel``),
-    left to go on, or already ended."""
-    from gpurig.flows.fleettask import follow_hint, make_connector
-
-    if stage == "ended":
-        found = waited(report) if report is not None else []
-        if not found:
-            return f"job {job}'s log had ended; see how the job ended with gpurig jobs --job {job}"
-        view = found[0].view
-        fetch = f"; bring its artifacts with gpurig fetch {job}" if request.artifacts else ""
-        return f"job {job} had already ended ({view.state_text}, exit code {view.exit_status}){fetch}"
-    if not cancel:
-        ending.update(detached=True)
-        return f"detached from job {job}, which goes on: {follow_hint(job)}"
-    from gpurig.connect.fleet import run_fleet
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.results import Outcome
-
-    connector = make_connector(opts)
-    try:
-        done = run_fleet([host], lambda conn: Outcome(data=JobAgent(conn).cancel(job, request.grace)), connector=connector, forks=1,
-                         label="cancel").results[0]
-    except KeyboardInterrupt:
-        return f"interrupted again while cancelling job {job}, which may go on: stop it with gpurig cancel {job}"
-    finally:
-        connector.close()
-    if not isinstance(done.data, dict):
-        return f"job {job} could not be cancelled ({done.reason}) and may go on: stop it with gpurig cancel {job}"
-    state = str(done.data.get("state") or "")
-    ending.update(state=state, reason=str(done.data.get("reason") or ""))
-    if done.data.get("changed"):
-        return f"cancelled job {job} ({state})"
-    return f"job {job} had already ended ({state})" if state in ("succeeded", "failed", "cancelled") else \
-        f"job {job} is {state} after the cancel: stop it with gpurig cancel {job}"
-
-
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec,
               cancel: bool = False) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
     from gpurig.flows.fleettask import interrupted
+    from gpurig.flows.jobrun import ALWAYS_IGNORED, SCHEMA
     from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
@@ -310,104 +251,3 @@ def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
         f"slurm job {job} is {after.state_text} after scancel" + ("" if after.ended else f": stop it with gpurig cancel {job}")
 
 
-def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, log_ended=lambda: None) -> Waited:
-    """--wait: the log to stdout until the job ends (then ``log_ended()``), then its artifacts and its GPU use."""
-    from gpurig.jobs.artifacts import fetch
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.jobs.summary import gpu_use
-    from gpurig.jobs.views import job_view
-
-    agent = JobAgent(conn)
-
-    def out(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    agent.logs(job, out, follow=True)
-    log_ended()
-    found = agent.jobs((job,))
-    view = job_view(conn.name, found[0]) if found else None
-    if view is None:
-        raise ConfigError(f"job {job} is gone from {conn.name}", "see `gpurig jobs`")
-    try:
-        fetched = fetch(agent, job, into) if request.artifacts else None
-        return Waited(view, fetched, gpu_use(view, agent.samples(job)))
-    except GpurigError as err:
-        return Waited(view, None, None, err)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A host's data in the fleet report: the submission, and with --wait how the job ended."""
-
-    submitted: Submitted
-    waited: Waited | None = None
-
-    def to_dict(self) -> dict:
-        """The JSON report's job: no env value (the body stays on the host), no file list (the counts)."""
-        s = self.submitted
-        doc = {"id": s.job, "state": s.state, "gpus": s.gpus, "supervisor": s.supervisor, "image_delivery": s.delivery,
-               "bytes_moved": s.bytes_moved, "sync": {"files": s.plan.files, "bytes": s.plan.bytes, "deleted": len(s.plan.delete),
-                                                      "unchanged": s.plan.unchanged, "wire_bytes": s.sync.sent_bytes if s.sync else 0}}
-        w = self.waited
-        if w is not None:
-            view = w.view
-            doc.update(state=view.state, reason=view.reason, exit_code=view.exit_code, exit_status=view.exit_status,
-                       runtime_s=view.runtime_s, attempts=list(view.attempts),
-                       artifacts=({"into": str(w.fetched.into), "fetched": list(w.fetched.files), "unchanged": w.fetched.unchanged}
-                                  if w.fetched else None),
-                       gpu_use=w.use.to_dict() if w.use else None, error=w.error.problem if w.error else None)
-        return doc
-
-
-def results_of(rep: FleetReport) -> list[RunResult]:
-    return [r.data for r in rep.results if isinstance(r.data, RunResult)]
-
-
-def waited(rep: FleetReport) -> list[Waited]:
-    return [r.waited for r in results_of(rep) if r.waited is not None]
-
-
-def job_doc(rep: FleetReport, ending: dict | None = None) -> dict | None:
-    found = results_of(rep)
-    return {**found[0].to_dict(), **(ending or {})} if found else None
-
-
-def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
-    from gpurig.flows.fleettask import fleet_document
-
-    columns = [Column("host"), Column("job"), Column("state"), Column("gpus", drop=2), Column("synced", drop=1), Column("reason")]
-    rows = []
-    for r in report.results:
-        if not isinstance(r.data, RunResult):
-            rows.append([r.host, "-", r.status, "", "", r.reason])
-            continue
-        s = r.data.submitted
-        synced = f"{s.plan.files} changed ({s.plan.bytes} bytes), {s.plan.unchanged} unchanged" + (f", {len(s.plan.delete)} deleted" if s.plan.delete else "")
-        state = "would submit" if opts.check else s.state
-        rows.append([r.host, s.job, state, str(s.gpus or "none"), synced, r.reason])
-    out = err_console if wait or opts.json == "-" else None
-    if wait:
-        for w in waited(report):
-            summary_lines(w, out or err_console)
-        return
-    opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, job=job_doc(report)))
-    if not opts.check:
-        for s in (x.submitted for x in results_of(report)):
-            err_console.print(f"follow it: gpurig logs --job {s.job} --follow  (or gpurig attach {s.job}); stop it: gpurig cancel {s.job}",
-                              highlight=False)
-
-
-def summary_lines(w: Waited, out) -> None:
-    from gpurig.jobs.views import duration_text
-
-    view = w.view
-    out.print(f"job {view.id} on {outside(view.host)}: {outside(view.state_text)}, exit code {view.exit_status}, "
-              f"wall time {duration_text(view.runtime_s)}" + (f", {len(view.attempts)} attempts" if len(view.attempts) > 1 else ""),
-              highlight=False)
-    if w.use is not None:
-        out.print(f"  GPUs: {outside(w.use.line())}", highlight=False)
-        for f in w.use.findings:
-            out.print(f"  {outside(f.title)}: {outside(f.evidence)}; fix: {outside(f.fix)}", highlight=False)
-    if w.fetched is not None:
-        out.print(f"  artifacts: {outside(w.fetched.line())}", highlight=False)

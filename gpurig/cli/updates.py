@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import REPORTS_DIR, dry_run, load_project_spec, project_root, task
+from gpurig.cli.base import dry_run, load_project_spec, project_root, task
 from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import GpurigError, SpecError
 from gpurig.files import write_report
@@ -133,6 +133,7 @@ PROMOTE_SCHEMA = "gpurig.promote/1"
 def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
     """Move an alias (stable) to an image only when verify passed on --min-hosts hosts; the build report records who proved it."""
     from gpurig.deploy.rollplan import verified_hosts
+    from gpurig.flows.imagebuild import REPORTS_DIR
     from gpurig.image import outdated as od
     from gpurig.image import promote as pm
     from gpurig.image.aliases import named_builds

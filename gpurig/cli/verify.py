@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from gpurig.cli.options import host_task, select_hosts
 from gpurig.files import write_text_report
-from gpurig.report.tables import Column
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
@@ -22,9 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["verify"]
 
-SCHEMA = "gpurig.verify/1"
-VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "cyan", "unreachable": "magenta"}
-
 HELP = {
     "container": "verify inside this deployed container (docker exec) on every selected host",
     "image": "verify a throwaway container of this image (docker run --rm, --gpus all where the host can)",
@@ -32,28 +28,11 @@ HELP = {
     "junit": "also write JUnit XML for CI: one testcase per probe record per host (- = stdout)",
 }
 
-HOST_COLUMNS = (
-    Column("host"),
-    Column("verdict", styles=VERDICT_STYLE),
-    Column("failing"),
-    Column("fix", drop=1),
-    Column("figures", drop=2),
-    Column("time", drop=3),
-)
-RECORD_COLUMNS = (
-    Column("host"),
-    Column("status", styles=VERDICT_STYLE),
-    Column("record"),
-    Column("measured"),
-    Column("expected", drop=2),
-    Column("detail", drop=1),
-)
-
-
 @host_task(help=HELP)
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
     from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
+    from gpurig.flows.fleetverify import SCHEMA, host_rows, record_rows
     from gpurig.inventory.profile import host_profile
     from gpurig.verify.gate import fleet_passed, make_plan, verdict_outcome
 
@@ -87,34 +66,3 @@ def verify(c, opts: HostOptions, container=None, image=None, level="quick", juni
     exit_for(report)
 
 
-def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
-    """One row per host: worst status, the first failing record, its fix, the key figures, the time taken."""
-    from gpurig.verify.gate import verdict_of
-
-    rows = []
-    for r in report.results:
-        v = verdict_of(r.data)
-        if v is None:
-            rows.append([r.host, r.status, "-", r.reason, "", f"{r.duration_s:.1f}s"])
-            continue
-        bad = v.failures or tuple(x for x in v.records if x.status == "warn")
-        failing = f"{bad[0].id}: {bad[0].detail}" if bad else "-"
-        more = f" (+{len(bad) - 1} more, -v shows all)" if len(bad) > 1 else ""
-        rows.append([r.host, v.worst, failing + more, bad[0].fix if bad else "", v.figures(), f"{r.duration_s:.1f}s"])
-    return list(HOST_COLUMNS), rows
-
-
-def record_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
-    """-v: every record of every host, with its fix under the detail."""
-    from gpurig.verify.gate import verdict_of
-
-    rows = []
-    for r in report.results:
-        v = verdict_of(r.data)
-        if v is None:
-            rows.append([r.host, r.status, "-", "-", "-", r.reason])
-            continue
-        for x in v.records:
-            detail = x.detail + (f"\nfix: {x.fix}" if x.fix else "")
-            rows.append([r.host, x.status, x.id, x.shown("measured"), x.shown("expected"), detail])
-    return list(RECORD_COLUMNS), rows

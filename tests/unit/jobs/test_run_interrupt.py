@@ -20,7 +20,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli import base, jobqueue, options
 from gpurig.cli import run as run_task
-from gpurig.flows import fleettask
+from gpurig.flows import fleettask, jobrun
 from gpurig.inventory import Host
 from gpurig.jobs import submit
 from gpurig.jobs.sync import SyncPlan
@@ -105,7 +105,7 @@ def gpu_host(monkeypatch, tmp_path, sigint_raises):
     monkeypatch.setattr(submit, "submit_job", submit_job)
     for module in (run_task, jobqueue):
         monkeypatch.setattr(module, "select_hosts", lambda opts: [HOST])
-    for module in (fleettask, run_task, jobqueue):
+    for module in (fleettask, jobrun, run_task, jobqueue):
         monkeypatch.setattr(module, "make_connector", lambda opts, early=None: FakeConnector(made[-1]), raising=False)
     monkeypatch.setattr(base, "PROGRAM_ARGV", ["gpurig", "run", "--", "sh", "train.sh"])
     (tmp_path / "train.sh").write_text("echo hi\n")
