@@ -1,9 +1,11 @@
 """The ``run`` task: a script on a host's GPUs, detached, with ``--wait`` for CI (the log streamed, the script's exit code).
 
-Thin: every flag checked and the working directory scanned before any host is
-contacted; the job's container resolved here (deploy's settings for the
-variant, or an explicit image, or a deployed container), then
-``gpurig.jobs.submit.submit_job`` on the one selected host. Without ``--wait``
+Thin: every flag checked (``gpurig.jobs.request.run_request``) before any
+host is contacted, then ``gpurig.flows.jobrun.run_job`` on the one selected
+host (gpurig's queue; ``--scheduler slurm`` goes through the inventory's
+cluster): the working directory scanned, the job's container resolved
+(deploy's settings for the variant, or an explicit image, or a deployed
+container), the job submitted. Without ``--wait``
 it prints the job's id and returns; the job goes on without this process.
 With ``--wait`` it streams the log, fetches the artifacts, prints the summary
 (exit code, wall time, GPU use, the diagnosis) on stderr and exits with the
@@ -14,24 +16,18 @@ ci``'s way) it cancels the job instead, as ``gpurig cancel`` does, and says so.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec, remainder_argv
 from gpurig.cli.options import exit_with_job, host_task, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, InventoryError
-from gpurig.files import RUNS, output_dir
+from gpurig.files import RUNS
 from gpurig.report import console, err_console, outside
-from gpurig.status import Status
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
-    from gpurig.connect.connection import Connection
     from gpurig.flows.fleettask import HostOptions
     from gpurig.jobs import request as jobspec
-    from gpurig.results import Outcome
 
 __all__ = ["run"]
 
@@ -70,35 +66,14 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None, cancel_on_interrupt=False):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
-    from gpurig.flows.fleettask import exit_for, interrupted, run_hosts, write_json_report
-    from gpurig.flows.jobrun import ALWAYS_IGNORED, SCHEMA, RunResult, after_interrupt, follow, job_doc, show_run, waited
+    from gpurig.flows.jobrun import run_job
     from gpurig.jobs import request as jobspec
-    from gpurig.jobs.sync import sync_key
-    from gpurig.jobs.tree import scan
-    from gpurig.results import FleetInterrupted, Outcome
 
     argv = remainder_argv(c)
-    if not argv:
-        raise ConfigError("no command given", "gpurig run -l HOST -- python train.py --epochs 3")
-    if any("\0" in a for a in argv):
-        raise ConfigError("the command holds a NUL byte", "remove it: no process can receive one")
-    if sum(bool(x) for x in (variant, image, container)) > 1:
-        raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
-    if junit and not wait:
-        raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
-    if cancel_on_interrupt and not wait:
-        raise ConfigError("--cancel-on-interrupt needs --wait (without it, gpurig leaves as soon as the job is submitted)", "add --wait")
-    # checked as given, before anything resolves it: resolving first followed another user's link unchecked
-    chosen_into = output_dir(into, "--into") if into else None
-    request = jobspec.RunRequest(
-        argv=argv, workdir=Path(workdir or ".").resolve(), variant=None if image or container else (variant or "slim"),
-        image=image, container=container, gpus=jobspec.gpus_flag(gpus), share=bool(share), name=jobspec.job_name(argv, name),
-        artifacts=jobspec.artifact_flags(artifacts), keep=jobspec.whole(keep, "--keep", 0, jobspec.MAX_KEEP, "10"),
-        retry=jobspec.whole(retry, "--retry", 0, jobspec.MAX_RETRY, "2"),
-        timeout=jobspec.duration(timeout, "--timeout") if timeout is not None else None,
-        grace=float(jobspec.whole(grace, "--grace", 0, 3600, "30")), env=jobspec.env_flags(env),
-        ulimits=jobspec.ulimit_flags(ulimit), shm_size=jobspec.shm_flag(shm_size),
-    )
+    request, chosen_into = jobspec.run_request(
+        argv, variant=variant, image=image, container=container, gpus=gpus, share=share, workdir=workdir, name=name, artifacts=artifacts,
+        keep=keep, retry=retry, timeout=timeout, grace=grace, env=env, ulimit=ulimit, shm_size=shm_size, wait=wait, junit=junit, into=into,
+        cancel_on_interrupt=cancel_on_interrupt)
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {scheduler!r} is not one gpurig knows", f"use {' or '.join(SCHEDULERS)}")
     if scheduler == "slurm":
@@ -107,69 +82,8 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     chosen = select_hosts(opts)
     if len(chosen) != 1:
         raise InventoryError(f"run puts a job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
-    host = chosen[0]
-    tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
-    for skipped in tree.skipped:
-        err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
-    from gpurig.jobs.placement import resolve_target
-
-    job = jobspec.new_job_id()
-    target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
-                            load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
-    into_dir = chosen_into or request.workdir / RUNS / job
-    stage = ["submitting"]  # then "following" (the job is on the host), then "ended" (its log ended): what an interrupt leaves
-    ending: dict = {}  # what an interrupt did to the job, for the JSON report: detached, or its state after the cancel
-
-    def work(conn: Connection) -> Outcome:
-        from gpurig.connect.connection import CommandInterrupted
-        from gpurig.jobs.submit import submit_job
-
-        submitted = submit_job(conn, target)
-        if opts.check or not wait:
-            return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
-        stage[0] = "following"
-        try:
-            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, "ended"))
-        except CommandInterrupted:
-            if not conn.interrupted:
-                raise
-            # what became of the job is said once, by the task (the command stopped was gpurig's reading of the log, not the job)
-            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted; job {submitted.job} was left to go on")
-        view = done.view
-        if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
-            why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
-            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=why, fix=done.error.fix if done.error else "")
-        if done.error is not None:
-            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
-        return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
-
-    try:
-        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending)},
-                           interrupt_recap=not wait)
-    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
-        if not wait:
-            raise
-        stopped = stop.report if isinstance(stop, FleetInterrupted) else None
-        if stage[0] == "submitting":  # no job known to be on the host: the recap says where the submission stopped
-            from gpurig.report.fleetrun import print_recap
-
-            if stopped is not None:
-                print_recap(stopped, err_console)
-            raise
-        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel_on_interrupt, ending)
-        if stopped is not None:
-            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
-        raise interrupted(stop, said) from None
-    show_run(opts, report, wait)
-    if junit:
-        from gpurig.files import write_text_report
-        from gpurig.jobs.views import job_junit
-
-        write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
-    done = waited(report)
-    if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
-        raise Exit(code=done[0].view.exit_status)
-    exit_for(report)
+    run_job(opts, chosen[0], request, load_spec=lambda: load_project_spec(c, spec), wait=bool(wait), junit=junit, into=chosen_into,
+            cancel=bool(cancel_on_interrupt))
 
 
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec,

@@ -5,12 +5,19 @@ The verify task and the CI chain's verify stage run the same code.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gpurig.files import write_text_report
+from gpurig.flows.fleettask import HostOptions, connect_early, exit_for, fleet_document, run_hosts
 from gpurig.report.tables import Column
 
 if TYPE_CHECKING:
-    from gpurig.results import FleetReport
+    from gpurig.connect.connection import Connection
+    from gpurig.inventory import Host
+    from gpurig.results import FleetReport, Outcome
+    from gpurig.verify.runner import VerifyPlan
 
 SCHEMA = "gpurig.verify/1"
 
@@ -33,6 +40,40 @@ RECORD_COLUMNS = (
     Column("expected", drop=2),
     Column("detail", drop=1),
 )
+
+def verify_fleet(opts: HostOptions, chosen: Sequence[Host], plan: VerifyPlan, *, junit: str | None = None) -> None:
+    """``plan`` on every chosen host against its inventory's GPUs (a Slurm node's state beside): one row per host (-v: every record),
+    the JSON report, JUnit XML to ``junit`` (- = stdout); exits non-zero when a host did not pass."""
+    from gpurig.inventory.profile import host_profile
+    from gpurig.verify.gate import fleet_passed, verdict_outcome
+
+    expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
+    early = connect_early(opts, chosen)
+    from gpurig.slurm.conf import NODES_GROUP
+    from gpurig.slurm.health import node_record
+    from gpurig.verify.junit import junit_xml
+    from gpurig.verify.runner import verify_host
+
+    slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
+
+    def work(conn: Connection) -> Outcome:
+        gpus = expect[conn.name]
+        verdict = verify_host(conn, plan, gpus.count, gpus.model, gpus.mig)
+        if conn.name in slurm_nodes:  # what the scheduler makes of the node: drained, with the health program's reason
+            verdict = dataclasses.replace(verdict, records=(*verdict.records, node_record(conn)))
+        return verdict_outcome(verdict)
+
+    def annotate(report: FleetReport) -> dict:
+        return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}
+
+    report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate, connector=early)
+    if junit:
+        write_text_report(junit, junit_xml(report), "--junit")
+    columns, rows = (record_rows(report) if opts.verbose else host_rows(report))
+    if junit != "-":  # stdout already holds the XML
+        opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    exit_for(report)
+
 
 def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
     """One row per host: worst status, the first failing record, its fix, the key figures, the time taken."""

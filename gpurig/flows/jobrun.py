@@ -13,20 +13,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from invoke.exceptions import Exit
+
 from gpurig.errors import ConfigError, GpurigError
 from gpurig.files import RUNS
-from gpurig.flows.fleettask import HostOptions, fleet_document, follow_hint, make_connector
+from gpurig.flows.fleettask import HostOptions, exit_for, fleet_document, follow_hint, interrupted, make_connector, run_hosts, write_json_report
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column
+from gpurig.status import Status
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpurig.connect.connection import Connection
+    from gpurig.image.spec import ImageSpec
+    from gpurig.inventory import Host
     from gpurig.jobs import request as jobspec
     from gpurig.jobs.artifacts import Fetched
     from gpurig.jobs.submit import Submitted
     from gpurig.jobs.summary import GpuUse
     from gpurig.jobs.views import JobView
-    from gpurig.results import FleetReport
+    from gpurig.results import FleetReport, Outcome
 
 SCHEMA = "gpurig.run/1"
 
@@ -41,6 +48,81 @@ class Waited:
     fetched: Fetched | None
     use: GpuUse | None
     error: GpurigError | None = None  # fetching the artifacts or the samples failed: the job's result stands, the host fails
+
+def run_job(opts: HostOptions, host: Host, request: jobspec.RunRequest, *, load_spec: Callable[[], ImageSpec], wait: bool, junit,
+            into: Path | None, cancel: bool) -> None:
+    """The job on ``host``'s queue: its id printed, or with ``wait`` followed to its end; exits with the script's code.
+
+    ``load_spec`` gives the project's image spec where the job's container needs it. An interrupt while the job is
+    followed ends in one line saying what became of it: left to go on, or cancelled (``cancel``).
+    """
+    from gpurig.jobs import request as jobspec
+    from gpurig.jobs.placement import resolve_target
+    from gpurig.jobs.sync import sync_key
+    from gpurig.jobs.tree import scan
+    from gpurig.results import FleetInterrupted, Outcome
+
+    tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
+    for skipped in tree.skipped:
+        err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
+    job = jobspec.new_job_id()
+    target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check, load_spec=load_spec,
+                            source=opts.settings.inventory)
+    into_dir = into or request.workdir / RUNS / job
+    stage = ["submitting"]  # then "following" (the job is on the host), then "ended" (its log ended): what an interrupt leaves
+    ending: dict = {}  # what an interrupt did to the job, for the JSON report: detached, or its state after the cancel
+
+    def work(conn: Connection) -> Outcome:
+        from gpurig.connect.connection import CommandInterrupted
+        from gpurig.jobs.submit import submit_job
+
+        submitted = submit_job(conn, target)
+        if opts.check or not wait:
+            return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
+        stage[0] = "following"
+        try:
+            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, "ended"))
+        except CommandInterrupted:
+            if not conn.interrupted:
+                raise
+            # what became of the job is said once, by the task (the command stopped was gpurig's reading of the log, not the job)
+            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted; job {submitted.job} was left to go on")
+        view = done.view
+        if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
+            why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
+            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=why, fix=done.error.fix if done.error else "")
+        if done.error is not None:
+            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
+        return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
+
+    try:
+        report = run_hosts(opts, [host], work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending)},
+                           interrupt_recap=not wait)
+    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
+        if not wait:
+            raise
+        stopped = stop.report if isinstance(stop, FleetInterrupted) else None
+        if stage[0] == "submitting":  # no job known to be on the host: the recap says where the submission stopped
+            from gpurig.report.fleetrun import print_recap
+
+            if stopped is not None:
+                print_recap(stopped, err_console)
+            raise
+        said = after_interrupt(opts, host, stopped, job, stage[0], request, cancel, ending)
+        if stopped is not None:
+            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending)})
+        raise interrupted(stop, said) from None
+    show_run(opts, report, wait)
+    if junit:
+        from gpurig.files import write_text_report
+        from gpurig.jobs.views import job_junit
+
+        write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
+    done = waited(report)
+    if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
+        raise Exit(code=done[0].view.exit_status)
+    exit_for(report)
+
 
 def after_interrupt(opts: HostOptions, host, report: FleetReport | None, job: str, stage: str, request: jobspec.RunRequest, cancel: bool,
                     ending: dict) -> str:
