@@ -4,9 +4,11 @@ A task module parses flags, calls the library and presents what it
 returns; some present a good deal (tables, diffs, access lines, progress).
 What several tasks share sits in two modules beside them, the only ones a
 task module imports of this package: the ``task`` decorator and the
-project's spec in ``gpurig.cli.base``, the host flags and the fleet run in
-``gpurig.cli.options``. A run's job target (gpurig.jobs.placement), Slurm's
-side of run and jobs (gpurig.slurm.scheduler), a rollout's verify gate
+project's spec in ``gpurig.cli.base``, the host flags in
+``gpurig.cli.options``. The run over the fleet (gpurig.flows.fleettask),
+the work of build, deploy, verify and run and the CI chain of them
+(gpurig.flows), a run's job target (gpurig.jobs.placement), Slurm's side
+of run and jobs (gpurig.slurm.scheduler), a rollout's verify gate
 (gpurig.verify.gate) are library code. No library module imports this
 package (no import cycle).
 

@@ -164,8 +164,6 @@ def project_root(c) -> Path:
     """The project gpurig acts on: the configured root, else found from the working directory upwards."""
     return root_of(c.config) or Path.cwd()
 
-CONTEXTS_DIR = "build-contexts"
-REPORTS_DIR = "reports"
 
 
 def project_spec_files(c) -> list[Path]:

@@ -1,10 +1,11 @@
 """The ``deploy``, ``status``, ``logs``, ``stop`` and ``rm`` tasks: containers from the inventory's gpurig_containers.
 
-Thin: load the image spec and every selected host's containers (all errors
-before any connection), resolve each container's image on this machine, then
-run ``gpurig.deploy.apply.deploy_host`` over the fleet and present a table,
-the diffs, and the access lines (Jupyter URL with its token, ssh lines) for
-the person at the terminal. The JSON report never holds a token.
+Thin: load the image spec and select the hosts, then
+``gpurig.flows.fleetdeploy.deploy_fleet`` checks every host's containers
+(all errors before any connection), resolves each container's image on this
+machine, runs ``gpurig.deploy.apply.deploy_host`` over the fleet and presents
+a table, the diffs, and the access lines (Jupyter URL with its token, ssh
+lines) for the person at the terminal. The JSON report never holds a token.
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import load_project_spec
-from gpurig.cli.options import HostOptions, connect_early, container_names, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import container_names, host_task, select_hosts
 from gpurig.errors import ConfigError
-from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE, Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
-    from gpurig.deploy.apply import Target
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.results import FleetReport, HostResult, Outcome
-    from gpurig.steps.plan import StepResult
 
 __all__ = ["deploy", "status", "stop", "rm"]
 
-SCHEMA = "gpurig.deploy/1"
 STATUS_SCHEMA = "gpurig.status/1"
 
 DEPLOY_HELP = {
@@ -39,81 +37,14 @@ DEPLOY_HELP = {
 @host_task(help=DEPLOY_HELP, changes=True)
 def deploy(c, opts: HostOptions, variant=None, spec=None, show_token=False):
     """Run the images on hosts: GPUs, ports, volumes, keys and tokens from gpurig_containers; move only missing layers."""
-    from gpurig.deploy import containers as container_specs
-    from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
-    from gpurig.deploy.imagesource import local_engine, mover, resolve
-    from gpurig.report.changes import host_documents, print_diffs, result_rows
-    from gpurig.report.deliveryprogress import ProgressPrinter
-    from gpurig.steps.plan import outcome
+    from gpurig.flows.fleetdeploy import deploy_fleet
 
     image_spec = load_project_spec(c, spec)
-    chosen = select_hosts(opts)
-    local = local_engine()
-    targets: dict[str, list[Target]] = {}
-    for host in chosen:  # every host's containers checked before any connection
-        specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
-        for w in warnings:
-            err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")
-        targets[host.name] = [resolve(image_spec, s, local) for s in specs]
-
-    printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
-    job = DeployJob(
-        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=mover(image_spec, local, printer),
-        matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
-        progress=printer.phase if printer is not None else (lambda host, text: None),
-        show_token=bool(show_token) or (err_console if opts.json == "-" else console).is_terminal,
-    )
-
-    def work(conn: Connection) -> Outcome:
-        return outcome(deploy_host(conn, job), lambda r: f"{r.step}: {r.reason}")
-
-    def annotate(rep: FleetReport) -> dict:
-        return {"hosts": host_documents(rep, "containers", container_doc)}
-
-    try:
-        report = run_hosts(opts, chosen, work, label="deploy", schema=SCHEMA, annotate=annotate)
-    finally:
-        if local:
-            local.close()
-    columns = [Column("host"), Column("container"), Column("status", styles=STATUS_STYLE), Column("action"),
-               Column("image", drop=2), Column("moved", drop=1), Column("reason")]
-    opts.show(columns, result_rows(report, lambda s: deploy_cells(s, opts.check), 4), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
-    out = err_console if opts.json == "-" else console
-    if opts.diff and opts.format == "table":
-        print_diffs(report, out)
-    if opts.format == "table":
-        print_access(report, out)
-    exit_for(report)
+    deploy_fleet(opts, select_hosts(opts), image_spec, variant=variant, show_token=bool(show_token))
 
 
 def outcomes_of(r: HostResult) -> tuple:
     return r.data if isinstance(r.data, tuple) else ()
-
-
-def deploy_cells(s: StepResult, check: bool) -> list[str]:
-    """action, image, moved, reason of one container."""
-    from gpurig.deploy.progress import human_size
-
-    action = s.changes[0].summary if s.changes else "none"
-    action = f"would {action}" if check and s.changes else action
-    d = s.details
-    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
-    reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
-    if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
-        reason = f"{reason}\n" if reason else ""
-        reason += f"{d['delivery']}: {d['delivery_note']}"
-    return [action, d.get("image", ""), moved, reason]
-
-
-def print_access(report: FleetReport, out) -> None:
-    from gpurig.steps.plan import host_results
-
-    for r in report.results:
-        for s in host_results(r):
-            if s.details.get("access"):
-                out.print(f"[bold]{outside(r.host)} {outside(s.step)}[/]")
-                for line in s.details["access"]:
-                    out.print(outside(line), soft_wrap=True)
 
 
 # --- status, logs, stop, rm ------------------------------------------------------------------
@@ -122,6 +53,8 @@ def print_access(report: FleetReport, out) -> None:
 @host_task()
 def status(c, opts: HostOptions):
     """gpurig's containers on each host: image, state and health, GPUs, ports, uptime."""
+    from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
+
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)
     from gpurig.connect.engine import open_engine
@@ -194,6 +127,7 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
     from gpurig.connect.engine import open_engine
     from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
     from gpurig.results import Outcome
 
     chosen = select_hosts(opts)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec
-from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.config import positive_number
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
@@ -17,6 +17,7 @@ from gpurig.status import STATUS_STYLE, Status
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.facts import Facts
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.image.spec import MatrixEntry
     from gpurig.results import FleetReport, Outcome
 
@@ -47,6 +48,8 @@ def hosts(c, opts: HostOptions):
                          "(without it those probes are not run, and the JSON lists them as unasked)"})
 def facts(c, opts: HostOptions, full=False):
     """Gather facts (OS, kernel, GPUs, driver, Docker, toolkit...) from hosts; the verdict: what each lacks for the spec's default image."""
+    from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
+
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)  # what loads from here on runs while the logins wait on the network
     from gpurig.facts import PROBES, SUMMARY_PROBES, Facts, gather_complete
@@ -149,6 +152,7 @@ def _gpu_summary(f: Facts) -> str:
 )
 def exec_(c, opts: HostOptions, command=None, become=False, timeout=None):
     """Run one shell command on every selected host: a table of each host's exit code and output (like ansible -a)."""
+    from gpurig.flows.fleettask import connect_early, exit_for, fleet_document, run_hosts
     from gpurig.results import Outcome
 
     line = (c.remainder or "").strip() or (command or "").strip()

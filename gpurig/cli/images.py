@@ -2,55 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.cli.base import CONTEXTS_DIR, REPORTS_DIR, load_project_spec, project_root, project_spec_files, refuse_dry, task
+from gpurig.cli.base import load_project_spec, project_root, project_spec_files, refuse_dry, task
 from gpurig.config import choice
-from gpurig.errors import LintError, SpecError, counted
-from gpurig.files import shown
-from gpurig.report import console, err_console, outside
+from gpurig.errors import LintError, SpecError
+from gpurig.report import console, err_console
 from gpurig.report.tables import FORMATS, Column, show
 
 if TYPE_CHECKING:
-    from rich.console import Console
 
-    from gpurig.image.render import BuildContext
-    from gpurig.image.spec import ImageSpec
+    pass
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
-
-def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | None, all_: bool):
-    """(entries, variants) chosen by the flags: --all is everything, else the default entry and slim."""
-    if all_:
-        if torch or cuda or variant:
-            raise SpecError("--all cannot be combined with --torch/--cuda/--variant", "drop --all or the others")
-        return list(spec.matrix), list(spec.variants)
-    if variant:
-        spec.variant(variant)
-    return [spec.entry(torch, cuda)], [variant or "slim"]
-
-
-def render_selected(c, spec_file, variant, torch, cuda, all_, out: Console = console, relock: bool = False) -> list[BuildContext]:
-    """Render what the flags select: from the spec's lock where it locks them, unless ``relock`` resolves afresh."""
-    from gpurig.image.lock import Locks
-    from gpurig.image.render import check_renderable, render_matrix
-
-    spec = load_project_spec(c, spec_file)
-    entries, variants = select(spec, variant, torch, cuda, all_)
-    if not all_:
-        # asked for by name, an impossible pair is an error; --all only skips it
-        check_renderable(entries[0], spec.variant(variants[0]))
-    root = project_root(c)
-    locks = None if relock else Locks.of(spec)
-    contexts, skipped = render_matrix(spec, entries, variants, root, root / CONTEXTS_DIR, locks)
-    for entry, name, reason in skipped:
-        out.print(f"[yellow]skipped[/] {entry.tag}-{name}: {outside(reason)}")
-    for context in contexts:
-        locked = f" (locked: {shown(context.lock_file, root)})" if context.lock_file else ""
-        out.print(f"rendered {context.image_ref} -> {context.path.relative_to(root)}{locked}")
-    return contexts
-
 
 SELECT_HELP = {
     "spec": "image spec file (default: the one in images/)",
@@ -64,35 +28,21 @@ SELECT_HELP = {
 @task(help=SELECT_HELP)
 def render(c, variant=None, torch=None, cuda=None, all=False, spec=None):
     """Render Dockerfiles and their build contexts into build-contexts/."""
-    render_selected(c, spec, variant, torch, cuda, all)
+    from gpurig.flows.imagebuild import render_selected
+
+    render_selected(load_project_spec(c, spec), project_root(c), variant, torch, cuda, all)
 
 
 @task(help={"spec": SELECT_HELP["spec"]})
 def lint(c, spec=None):
     """Run hadolint on every rendered Dockerfile (rules ignored, with reasons: .hadolint.yaml)."""
+    from gpurig.flows.imagebuild import CONTEXTS_DIR, lint_dockerfiles
+
     root = project_root(c)
     dockerfiles = sorted((root / CONTEXTS_DIR).glob("*/*/Dockerfile"))
     if not dockerfiles:
         raise LintError("no rendered Dockerfiles in build-contexts/", "run `invoke render --all` first")
     lint_dockerfiles(root, dockerfiles)
-
-
-def lint_dockerfiles(root: Path, dockerfiles: list[Path], out: Console = console) -> None:
-    """hadolint each Dockerfile; a LintError if any has a finding at or above the threshold."""
-    from gpurig.image.lint import failing
-    from gpurig.image.lint import lint as run_hadolint
-
-    bad = 0
-    for dockerfile in dockerfiles:
-        findings = run_hadolint(dockerfile, root / ".hadolint.yaml")
-        failed = failing(findings)
-        bad += len(failed)
-        name = dockerfile.parent.relative_to(root / CONTEXTS_DIR)
-        out.print(f"{'[red]FAIL[/]' if failed else '[green]ok[/]  '} {name}")
-        for finding in findings:
-            out.print(f"      {outside(finding.code)} line {finding.line} ({outside(finding.level)}): {outside(finding.message)}")
-    if bad:
-        raise LintError(f"hadolint found {counted(bad, 'problem')} in {counted(len(dockerfiles), 'Dockerfile')}", "fix the templates")
 
 
 FORMAT_HELP = "table (default) | tsv | json: how to print the result"
@@ -140,38 +90,13 @@ BUILD_HELP = {
 @task(help=BUILD_HELP, iterable=["label"])
 def build(c, variant=None, torch=None, cuda=None, all=False, push=False, spec=None, label=None, format="table", lock=False):
     """Render, lint and build images with BuildKit; write a JSON report per image under reports/ (and the lock with --lock)."""
+    from gpurig.flows.imagebuild import build_images
+
     refuse_dry(c, "build", "run `gpurig render` and `gpurig lint` to see what would be built")
     fmt = choice(format, FORMATS, "--format")
-    out = console if fmt == "table" else err_console  # stdout holds only the summary a script reads
-    from gpurig.image.build import refuse_credentials, resolve_ca_bundle
-    from gpurig.image.dockercli import find_client
-    from gpurig.image.pipeline import build_all
-    from gpurig.report.buildprogress import BuildProgress
-
     labels = parse_labels(label or [])
-    image_spec = load_project_spec(c, spec)
-    refuse_credentials(image_spec.build)
-    if push and not image_spec.registry:
-        raise SpecError(f"{image_spec.path}: --push, but registry is empty", "set registry: HOST[:PORT]/PATH in the spec")
-    client = find_client()
-    contexts = render_selected(c, spec, variant, torch, cuda, all, out, relock=lock)
-    root = project_root(c)
-    lint_dockerfiles(root, [ctx.dockerfile for ctx in contexts], out)
-    out.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
-    ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
-    out.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
-    with BuildProgress(root, out) as observer:
-        results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels, push, observer, relock=lock)
-    show(console, BUILT_COLUMNS, [built_row(result.report) for result in results], fmt, title="built", schema="gpurig.build/1")
-
-
-def built_row(r: dict) -> tuple[str, ...]:
-    """One built image's row of the build summary, from its build report."""
-    from gpurig.deploy.progress import human_size
-
-    return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
-            f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
-            "yes" if r.get("locked") else "no")
+    build_images(load_project_spec(c, spec), project_root(c), variant=variant, torch=torch, cuda=cuda, all_=all, push=push, labels=labels,
+                 fmt=fmt, lock=lock)
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -184,9 +109,6 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-# The tables every task prints (gpurig.report.tables): at 80 columns the least needed go first, --format tsv has all.
-BUILT_COLUMNS = (Column("image"), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=1), Column("layers", drop=4),
-                 Column("steps run", drop=3), Column("time", drop=2), Column("digest", drop=5), Column("locked", drop=6))
 IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=2),
                  Column("created", drop=3), Column("base", drop=4))
 

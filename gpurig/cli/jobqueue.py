@@ -12,23 +12,7 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.options import (
-    HostOptions,
-    WaitLines,
-    connect_early,
-    container_names,
-    exit_for,
-    exit_with_job,
-    fleet_document,
-    follow_hint,
-    host_task,
-    interrupted,
-    make_connector,
-    run_hosts,
-    select_hosts,
-    slurm_reach,
-    to_stdout,
-)
+from gpurig.cli.options import container_names, exit_with_job, host_task, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, counted
 from gpurig.files import RUNS, output_dir
 from gpurig.report import err_console, outside
@@ -37,6 +21,7 @@ from gpurig.status import STATUS_STYLE, Status
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.jobs.views import JobView
     from gpurig.results import FleetReport, Outcome
 
@@ -51,6 +36,7 @@ def views_of(rep: FleetReport) -> list[JobView]:
 
 def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
     """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
+    from gpurig.flows.fleettask import run_hosts
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import job_view
     from gpurig.results import Outcome
@@ -77,6 +63,7 @@ def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs")
                  "job": "only this job (its id, or a unique start of it)"})
 def jobs(c, opts: HostOptions, state=None, job=None):
     """The jobs on the selected hosts (default: all): state (with why it waits or failed), GPUs, runtime, command."""
+    from gpurig.flows.fleettask import exit_for, fleet_document
     from gpurig.jobs.views import STATES, check_job_id, duration_text
 
     wanted = [s.strip() for s in (state or "").split(",") if s.strip()]
@@ -108,6 +95,7 @@ def slurm_controller(opts: HostOptions) -> str | None:
 def find_job(opts: HostOptions, wanted: str) -> JobView:
     """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
     from gpurig.connect.fleet import run_fleet
+    from gpurig.flows.fleettask import make_connector
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import job_view, pick
     from gpurig.results import Outcome
@@ -135,6 +123,8 @@ def find_job(opts: HostOptions, wanted: str) -> JobView:
 
 
 def on_job_host(opts: HostOptions, view: JobView, label: str, work, interrupt_recap: bool = True) -> FleetReport:
+    from gpurig.flows.fleettask import run_hosts
+
     chosen = [h for h in select_hosts(opts) if h.name == view.host]
     return run_hosts(opts, chosen, work, label=label, schema=f"gpurig.{label}/1", interrupt_recap=interrupt_recap)
 
@@ -142,6 +132,7 @@ def on_job_host(opts: HostOptions, view: JobView, label: str, work, interrupt_re
 def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
     """The job's log to stdout; Ctrl-C (or SIGTERM) while following ends it with one line: following stopped, the job goes on."""
     from gpurig.connect.connection import CommandInterrupted
+    from gpurig.flows.fleettask import WaitLines
     from gpurig.jobs.remote import JobAgent
     from gpurig.results import Outcome
 
@@ -162,6 +153,8 @@ def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, lab
 
 def stopped_following(stop: KeyboardInterrupt, view: JobView) -> Exception:
     """The one line a signal ends a job's followed log with: the person stopped following, the job is as it was."""
+    from gpurig.flows.fleettask import interrupted
+
     if view.ended:
         return interrupted(stop, f"stopped reading job {view.id}'s log; the job had ended ({view.state_text})")
     return interrupted(stop, f"stopped following job {view.id}, which goes on (gpurig cancel {view.id} stops it)")
@@ -174,6 +167,7 @@ def print_now(text: str) -> None:
 
 def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
     """``gpurig logs --job ID``: the whole log (or its last ``tail`` lines), with --follow until the job ends."""
+    from gpurig.flows.fleettask import WaitLines, exit_for
     from gpurig.jobs.views import check_job_id
 
     view = find_job(opts, check_job_id(job))
@@ -199,6 +193,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
     from gpurig.connect.engine import open_engine
     from gpurig.deploy.compare import NAME_LABEL
+    from gpurig.flows.fleettask import connect_early, exit_for, run_hosts
     from gpurig.results import Outcome
 
     if job:
@@ -233,6 +228,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
            positional=["job"])
 def attach(c, opts: HostOptions, job=None, tail=20):
     """Follow a job's output until it ends, then exit with its exit code; Ctrl-C detaches (the job goes on)."""
+    from gpurig.flows.fleettask import WaitLines, exit_for, follow_hint, interrupted
     from gpurig.jobs.views import check_job_id
 
     view = find_job(opts, check_job_id(job))
@@ -259,6 +255,7 @@ def attach(c, opts: HostOptions, job=None, tail=20):
            positional=["job"], changes=True)
 def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
+    from gpurig.flows.fleettask import exit_for, fleet_document
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
     from gpurig.results import Outcome
@@ -295,6 +292,7 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
            positional=["job"], name="fetch")
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
+    from gpurig.flows.fleettask import exit_for
     from gpurig.jobs.artifacts import default_into, fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id

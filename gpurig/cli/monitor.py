@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.options import HostOptions, fleet_document, host_task, make_connector, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import GpurigError
 from gpurig.files import write_report
 from gpurig.report import console, err_console, outside
 from gpurig.strict.validate import excerpt, finite_number
 
 if TYPE_CHECKING:
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.monitor.session import Run
     from gpurig.results import FleetReport
 
@@ -85,6 +86,7 @@ def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, promet
 def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tuple[Run, FleetReport]:
     from rich.live import Live
 
+    from gpurig.flows.fleettask import make_connector
     from gpurig.monitor.agent import agent_source, monitor_fleet
     from gpurig.monitor.csvfile import CsvWriter
     from gpurig.monitor.record import Recorder
@@ -171,6 +173,8 @@ def _present(run: Run, findings, report: FleetReport | None, out) -> None:
 
 
 def _report_data(opts: HostOptions, run: Run, findings, report: FleetReport | None) -> dict:
+    from gpurig.flows.fleettask import fleet_document
+
     hosts = {}
     for host in run.hosts():
         state = run.state(host)

@@ -1,9 +1,11 @@
-"""The flags every host task shares (Ansible's -i -l -f -v --check --diff --json), and running a task over the fleet.
+"""The flags every host task shares (Ansible's -i -l -f -v --check --diff --json), validated into HostOptions.
 
 A task module writes::
 
     @host_task(help={"variant": "..."}, changes=True)
     def deploy(c, opts: HostOptions, variant=None):
+        from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
+
         report = run_hosts(opts, select_hosts(opts), work, label="deploy", schema="gpurig.deploy/1")
         opts.show(columns, rows, doc=fleet_document(opts, report, "gpurig.deploy/1"))
         exit_for(report)
@@ -13,19 +15,17 @@ and gets ``-i/--inventory``, ``-l/--limit`` (with ``--host``/``--group``/
 ``--host-key-policy``, ``--ask-sudo-password``, ``-v/-vv``, ``--json F``,
 ``--format``, and with ``changes=True`` ``--check``/``--diff`` (Invoke's
 ``--dry`` means ``--check``). Values are layered over gpurig's config
-(gpurig/config.py) and validated before the task body runs.
+(gpurig/config.py) and validated before the task body runs. The run over
+the fleet itself (connections, progress, the JSON report, the recap) is
+library code: gpurig.flows.fleettask.
 """
 
 from __future__ import annotations
 
 import functools
-import getpass
 import inspect
-import os
-import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
@@ -33,20 +33,15 @@ from invoke.exceptions import Exit
 from gpurig.cli.base import dry_run, task
 from gpurig.config import choice, settings
 from gpurig.errors import ConfigError, InventoryError
-from gpurig.report import console, err_console, outside
-from gpurig.report.tables import FORMATS, document, show
+from gpurig.report import err_console, outside
+from gpurig.report.tables import FORMATS
 from gpurig.strict import validate
 
 # The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
 if TYPE_CHECKING:
-    from gpurig.config import Settings
-    from gpurig.connect.connection import Connection
-    from gpurig.connect.connector import Connector
-    from gpurig.connect.early import EarlyLogins
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.inventory import Host
     from gpurig.jobs.views import JobView
-    from gpurig.report.tables import Column, Row
-    from gpurig.results import FleetReport
     from gpurig.slurm.scheduler import Reach
 
 SELECT_HELP = {
@@ -79,28 +74,10 @@ _CHANGE = ("check", "diff")
 _DEFAULTS = {"ask_sudo_password": False, "verbose": 0, "check": False, "diff": False}
 
 
-@dataclass(frozen=True)
-class HostOptions:
-    """The shared flags of one run, validated and layered over the config."""
-
-    settings: Settings
-    limit: tuple[str, ...]  # patterns, intersected
-    verbose: int = 0
-    check: bool = False
-    diff: bool = False
-    json: str | None = None
-    format: str = "table"
-    ask_sudo_password: bool = False
-
-    def show(self, columns: Sequence[Column], rows: Sequence[Row], *, title: str | None = None, doc: dict | None = None, schema: str = "") -> None:
-        """The result on stdout in --format; nothing when --json - already put the report there."""
-        if self.json == "-":
-            return
-        show(console, columns, rows, self.format, title=title, doc=doc, schema=schema)
-
-
 def host_options(c, **flags: Any) -> HostOptions:
     """HostOptions from the flags a host task received (a flag left at None falls back to the config)."""
+    from gpurig.flows.fleettask import HostOptions
+
     layered = settings(
         c.config,
         inventory=flags.get("inventory"),
@@ -176,42 +153,6 @@ def select_hosts(opts: HostOptions, connects: bool = True) -> list[Host]:
     return chosen
 
 
-def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
-    """A connector already logging in to ``hosts``, for ``run_hosts(..., connector=)``: the task's own loading runs
-    during the round trips.
-
-    For the commands people type all day, once every local check has passed
-    (nothing reaches a host for a run that is refused here). The TCP connects
-    go out before the connection code is imported.
-    """
-    from gpurig.connect.early import SPREAD_MIN, EarlyLogins
-    from gpurig.connect.target import USER_SSH_CONFIG
-
-    if len(hosts) >= SPREAD_MIN:  # a bigger run may fork workers, which must not inherit login threads (its head start is nothing)
-        return make_connector(opts)
-    early = EarlyLogins()
-    early.dial(hosts, opts.settings.forks, opts.settings.connect_timeout, USER_SSH_CONFIG.expanduser())
-    connector = make_connector(opts, early)
-    connector.start_early(hosts, opts.settings.forks)
-    return connector
-
-
-def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Connector:
-    """Connections made as the settings say; the project's known_hosts where the config puts it."""
-    from gpurig.connect.connector import Connector
-    from gpurig.connect.ssh import SSHSettings
-
-    s = opts.settings
-    if s.host_key_policy == "off":
-        err_console.print(
-            "[bold red]WARNING: host key checking is OFF. Any machine that answers for these hosts "
-            "will be trusted; use this only on a network you control.[/]"
-        )
-    ssh = SSHSettings(connect_timeout=s.connect_timeout, host_key_policy=s.host_key_policy, project_known_hosts=s.known_hosts)
-    password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
-    return Connector(ssh, sudo_password=password, early=early)
-
-
 def container_names(name: str | None) -> list[str]:
     """The container names of a NAME[,NAME] flag, each by Docker's grammar (one line before any host is contacted)."""
     names = [n.strip() for n in (name or "").split(",") if n.strip()]
@@ -224,6 +165,7 @@ def container_names(name: str | None) -> list[str]:
 
 def slurm_reach(opts: HostOptions) -> Reach:
     """How the Slurm library reaches the inventory's cluster under these flags (connections, forks)."""
+    from gpurig.flows.fleettask import make_connector
     from gpurig.slurm.scheduler import Reach
 
     return Reach(lambda: make_connector(opts), opts.settings.forks)
@@ -241,130 +183,4 @@ def exit_with_job(view: JobView) -> None:
     if view.exit_status:
         raise Exit(code=view.exit_status)
 
-
-def follow_hint(job: str) -> str:
-    """How a person follows a job gpurig no longer follows, and how they stop it."""
-    return f"follow it with gpurig logs --job {job} --follow; stop it with gpurig cancel {job}"
-
-
-# a pending job's reasons that say only that its scheduler has not looked at it yet (gpurig's agent, Slurm): no line for them
-NOT_YET_WAITING = ("", "starting", "None")
-
-
-class WaitLines:
-    """``run --wait`` and ``logs --follow`` on a job that stays pending: one line on stderr when it starts waiting, saying why
-    (its place in the queue, the GPUs it waits for, Slurm's reason), one more each time why changes, and one when it stops waiting.
-
-    Called as ``on_wait(state, reason)`` from the thread that follows the job; a reason told again is not printed again, so a log
-    that is no terminal gets at most a line per change.
-    """
-
-    def __init__(self, job: str, clock=None) -> None:
-        import time
-
-        self.job = job
-        self.clock = clock or time.monotonic
-        self.shown = ""
-        self.since = 0.0
-
-    def __call__(self, state: str, reason: str) -> None:
-        if state == "pending":
-            if reason in NOT_YET_WAITING or reason == self.shown:
-                return
-            self.since = self.since if self.shown else self.clock()
-            self.shown = reason
-            err_console.print(f"job {outside(self.job)} is pending: {outside(reason)}", highlight=False, soft_wrap=True)
-        elif self.shown:
-            self.shown = ""
-            err_console.print(f"job {outside(self.job)} is {outside(state or 'no longer pending')} "
-                              f"(it waited {self.clock() - self.since:.0f}s)", highlight=False, soft_wrap=True)
-
-
-def interrupted(stop: KeyboardInterrupt, said: str) -> Exit:
-    """The one line that ends a task a signal stopped, saying what became of its job; exit 130 after Ctrl-C, 143 after SIGTERM."""
-    from gpurig.results import SIGINT_EXIT
-
-    code = int(getattr(stop, "exit_code", SIGINT_EXIT))
-    return Exit(f"gpurig: {'terminated (SIGTERM)' if code == 128 + signal.SIGTERM else 'interrupted'}; {said}", code=code)
-
-
-def run_hosts(
-    opts: HostOptions,
-    hosts: Sequence[Host],
-    work: Callable[[Connection], Any],
-    *,
-    label: str,
-    schema: str,
-    annotate: Callable[[FleetReport], dict[str, Any]] | None = None,
-    finished: bool = True,
-    connector: Connector | None = None,
-    spread: bool = False,
-    interrupt_recap: bool = True,
-) -> FleetReport:
-    """``work`` over ``hosts`` with progress on a terminal, the JSON report if asked (also after Ctrl-C), and the recap.
-
-    ``annotate(report)`` adds top-level keys to the JSON report (e.g. each host's verdict). ``finished=False``:
-    more work follows (provision's cluster phase), so the report and the recap wait for ``finish``. ``connector``:
-    ``connect_early``'s, whose logins are under way (closed here, as one made here is). ``spread``: ``work`` keeps
-    nothing across hosts and returns picklable data, so a run over hundreds of hosts may use a worker process per core.
-    ``interrupt_recap=False``: after Ctrl-C the task says itself, in one line, what became of its work (a job it follows).
-    """
-    from gpurig.connect.fleet import run_fleet
-    from gpurig.connect.spread import worker_count
-    from gpurig.report.fleetrun import FleetProgress, PlainProgress, print_recap
-    from gpurig.results import FleetInterrupted
-
-    connector = connector or make_connector(opts)
-    events = FleetProgress(err_console) if err_console.is_terminal else PlainProgress(err_console, progress_every())
-    try:
-        report = run_fleet(hosts, work, connector=connector, forks=opts.settings.forks, events=events, label=label,
-                           workers=worker_count(len(hosts)) if spread else 1)
-    except FleetInterrupted as stop:
-        write_json_report(opts, stop.report, schema, annotate)
-        if interrupt_recap:
-            print_recap(stop.report, err_console)
-        raise
-    finally:
-        connector.close()
-    if finished:
-        finish(opts, report, schema, annotate)
-    return report
-
-
-def progress_every() -> float:
-    """Seconds between the plain progress lines of a run whose output is no terminal: $GPURIG_PROGRESS_EVERY, else 30."""
-    try:
-        every = float(os.environ.get("GPURIG_PROGRESS_EVERY", "30"))
-    except ValueError:
-        return 30.0
-    return every if every > 0 else 30.0
-
-
-def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callable[[FleetReport], dict[str, Any]] | None = None) -> None:
-    """The JSON report if asked, and the recap."""
-    from gpurig.report.fleetrun import print_recap
-
-    write_json_report(opts, report, schema, annotate)
-    print_recap(report, err_console)
-
-
-def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra: Any) -> dict[str, Any]:
-    """A fleet report as JSON: schema, gpurig's version, the inventory, check mode, then every host."""
-    return document(schema, {**report.to_dict(), **extra}, inventory=str(opts.settings.inventory), check=opts.check)
-
-
-def write_json_report(opts: HostOptions, report: FleetReport, schema: str, annotate=None) -> None:
-    """The JSON report where --json asks for one (written again when a task learns more after the run, as run after a cancel)."""
-    if opts.json:
-        from gpurig.files import write_report
-        from gpurig.results import jsonable
-
-        extra = annotate(report) if annotate else {}
-        write_report(opts.json, fleet_document(opts, report, schema, **extra), default=jsonable)
-
-
-def exit_for(report: FleetReport) -> None:
-    """Exit non-zero when any host did not succeed (1), or after Ctrl-C (130)."""
-    if report.exit_code:
-        raise Exit(code=report.exit_code)
 

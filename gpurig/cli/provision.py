@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpurig.cli.base import project_spec_files
-from gpurig.cli.options import HostOptions, exit_for, finish, fleet_document, host_task, make_connector, run_hosts, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import ConfigError, GpurigError, did_you_mean
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
@@ -20,6 +20,7 @@ from gpurig.status import STATUS_STYLE
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.results import FleetReport, Outcome
     from gpurig.steps import Step
 
@@ -44,6 +45,7 @@ HELP = {
 @host_task(help=HELP, changes=True)
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
+    from gpurig.flows.fleettask import exit_for, finish, fleet_document, make_connector, run_hosts
     from gpurig.inventory.profile import host_profile
     from gpurig.report.changes import host_documents, print_diffs, reason_text, result_rows
     from gpurig.steps import converge_rebooting

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec
-from gpurig.cli.options import HostOptions, host_task, run_hosts, select_hosts
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import ConfigError, counted, did_you_mean
 from gpurig.files import write_report
 from gpurig.report import err_console, outside
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gpurig.deploy.apply import Target
     from gpurig.deploy.rollhost import RolloutJob
     from gpurig.deploy.rollplan import RolloutState
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.results import HostResult
     from gpurig.verify.runner import VerifyPlan
 
@@ -107,6 +108,7 @@ def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", 
 def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> None:
     """--prune: the images each host ran before the rollout removed, now that none is needed for a rollback; one line says so."""
     from gpurig.deploy.rollhost import prune_host
+    from gpurig.flows.fleettask import run_hosts
 
     olds = {h.name: [p["image_id"] for p in (state.entry(h.name).get("previous") or {}).values() if p.get("image_id")] for h in chosen}
     report = run_hosts(opts, chosen, lambda conn: prune_host(conn, image_id, olds[conn.name]), label="rollout prune", schema=SCHEMA,
@@ -130,6 +132,7 @@ def run_batches(opts: HostOptions, chosen, batches: list[list[str]], labels: dic
     """Each batch over the fleet in turn, until more hosts failed than ``max_fail``; each reached host's result."""
     from gpurig.deploy.rollhost import roll_host
     from gpurig.deploy.rollplan import should_stop
+    from gpurig.flows.fleettask import run_hosts
 
     by_name = {h.name: h for h in chosen}
     results: dict[str, HostResult] = {}

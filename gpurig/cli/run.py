@@ -1,9 +1,11 @@
 """The ``run`` task: a script on a host's GPUs, detached, with ``--wait`` for CI (the log streamed, the script's exit code).
 
-Thin: every flag checked and the working directory scanned before any host is
-contacted; the job's container resolved here (deploy's settings for the
-variant, or an explicit image, or a deployed container), then
-``gpurig.jobs.submit.submit_job`` on the one selected host. Without ``--wait``
+Thin: every flag checked (``gpurig.jobs.request.run_request``) before any
+host is contacted, then ``gpurig.flows.jobrun.run_job`` on the one selected
+host (gpurig's queue; ``--scheduler slurm`` goes through the inventory's
+cluster): the working directory scanned, the job's container resolved
+(deploy's settings for the variant, or an explicit image, or a deployed
+container), the job submitted. Without ``--wait``
 it prints the job's id and returns; the job goes on without this process.
 With ``--wait`` it streams the log, fetches the artifacts, prints the summary
 (exit code, wall time, GPU use, the diagnosis) on stderr and exits with the
@@ -14,53 +16,20 @@ ci``'s way) it cancels the job instead, as ``gpurig cancel`` does, and says so.
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invoke.exceptions import Exit
-
 from gpurig.cli.base import load_project_spec, remainder_argv
-from gpurig.cli.options import (
-    HostOptions,
-    WaitLines,
-    exit_for,
-    exit_with_job,
-    fleet_document,
-    follow_hint,
-    host_task,
-    interrupted,
-    make_connector,
-    run_hosts,
-    select_hosts,
-    slurm_reach,
-    to_stdout,
-    write_json_report,
-)
+from gpurig.cli.options import exit_with_job, host_task, select_hosts, slurm_reach, to_stdout
 from gpurig.errors import ConfigError, GpurigError, InventoryError
-from gpurig.files import RUNS, output_dir
+from gpurig.files import RUNS
 from gpurig.report import console, err_console, outside
-from gpurig.report.tables import Column
-from gpurig.status import Status
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
-    from gpurig.connect.connection import Connection
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.jobs import request as jobspec
-    from gpurig.jobs.submit import Submitted
-    from gpurig.results import FleetReport, Outcome
-
-if TYPE_CHECKING:
-    from gpurig.jobs.artifacts import Fetched
-    from gpurig.jobs.summary import GpuUse
-    from gpurig.jobs.views import JobView
 
 __all__ = ["run"]
-
-SCHEMA = "gpurig.run/1"
-# git's own folders (nested repositories' too: git never sends their contents), and where fetched artifacts land
-ALWAYS_IGNORED = (".git", f"/{RUNS}")
 
 RUN_HELP = {
     "variant": "run in a fresh container of this variant of the project's image (default slim), with deploy's settings for it",
@@ -92,48 +61,19 @@ RUN_HELP = {
 SCHEDULERS = ("gpurig", "slurm")
 
 
-@dataclass(frozen=True)
-class Waited:
-    """What --wait saw after the submission: how the job ended, its artifacts, its GPU use."""
-
-    view: JobView
-    fetched: Fetched | None
-    use: GpuUse | None
-    error: GpurigError | None = None  # fetching the artifacts or the samples failed: the job's result stands, the host fails
-
-
 @host_task(help=RUN_HELP, changes=True, iterable=["artifacts", "env", "ulimit"])
 def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
         artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None, into=None,
         spec=None, scheduler="gpurig", nodes=1, partition=None, launcher=None, cancel_on_interrupt=False):
     """Run a script on a host's GPUs: sync the working directory, start it detached (print its id), or --wait for it."""
+    from gpurig.flows.jobrun import run_job
     from gpurig.jobs import request as jobspec
-    from gpurig.jobs.sync import sync_key
-    from gpurig.jobs.tree import scan
-    from gpurig.results import FleetInterrupted, Outcome
 
     argv = remainder_argv(c)
-    if not argv:
-        raise ConfigError("no command given", "gpurig run -l HOST -- python train.py --epochs 3")
-    if any("\0" in a for a in argv):
-        raise ConfigError("the command holds a NUL byte", "remove it: no process can receive one")
-    if sum(bool(x) for x in (variant, image, container)) > 1:
-        raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
-    if junit and not wait:
-        raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
-    if cancel_on_interrupt and not wait:
-        raise ConfigError("--cancel-on-interrupt needs --wait (without it, gpurig leaves as soon as the job is submitted)", "add --wait")
-    # checked as given, before anything resolves it: resolving first followed another user's link unchecked
-    chosen_into = output_dir(into, "--into") if into else None
-    request = jobspec.RunRequest(
-        argv=argv, workdir=Path(workdir or ".").resolve(), variant=None if image or container else (variant or "slim"),
-        image=image, container=container, gpus=jobspec.gpus_flag(gpus), share=bool(share), name=jobspec.job_name(argv, name),
-        artifacts=jobspec.artifact_flags(artifacts), keep=jobspec.whole(keep, "--keep", 0, jobspec.MAX_KEEP, "10"),
-        retry=jobspec.whole(retry, "--retry", 0, jobspec.MAX_RETRY, "2"),
-        timeout=jobspec.duration(timeout, "--timeout") if timeout is not None else None,
-        grace=float(jobspec.whole(grace, "--grace", 0, 3600, "30")), env=jobspec.env_flags(env),
-        ulimits=jobspec.ulimit_flags(ulimit), shm_size=jobspec.shm_flag(shm_size),
-    )
+    request, chosen_into = jobspec.run_request(
+        argv, variant=variant, image=image, container=container, gpus=gpus, share=share, workdir=workdir, name=name, artifacts=artifacts,
+        keep=keep, retry=retry, timeout=timeout, grace=grace, env=env, ulimit=ulimit, shm_size=shm_size, wait=wait, junit=junit, into=into,
+        cancel_on_interrupt=cancel_on_interrupt)
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {scheduler!r} is not one gpurig knows", f"use {' or '.join(SCHEDULERS)}")
     if scheduler == "slurm":
@@ -142,73 +82,15 @@ def run(c, opts: HostOptions, variant=None, image=None, container=None, gpus=Non
     chosen = select_hosts(opts)
     if len(chosen) != 1:
         raise InventoryError(f"run puts a job on one host; the selection picks {len(chosen)}", "narrow it with -l HOST")
-    host = chosen[0]
-    tree = scan(request.workdir, always_ignored=ALWAYS_IGNORED)
-    for skipped in tree.skipped:
-        err_console.print(f"[yellow]{outside(skipped.path)}: {outside(skipped.why)}[/]", highlight=False)
-    from gpurig.jobs.placement import resolve_target
-
-    job = jobspec.new_job_id()
-    target = resolve_target(host, request, job, sync_key(request.workdir), tree, check=opts.check,
-                            load_spec=lambda: load_project_spec(c, spec), source=opts.settings.inventory)
-    into_dir = chosen_into or request.workdir / RUNS / job
-    from gpurig.jobs.interrupt import ENDED, FOLLOWING, after_interrupt
-    from gpurig.jobs.submit import READING
-
-    # submit_job's step (reading the host ... submitting, submitted), then "following" (the job is on the host) and "ended" (its log
-    # ended): what an interrupt leaves behind
-    stage = [READING]
-    ending: dict = {}  # what became of the job after an interrupt, for the JSON report: its state as read, detached, or cancelled
-
-    def work(conn: Connection) -> Outcome:
-        from gpurig.connect.connection import CommandInterrupted
-        from gpurig.jobs.submit import submit_job
-
-        submitted = submit_job(conn, target, phase=lambda step: stage.__setitem__(0, step))
-        if opts.check or not wait:
-            return Outcome(status=Status.SKIPPED if opts.check else Status.CHANGED, data=RunResult(submitted))
-        stage[0] = FOLLOWING
-        try:
-            done = follow(conn, submitted.job, request, into_dir, lambda: stage.__setitem__(0, ENDED), WaitLines(submitted.job))
-        except CommandInterrupted:
-            if not conn.interrupted:
-                raise
-            # what became of the job is said once, by the task (the command stopped was gpurig's reading of the log, not the job)
-            what = "after its log ended, before how it ended was read" if stage[0] == ENDED else "while following its log"
-            return Outcome(status=Status.CHANGED, data=RunResult(submitted), detail=f"interrupted {what} (job {submitted.job})")
-        view = done.view
-        if view.state != "succeeded":  # the recap counts a job that exited non-zero as failed, as its exit code says
-            why = f"job {view.id} {view.state_text}" + (f"; {done.error.problem}" if done.error else "")
-            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=why, fix=done.error.fix if done.error else "")
-        if done.error is not None:
-            return Outcome(status=Status.FAILED, data=RunResult(submitted, done), detail=done.error.problem, fix=done.error.fix)
-        return Outcome(status=Status.CHANGED, data=RunResult(submitted, done))
-
-    try:
-        report = run_hosts(opts, chosen, work, label="run", schema=SCHEMA, annotate=lambda rep: {"job": job_doc(rep, ending, job)},
-                           interrupt_recap=False)
-    except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short (no report)
-        stopped = stop.report if isinstance(stop, FleetInterrupted) else None
-        said = after_interrupt(lambda: make_connector(opts), host, waited(stopped) if stopped is not None else None, job, stage[0], request,
-                              cancel_on_interrupt, ending, wait=bool(wait), hint=follow_hint)
-        if stopped is not None:
-            write_json_report(opts, stopped, SCHEMA, lambda rep: {"job": job_doc(rep, ending, job)})
-        raise interrupted(stop, said) from None
-    show_run(opts, report, wait)
-    if junit:
-        from gpurig.files import write_text_report
-        from gpurig.jobs.views import job_junit
-
-        write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
-    done = waited(report)
-    if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
-        raise Exit(code=done[0].view.exit_status)
-    exit_for(report)
+    run_job(opts, chosen[0], request, load_spec=lambda: load_project_spec(c, spec), wait=bool(wait), junit=junit, into=chosen_into,
+            cancel=bool(cancel_on_interrupt))
 
 
 def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, partition, launcher, wait: bool, junit, spec,
               cancel: bool = False) -> None:
     """The job through the inventory's Slurm cluster: synced and delivered to every node, queued by sbatch on the controller."""
+    from gpurig.flows.fleettask import WaitLines, interrupted
+    from gpurig.flows.jobrun import ALWAYS_IGNORED, SCHEMA
     from gpurig.jobs.placement import resolve_target
     from gpurig.jobs.sync import sync_key
     from gpurig.jobs.tree import scan
@@ -284,6 +166,7 @@ def slurm_not_queued(controller: str, stage: str, cancel: bool) -> str:
 
 def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
     """What became of the Slurm job --wait followed when a signal stopped it: scancelled (``cancel``), or left to go on."""
+    from gpurig.flows.fleettask import follow_hint
     from gpurig.slurm import scheduler
 
     if not cancel:
@@ -298,110 +181,3 @@ def slurm_after_interrupt(reach, cluster, job: str, cancel: bool) -> str:
         f"slurm job {job} is {after.state_text} after scancel" + ("" if after.ended else f": stop it with gpurig cancel {job}")
 
 
-def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, log_ended=lambda: None, on_wait=None) -> Waited:
-    """--wait: the log to stdout until the job ends (then ``log_ended()``), then its artifacts and its GPU use; ``on_wait(state, reason)``
-    hears why the job waits while it is pending."""
-    from gpurig.jobs.artifacts import fetch
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.jobs.summary import gpu_use
-    from gpurig.jobs.views import job_view
-
-    agent = JobAgent(conn)
-
-    def out(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    agent.logs(job, out, follow=True, on_wait=on_wait)
-    log_ended()
-    found = agent.jobs((job,))
-    view = job_view(conn.name, found[0]) if found else None
-    if view is None:
-        raise ConfigError(f"job {job} is gone from {conn.name}", "see `gpurig jobs`")
-    try:  # the artifacts first: a failure after them (the GPU samples) keeps what was fetched in the report
-        fetched = fetch(agent, job, into) if request.artifacts else None
-    except GpurigError as err:
-        return Waited(view, None, None, err)
-    try:
-        return Waited(view, fetched, gpu_use(view, agent.samples(job)))
-    except GpurigError as err:
-        return Waited(view, fetched, None, err)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A host's data in the fleet report: the submission, and with --wait how the job ended."""
-
-    submitted: Submitted
-    waited: Waited | None = None
-
-    def to_dict(self) -> dict:
-        """The JSON report's job: no env value (the body stays on the host), no file list (the counts)."""
-        s = self.submitted
-        doc = {"id": s.job, "state": s.state, "gpus": s.gpus, "supervisor": s.supervisor, "image_delivery": s.delivery,
-               "bytes_moved": s.bytes_moved, "sync": {"files": s.plan.files, "bytes": s.plan.bytes, "deleted": len(s.plan.delete),
-                                                      "unchanged": s.plan.unchanged, "wire_bytes": s.sync.sent_bytes if s.sync else 0}}
-        w = self.waited
-        if w is not None:
-            view = w.view
-            doc.update(state=view.state, reason=view.reason, exit_code=view.exit_code, exit_status=view.exit_status,
-                       runtime_s=view.runtime_s, attempts=list(view.attempts),
-                       artifacts=({"into": str(w.fetched.into), "fetched": list(w.fetched.files), "unchanged": w.fetched.unchanged}
-                                  if w.fetched else None),
-                       gpu_use=w.use.to_dict() if w.use else None, error=w.error.problem if w.error else None)
-        return doc
-
-
-def results_of(rep: FleetReport) -> list[RunResult]:
-    return [r.data for r in rep.results if isinstance(r.data, RunResult)]
-
-
-def waited(rep: FleetReport) -> list[Waited]:
-    return [r.waited for r in results_of(rep) if r.waited is not None]
-
-
-def job_doc(rep: FleetReport, ending: dict | None = None, job: str = "") -> dict | None:
-    """The report's job: as submitted and followed, with what an interrupt found (``ending``) over it; a job an interrupt kept from
-    starting is its id and "not started"."""
-    found = results_of(rep)
-    if found:
-        return {**found[0].to_dict(), **(ending or {})}
-    return {"id": job, **ending} if job and ending else None
-
-
-def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
-    columns = [Column("host"), Column("job"), Column("state"), Column("gpus", drop=2), Column("synced", drop=1), Column("reason")]
-    rows = []
-    for r in report.results:
-        if not isinstance(r.data, RunResult):
-            rows.append([r.host, "-", r.status, "", "", r.reason])
-            continue
-        s = r.data.submitted
-        synced = f"{s.plan.files} changed ({s.plan.bytes} bytes), {s.plan.unchanged} unchanged" + (f", {len(s.plan.delete)} deleted" if s.plan.delete else "")
-        state = "would submit" if opts.check else s.state
-        rows.append([r.host, s.job, state, str(s.gpus or "none"), synced, r.reason])
-    out = err_console if wait or opts.json == "-" else None
-    if wait:
-        for w in waited(report):
-            summary_lines(w, out or err_console)
-        return
-    opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, job=job_doc(report)))
-    if not opts.check:
-        for s in (x.submitted for x in results_of(report)):
-            err_console.print(f"follow it: gpurig logs --job {s.job} --follow  (or gpurig attach {s.job}); stop it: gpurig cancel {s.job}",
-                              highlight=False)
-
-
-def summary_lines(w: Waited, out) -> None:
-    from gpurig.jobs.views import duration_text
-
-    view = w.view
-    out.print(f"job {view.id} on {outside(view.host)}: {outside(view.state_text)}, exit code {view.exit_status}, "
-              f"wall time {duration_text(view.runtime_s)}" + (f", {len(view.attempts)} attempts" if len(view.attempts) > 1 else ""),
-              highlight=False)
-    if w.use is not None:
-        out.print(f"  GPUs: {outside(w.use.line())}", highlight=False)
-        for f in w.use.findings:
-            out.print(f"  {outside(f.title)}: {outside(f.evidence)}; fix: {outside(f.fix)}", highlight=False)
-    if w.fetched is not None:
-        out.print(f"  artifacts: {outside(w.fetched.line())}", highlight=False)

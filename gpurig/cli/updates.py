@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from gpurig.cli.base import REPORTS_DIR, dry_run, load_project_spec, project_root, task
-from gpurig.cli.options import HostOptions, host_task, make_connector, select_hosts
+from gpurig.cli.base import dry_run, load_project_spec, project_root, task
+from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import GpurigError, SpecError
 from gpurig.files import write_report
 from gpurig.report import console, err_console
@@ -16,6 +16,7 @@ from gpurig.report.tables import Column, document
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
+    from gpurig.flows.fleettask import HostOptions
     from gpurig.image import outdated as od
     from gpurig.image.basecheck import BaseState
     from gpurig.image.spec import ImageSpec
@@ -97,6 +98,7 @@ def _fleet(opts: HostOptions, facts: str | None) -> tuple[dict[str, str | None] 
     """GPU host -> driver (None: none loaded), from a facts report or asked of the selected hosts now."""
     from gpurig.connect.fleet import run_fleet
     from gpurig.facts import SUMMARY_PROBES, gather_complete
+    from gpurig.flows.fleettask import make_connector
     from gpurig.image import outdated as od
 
     if facts:
@@ -131,6 +133,7 @@ PROMOTE_SCHEMA = "gpurig.promote/1"
 def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
     """Move an alias (stable) to an image only when verify passed on --min-hosts hosts; the build report records who proved it."""
     from gpurig.deploy.rollplan import verified_hosts
+    from gpurig.flows.imagebuild import REPORTS_DIR
     from gpurig.image import outdated as od
     from gpurig.image import promote as pm
     from gpurig.image.aliases import named_builds

@@ -1,28 +1,23 @@
 """The ``verify`` task: prove hosts from driver to achieved TFLOP/s, fleet-wide, with a fix for every failure.
 
-Thin: validate the flags and every host's GPU expectation, run
-``gpurig.verify.verify_host`` over the fleet, then present one row per host
-(its worst status, the failing record and its fix, key figures), every
-record with -v, the JSON report (--json) and JUnit XML (--junit).
+Thin: validate the flags and select the hosts; then
+``gpurig.flows.fleetverify.verify_fleet`` checks every host's GPU
+expectation, runs ``gpurig.verify.verify_host`` over the fleet, and presents
+one row per host (its worst status, the failing record and its fix, key
+figures), every record with -v, the JSON report (--json) and JUnit XML
+(--junit).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
-from gpurig.cli.options import HostOptions, connect_early, exit_for, fleet_document, host_task, run_hosts, select_hosts
-from gpurig.files import write_text_report
-from gpurig.report.tables import Column
+from gpurig.cli.options import host_task, select_hosts
 
 if TYPE_CHECKING:
-    from gpurig.connect.connection import Connection
-    from gpurig.results import FleetReport, Outcome
+    from gpurig.flows.fleettask import HostOptions
 
 __all__ = ["verify"]
-
-SCHEMA = "gpurig.verify/1"
-VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "cyan", "unreachable": "magenta"}
 
 HELP = {
     "container": "verify inside this deployed container (docker exec) on every selected host",
@@ -31,88 +26,11 @@ HELP = {
     "junit": "also write JUnit XML for CI: one testcase per probe record per host (- = stdout)",
 }
 
-HOST_COLUMNS = (
-    Column("host"),
-    Column("verdict", styles=VERDICT_STYLE),
-    Column("failing"),
-    Column("fix", drop=1),
-    Column("figures", drop=2),
-    Column("time", drop=3),
-)
-RECORD_COLUMNS = (
-    Column("host"),
-    Column("status", styles=VERDICT_STYLE),
-    Column("record"),
-    Column("measured"),
-    Column("expected", drop=2),
-    Column("detail", drop=1),
-)
-
-
 @host_task(help=HELP)
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""
-    from gpurig.inventory.profile import host_profile
-    from gpurig.verify.gate import fleet_passed, make_plan, verdict_outcome
+    from gpurig.flows.fleetverify import verify_fleet
+    from gpurig.verify.gate import make_plan
 
     plan = make_plan(container, image, level)
-    chosen = select_hosts(opts)
-    expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}  # every error before any host
-    early = connect_early(opts, chosen)
-    from gpurig.slurm.conf import NODES_GROUP
-    from gpurig.slurm.health import node_record
-    from gpurig.verify.junit import junit_xml
-    from gpurig.verify.runner import verify_host
-
-    slurm_nodes = {h.name for h in chosen if NODES_GROUP in h.groups}
-
-    def work(conn: Connection) -> Outcome:
-        gpus = expect[conn.name]
-        verdict = verify_host(conn, plan, gpus.count, gpus.model, gpus.mig)
-        if conn.name in slurm_nodes:  # what the scheduler makes of the node: drained, with the health program's reason
-            verdict = dataclasses.replace(verdict, records=(*verdict.records, node_record(conn)))
-        return verdict_outcome(verdict)
-
-    def annotate(report: FleetReport) -> dict:
-        return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}
-
-    report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate, connector=early)
-    if junit:
-        write_text_report(junit, junit_xml(report), "--junit")
-    columns, rows = (record_rows(report) if opts.verbose else host_rows(report))
-    if junit != "-":  # stdout already holds the XML
-        opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
-    exit_for(report)
-
-
-def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
-    """One row per host: worst status, the first failing record, its fix, the key figures, the time taken."""
-    from gpurig.verify.gate import verdict_of
-
-    rows = []
-    for r in report.results:
-        v = verdict_of(r.data)
-        if v is None:
-            rows.append([r.host, r.status, "-", r.reason, "", f"{r.duration_s:.1f}s"])
-            continue
-        bad = v.failures or tuple(x for x in v.records if x.status == "warn")
-        failing = f"{bad[0].id}: {bad[0].detail}" if bad else "-"
-        more = f" (+{len(bad) - 1} more, -v shows all)" if len(bad) > 1 else ""
-        rows.append([r.host, v.worst, failing + more, bad[0].fix if bad else "", v.figures(), f"{r.duration_s:.1f}s"])
-    return list(HOST_COLUMNS), rows
-
-
-def record_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
-    """-v: every record of every host, with its fix under the detail."""
-    from gpurig.verify.gate import verdict_of
-
-    rows = []
-    for r in report.results:
-        v = verdict_of(r.data)
-        if v is None:
-            rows.append([r.host, r.status, "-", "-", "-", r.reason])
-            continue
-        for x in v.records:
-            detail = x.detail + (f"\nfix: {x.fix}" if x.fix else "")
-            rows.append([r.host, x.status, x.id, x.shown("measured"), x.shown("expected"), detail])
-    return list(RECORD_COLUMNS), rows
+    verify_fleet(opts, select_hosts(opts), plan, junit=junit)

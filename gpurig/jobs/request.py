@@ -24,6 +24,7 @@ from gpurig.deploy.compare import JOB_SHARE_LABEL as SHARE_LABEL
 from gpurig.deploy.containers import ContainerSpec
 from gpurig.deploy.fields import Gpus, Ulimit
 from gpurig.errors import ConfigError
+from gpurig.files import output_dir
 from gpurig.strict import validate
 from gpurig.strict.yamlnode import Node
 
@@ -58,6 +59,34 @@ class RunRequest:
     @property
     def mode(self) -> str:
         return "exec" if self.container else "container"
+
+
+def run_request(argv: tuple[str, ...], *, variant=None, image=None, container=None, gpus=None, share=False, workdir=None, name=None,
+                artifacts=None, keep=10, retry=0, timeout=None, grace=10, env=None, ulimit=None, shm_size=None, wait=False, junit=None,
+                into=None, cancel_on_interrupt=False) -> tuple[RunRequest, Path | None]:
+    """``gpurig run``'s flags checked, in the order a person meets them, before a host is contacted: the request, and --into's folder."""
+    if not argv:
+        raise ConfigError("no command given", "gpurig run -l HOST -- python train.py --epochs 3")
+    if any("\0" in a for a in argv):
+        raise ConfigError("the command holds a NUL byte", "remove it: no process can receive one")
+    if sum(bool(x) for x in (variant, image, container)) > 1:
+        raise ConfigError("--variant, --image and --container each say where the job runs", "give one of them")
+    if junit and not wait:
+        raise ConfigError("--junit needs --wait (the result is known only at the end)", "add --wait")
+    if cancel_on_interrupt and not wait:
+        raise ConfigError("--cancel-on-interrupt needs --wait (without it, gpurig leaves as soon as the job is submitted)", "add --wait")
+    # checked as given, before anything resolves it: resolving first followed another user's link unchecked
+    chosen_into = output_dir(into, "--into") if into else None
+    request = RunRequest(
+        argv=argv, workdir=Path(workdir or ".").resolve(), variant=None if image or container else (variant or "slim"),
+        image=image, container=container, gpus=gpus_flag(gpus), share=bool(share), name=job_name(argv, name),
+        artifacts=artifact_flags(artifacts), keep=whole(keep, "--keep", 0, MAX_KEEP, "10"),
+        retry=whole(retry, "--retry", 0, MAX_RETRY, "2"),
+        timeout=duration(timeout, "--timeout") if timeout is not None else None,
+        grace=float(whole(grace, "--grace", 0, 3600, "30")), env=env_flags(env),
+        ulimits=ulimit_flags(ulimit), shm_size=shm_flag(shm_size),
+    )
+    return request, chosen_into
 
 
 def new_job_id() -> str:

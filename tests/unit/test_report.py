@@ -18,10 +18,11 @@ import pytest
 from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
-from gpurig.cli.images import BUILT_COLUMNS, IMAGE_COLUMNS, built_row, image_row
+from gpurig.cli.images import IMAGE_COLUMNS, image_row
 from gpurig.errors import counted
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
+from gpurig.flows.imagebuild import BUILT_COLUMNS, built_row
 from gpurig.image.spec import MatrixEntry
 from gpurig.report.fleetrun import host_counts, print_recap
 from gpurig.report.tables import Column, fit_columns, rich_table, rows_document, show, unwrapped_table

@@ -24,6 +24,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli import base, jobqueue, options
 from gpurig.cli import run as run_task
+from gpurig.flows import fleettask, jobrun
 from gpurig.inventory import Host
 from gpurig.jobs import submit
 from gpurig.jobs.sync import SyncPlan, SyncResult
@@ -160,7 +161,7 @@ def gpu_host(monkeypatch, tmp_path, sigint_raises):
     monkeypatch.setattr(submit, "sync", sync)
     for module in (run_task, jobqueue):
         monkeypatch.setattr(module, "select_hosts", lambda opts: [HOST])
-    for module in (options, run_task, jobqueue):
+    for module in (fleettask, jobrun, run_task, jobqueue):
         monkeypatch.setattr(module, "make_connector", lambda opts, early=None: FakeConnector(made[-1]), raising=False)
     monkeypatch.setattr(base, "PROGRAM_ARGV", ["gpurig", "run", "--", "sh", "train.sh"])
     (tmp_path / "train.sh").write_text("echo hi\n")
@@ -215,7 +216,7 @@ def test_a_second_ctrl_c_while_gpurig_stops_still_says_what_became_of_the_job(gp
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_cancel_on_interrupt_cancels_the_job_on_its_host_and_says_so(gpu_host, capsys, tmp_path, signum, code):
-    from gpurig.cli.ci import first_reason
+    from gpurig.flows.cichain import first_reason
 
     host = gpu_host(signum)
     got, said = run(capsys, cancel_on_interrupt=True, json=str(tmp_path / "run.json"))
@@ -268,10 +269,10 @@ def test_ctrl_c_on_logs_follow_or_attach_ends_quietly_in_one_line_with_130(gpu_h
 
 
 def test_ci_runs_its_job_with_cancel_on_interrupt_unless_told_otherwise(monkeypatch, tmp_path):
-    from gpurig.cli import ci
+    from gpurig.flows import cichain
 
     asked: list[dict] = []
-    monkeypatch.setattr(run_task, "run", lambda c, **flags: asked.append(flags))
+    monkeypatch.setattr(jobrun, "run_job", lambda opts, host, request, **flags: asked.append(flags))
     (tmp_path / "run.json").write_text("{}")
 
     class Box:
@@ -279,9 +280,9 @@ def test_ci_runs_its_job_with_cancel_on_interrupt_unless_told_otherwise(monkeypa
 
     opts = options.host_options(Context(), inventory=str(tmp_path / "hosts.yaml"))
     for cancel in (True, False):
-        ci.chain(Context(), opts, Box(), tmp_path, variant="slim", spec=None, skipped=["build", "deploy", "verify"], level="quick",
-                 artifacts=None, workdir=None, timeout=None, env=None, keep_reports=False, cancel=cancel)
-    assert [a["cancel_on_interrupt"] for a in asked] == [True, False]
+        run = cichain.CiRun(opts, HOST, None, tmp_path, ("sh", "train.sh"), Box(), skipped=["build", "deploy", "verify"], cancel=cancel)
+        cichain.run_chain(run, tmp_path, keep_reports=False)
+    assert [a["cancel"] for a in asked] == [True, False]
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ import xml.etree.ElementTree as ET
 import pytest
 from fakes import RecordedEngine, ScriptedConnection
 
-from gpurig.cli.verify import host_rows, record_rows
 from gpurig.connect.connection import Result
 from gpurig.connect.engine import EngineError
 from gpurig.connect.engineinfo import Exited, container_info, image_info
 from gpurig.connect.enginewire import demux, read_to_end
 from gpurig.errors import ConfigError
 from gpurig.facts.probes import MARK, RC_MARK
+from gpurig.flows.fleetverify import host_rows, record_rows
 from gpurig.results import FleetReport, HostResult
 from gpurig.verify.gate import make_plan
 from gpurig.verify.junit import junit_xml
@@ -260,8 +260,8 @@ def test_json_report_validates_against_its_schema():
 
     from invoke import Config
 
-    from gpurig.cli.options import HostOptions, fleet_document
     from gpurig.config import settings
+    from gpurig.flows.fleettask import HostOptions, fleet_document
     from gpurig.results import jsonable
 
     schema = json.loads((Path(__file__).resolve().parents[3] / "checks" / "verify-report.schema.json").read_text())

@@ -1,0 +1,96 @@
+"""Deploying containers over the fleet as `gpurig deploy` shows it: each container's action, image and bytes moved, the access lines.
+
+The deploy task and the CI chain's deploy stage run the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpurig.flows.fleettask import HostOptions, exit_for, fleet_document, run_hosts
+from gpurig.report import console, err_console, outside
+from gpurig.report.tables import Column
+from gpurig.status import STATUS_STYLE
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.deploy.apply import Target
+    from gpurig.image.spec import ImageSpec
+    from gpurig.inventory import Host
+    from gpurig.results import FleetReport, Outcome
+    from gpurig.steps.plan import StepResult
+
+SCHEMA = "gpurig.deploy/1"
+
+def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpec, *, variant: str | None = None, show_token: bool = False) -> None:
+    """The chosen hosts' containers (their gpurig_containers, else one of ``variant``) running their images; the table, diffs and access
+    lines; exits non-zero when a host did not succeed. ``show_token``: Jupyter's token in its URL even where no terminal reads it."""
+    from gpurig.deploy import containers as container_specs
+    from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
+    from gpurig.deploy.imagesource import local_engine, mover, resolve
+    from gpurig.report.changes import host_documents, print_diffs, result_rows
+    from gpurig.report.deliveryprogress import ProgressPrinter
+    from gpurig.steps.plan import outcome
+
+    local = local_engine()
+    targets: dict[str, list[Target]] = {}
+    for host in chosen:  # every host's containers checked before any connection
+        specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
+        for w in warnings:
+            err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")
+        targets[host.name] = [resolve(image_spec, s, local) for s in specs]
+
+    printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
+    job = DeployJob(
+        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=mover(image_spec, local, printer),
+        matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
+        progress=printer.phase if printer is not None else (lambda host, text: None),
+        show_token=show_token or (err_console if opts.json == "-" else console).is_terminal,
+    )
+
+    def work(conn: Connection) -> Outcome:
+        return outcome(deploy_host(conn, job), lambda r: f"{r.step}: {r.reason}")
+
+    def annotate(rep: FleetReport) -> dict:
+        return {"hosts": host_documents(rep, "containers", container_doc)}
+
+    try:
+        report = run_hosts(opts, chosen, work, label="deploy", schema=SCHEMA, annotate=annotate)
+    finally:
+        if local:
+            local.close()
+    columns = [Column("host"), Column("container"), Column("status", styles=STATUS_STYLE), Column("action"),
+               Column("image", drop=2), Column("moved", drop=1), Column("reason")]
+    opts.show(columns, result_rows(report, lambda s: deploy_cells(s, opts.check), 4), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    out = err_console if opts.json == "-" else console
+    if opts.diff and opts.format == "table":
+        print_diffs(report, out)
+    if opts.format == "table":
+        print_access(report, out)
+    exit_for(report)
+
+
+def deploy_cells(s: StepResult, check: bool) -> list[str]:
+    """action, image, moved, reason of one container."""
+    from gpurig.deploy.progress import human_size
+
+    action = s.changes[0].summary if s.changes else "none"
+    action = f"would {action}" if check and s.changes else action
+    d = s.details
+    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
+    reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
+    if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
+        reason = f"{reason}\n" if reason else ""
+        reason += f"{d['delivery']}: {d['delivery_note']}"
+    return [action, d.get("image", ""), moved, reason]
+
+def print_access(report: FleetReport, out) -> None:
+    from gpurig.steps.plan import host_results
+
+    for r in report.results:
+        for s in host_results(r):
+            if s.details.get("access"):
+                out.print(f"[bold]{outside(r.host)} {outside(s.step)}[/]")
+                for line in s.details["access"]:
+                    out.print(outside(line), soft_wrap=True)
