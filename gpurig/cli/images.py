@@ -112,6 +112,7 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
 IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=2),
                  Column("created", drop=3), Column("base", drop=4))
 
+
 def image_row(image: dict) -> tuple[str, ...]:
     """One image's row of `gpurig images`, from the engine's inspect of it."""
     from gpurig.deploy.progress import human_size

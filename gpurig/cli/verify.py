@@ -26,6 +26,7 @@ HELP = {
     "junit": "also write JUnit XML for CI: one testcase per probe record per host (- = stdout)",
 }
 
+
 @host_task(help=HELP)
 def verify(c, opts: HostOptions, container=None, image=None, level="quick", junit=None):
     """Verify hosts: driver and GPUs, then the container toolkit and torch in a container (--container / --image), quick or full."""

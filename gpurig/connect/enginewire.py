@@ -26,6 +26,7 @@ from gpurig.connect.httpwire import OverStream, StreamOpener
 
 API_VERSION = "1.41"  # Docker 20.10, the oldest engine gpurig provisions; newer engines answer it too
 
+
 class _StreamConnection(OverStream, urllib3.connection.HTTPConnection):
     """One HTTP connection = one stream (an SSH channel running ``docker system dial-stdio``)."""
 

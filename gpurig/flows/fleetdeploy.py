@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "gpurig.deploy/1"
 
+
 def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpec, *, variant: str | None = None, show_token: bool = False) -> None:
     """The chosen hosts' containers (their gpurig_containers, else one of ``variant``) running their images; the table, diffs and access
     lines; exits non-zero when a host did not succeed. ``show_token``: Jupyter's token in its URL even where no terminal reads it."""
@@ -84,6 +85,7 @@ def deploy_cells(s: StepResult, check: bool) -> list[str]:
         reason = f"{reason}\n" if reason else ""
         reason += f"{d['delivery']}: {d['delivery_note']}"
     return [action, d.get("image", ""), moved, reason]
+
 
 def print_access(report: FleetReport, out) -> None:
     from gpurig.steps.plan import host_results

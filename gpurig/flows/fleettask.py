@@ -52,6 +52,7 @@ class HostOptions:
             return
         show(console, columns, rows, self.format, title=title, doc=doc, schema=schema)
 
+
 def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
     """A connector already logging in to ``hosts``, for ``run_hosts(..., connector=)``: the task's own loading runs
     during the round trips.
@@ -71,6 +72,7 @@ def connect_early(opts: HostOptions, hosts: Sequence[Host]) -> Connector:
     connector.start_early(hosts, opts.settings.forks)
     return connector
 
+
 def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Connector:
     """Connections made as the settings say; the project's known_hosts where the config puts it."""
     from gpurig.connect.connector import Connector
@@ -86,9 +88,11 @@ def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Conne
     password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
     return Connector(ssh, sudo_password=password, early=early)
 
+
 def follow_hint(job: str) -> str:
     """How a person follows a job gpurig no longer follows, and how they stop it."""
     return f"follow it with gpurig logs --job {job} --follow; stop it with gpurig cancel {job}"
+
 
 # a pending job's reasons that say only that its scheduler has not looked at it yet (gpurig's agent, Slurm): no line for them
 NOT_YET_WAITING = ("", "starting", "None")
@@ -132,6 +136,7 @@ def interrupted(stop: KeyboardInterrupt, said: str) -> Exit:
     code = int(getattr(stop, "exit_code", SIGINT_EXIT))
     return Exit(f"gpurig: {'terminated (SIGTERM)' if code == 128 + signal.SIGTERM else 'interrupted'}; {said}", code=code)
 
+
 def run_hosts(
     opts: HostOptions,
     hosts: Sequence[Host],
@@ -174,6 +179,7 @@ def run_hosts(
         finish(opts, report, schema, annotate)
     return report
 
+
 def progress_every() -> float:
     """Seconds between the plain progress lines of a run whose output is no terminal: $GPURIG_PROGRESS_EVERY, else 30."""
     try:
@@ -182,6 +188,7 @@ def progress_every() -> float:
         return 30.0
     return every if every > 0 else 30.0
 
+
 def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callable[[FleetReport], dict[str, Any]] | None = None) -> None:
     """The JSON report if asked, and the recap."""
     from gpurig.report.fleetrun import print_recap
@@ -189,9 +196,11 @@ def finish(opts: HostOptions, report: FleetReport, schema: str, annotate: Callab
     write_json_report(opts, report, schema, annotate)
     print_recap(report, err_console)
 
+
 def fleet_document(opts: HostOptions, report: FleetReport, schema: str, **extra: Any) -> dict[str, Any]:
     """A fleet report as JSON: schema, gpurig's version, the inventory, check mode, then every host."""
     return document(schema, {**report.to_dict(), **extra}, inventory=str(opts.settings.inventory), check=opts.check)
+
 
 def write_json_report(opts: HostOptions, report: FleetReport, schema: str, annotate=None) -> None:
     """The JSON report where --json asks for one (written again when a task learns more after the run, as run after a cancel)."""
@@ -201,6 +210,7 @@ def write_json_report(opts: HostOptions, report: FleetReport, schema: str, annot
 
         extra = annotate(report) if annotate else {}
         write_report(opts.json, fleet_document(opts, report, schema, **extra), default=jsonable)
+
 
 def exit_for(report: FleetReport) -> None:
     """Exit non-zero when any host did not succeed (1), or after Ctrl-C (130)."""

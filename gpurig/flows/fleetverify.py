@@ -41,6 +41,7 @@ RECORD_COLUMNS = (
     Column("detail", drop=1),
 )
 
+
 def verify_fleet(opts: HostOptions, chosen: Sequence[Host], plan: VerifyPlan, *, junit: str | None = None) -> None:
     """``plan`` on every chosen host against its inventory's GPUs (a Slurm node's state beside): one row per host (-v: every record),
     the JSON report, JUnit XML to ``junit`` (- = stdout); exits non-zero when a host did not pass."""
@@ -90,6 +91,7 @@ def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
         more = f" (+{len(bad) - 1} more, -v shows all)" if len(bad) > 1 else ""
         rows.append([r.host, v.worst, failing + more, bad[0].fix if bad else "", v.figures(), f"{r.duration_s:.1f}s"])
     return list(HOST_COLUMNS), rows
+
 
 def record_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:
     """-v: every record of every host, with its fix under the detail."""

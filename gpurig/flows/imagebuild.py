@@ -36,6 +36,7 @@ def select(spec: ImageSpec, variant: str | None, torch: str | None, cuda: str | 
         spec.variant(variant)
     return [spec.entry(torch, cuda)], [variant or "slim"]
 
+
 def render_selected(spec: ImageSpec, root: Path, variant, torch, cuda, all_, out: Console = console, relock: bool = False) -> list[BuildContext]:
     """Render what the flags select: from the spec's lock where it locks them, unless ``relock`` resolves afresh."""
     from gpurig.image.lock import Locks
@@ -96,6 +97,7 @@ def lint_dockerfiles(root: Path, dockerfiles: list[Path], out: Console = console
     if bad:
         raise LintError(f"hadolint found {counted(bad, 'problem')} in {counted(len(dockerfiles), 'Dockerfile')}", "fix the templates")
 
+
 def built_row(r: dict) -> tuple[str, ...]:
     """One built image's row of the build summary, from its build report."""
     from gpurig.deploy.progress import human_size
@@ -103,6 +105,7 @@ def built_row(r: dict) -> tuple[str, ...]:
     return (" ".join([r["image"], *r["aliases"]]), r["torch"], r["cuda"], human_size(r["size_bytes"]), str(r["layers"]),
             f"{r['steps']['ran']}/{r['steps']['total']}", f"{r['duration_s']:.1f}s", r["digest"] or "-",
             "yes" if r.get("locked") else "no")
+
 
 # The tables every task prints (gpurig.report.tables): at 80 columns the least needed go first, --format tsv has all.
 BUILT_COLUMNS = (Column("image"), Column("torch"), Column("CUDA", key="cuda"), Column("size", drop=1), Column("layers", drop=4),

@@ -50,6 +50,7 @@ SCHEMA = "gpurig.run/1"
 # git's own folders (nested repositories' too: git never sends their contents), and where fetched artifacts land
 ALWAYS_IGNORED = (".git", f"/{RUNS}")
 
+
 @dataclass(frozen=True)
 class Waited:
     """What --wait saw after the submission: how the job ended, its artifacts, its GPU use."""
@@ -58,6 +59,7 @@ class Waited:
     fetched: Fetched | None
     use: GpuUse | None
     error: GpurigError | None = None  # fetching the artifacts or the samples failed: the job's result stands, the host fails
+
 
 def run_job(opts: HostOptions, host: Host, request: jobspec.RunRequest, *, load_spec: Callable[[], ImageSpec], wait: bool, junit,
             into: Path | None, cancel: bool) -> None:
@@ -162,6 +164,7 @@ def follow(conn: Connection, job: str, request: jobspec.RunRequest, into: Path, 
     except GpurigError as err:
         return Waited(view, fetched, None, err)
 
+
 @dataclass(frozen=True)
 class RunResult:
     """A host's data in the fleet report: the submission, and with --wait how the job ended."""
@@ -185,11 +188,14 @@ class RunResult:
                        gpu_use=w.use.to_dict() if w.use else None, error=w.error.problem if w.error else None)
         return doc
 
+
 def results_of(rep: FleetReport) -> list[RunResult]:
     return [r.data for r in rep.results if isinstance(r.data, RunResult)]
 
+
 def waited(rep: FleetReport) -> list[Waited]:
     return [r.waited for r in results_of(rep) if r.waited is not None]
+
 
 def job_doc(rep: FleetReport, ending: dict | None = None, job: str = "") -> dict | None:
     """The report's job: as submitted and followed, with what an interrupt found (``ending``) over it; a job an interrupt kept from
@@ -198,6 +204,7 @@ def job_doc(rep: FleetReport, ending: dict | None = None, job: str = "") -> dict
     if found:
         return {**found[0].to_dict(), **(ending or {})}
     return {"id": job, **ending} if job and ending else None
+
 
 def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
     columns = [Column("host"), Column("job"), Column("state"), Column("gpus", drop=2), Column("synced", drop=1), Column("reason")]
@@ -220,6 +227,7 @@ def show_run(opts: HostOptions, report: FleetReport, wait: bool) -> None:
         for s in (x.submitted for x in results_of(report)):
             err_console.print(f"follow it: gpurig logs --job {s.job} --follow  (or gpurig attach {s.job}); stop it: gpurig cancel {s.job}",
                               highlight=False)
+
 
 def summary_lines(w: Waited, out) -> None:
     from gpurig.jobs.views import duration_text
