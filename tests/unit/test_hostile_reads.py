@@ -103,7 +103,8 @@ def test_a_sparse_gigabyte_is_refused_by_its_size(tmp_path, reader):
     path = _place(tmp_path)
     with open(path, "wb") as f:
         f.truncate(2**30)  # sparse: nothing is written
-    assert "1024.0 MiB, over the" in _bounded(lambda: READERS[reader][0](path))
+    message = _bounded(lambda: READERS[reader][0](path))
+    assert "1024.0 MiB, over the" in message and "group_vars" not in message  # the document's own fix, not an inventory's
 
 
 @pytest.mark.parametrize("reader", READERS)
