@@ -165,6 +165,10 @@ def test_a_good_facts_report_gives_the_drivers(tmp_path):
     ({"hosts": {"gpu01": {"state": "done", "image_id": 5}}}, "hosts.gpu01.image_id"),
     ({"hosts": {"gpu01": {"state": "started", "previous": ["train"]}}}, "hosts.gpu01.previous"),
     ({"hosts": {"gpu01": {"state": "started", "previous": {"train": "sha256:1"}}}}, "hosts.gpu01.previous.train"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": None}}}}, "hosts.gpu01.previous.train"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": {"image_id": 5}}}}}, "hosts.gpu01.previous.train.image_id"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": {"image_id": "sha256:1", "image_ref": ["x"]}}}}},
+     "hosts.gpu01.previous.train.image_ref"),
 ])
 @pytest.mark.parametrize("reader", ["rollout state", "promote's states"])
 def test_a_state_of_wrong_types_is_one_line(tmp_path, doc, where, reader):
