@@ -178,6 +178,14 @@ def test_a_state_of_wrong_types_is_one_line(tmp_path, doc, where, reader):
     assert message.startswith(f"the rollout state {path}: {where}".rstrip()) and "expected" in message
 
 
+@pytest.mark.parametrize("reader", ["rollout state", "promote's states"])
+def test_a_host_name_of_ten_thousand_characters_is_cut_in_the_error_line(tmp_path, reader):
+    path = _place(tmp_path)
+    path.write_text(json.dumps({"hosts": {"a" * 10_000: 3}}))
+    message = _bounded(lambda: READERS[reader][0](path))
+    assert "expected a host's entry" in message and len(message) < len(str(path)) + 300
+
+
 def test_a_build_report_that_is_not_a_mapping_stops_the_promotion(tmp_path):
     path = tmp_path / "report.json"
     path.write_text('["built"]')
