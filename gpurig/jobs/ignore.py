@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gpurig.jobs.charclass import byte_set, char_class
 
 _BACKSLASH, _SLASH, _STAR, _QUESTION, _LBRACKET, _RBRACKET = (ord(c) for c in "\\/*?[]")
 _NUL = b"\x00"
@@ -28,29 +30,6 @@ _REGEX_GAPS = 2
 _DIR_MARK = {True: _NUL, False: b""}
 _WILD = frozenset(b"*?[\\")
 _FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's, without its per-call overhead: matching calls it for every path
-
-
-def _ascii(test: Callable[[str], bool]) -> frozenset[int]:
-    return frozenset(c for c in range(128) if test(chr(c)))
-
-
-# wildmatch's classes use git's own ASCII-only ctype, whose space is tab, newline, CR and space (no \v, \f).
-_SPACE = frozenset(b"\t\n\r ")
-_PRINT = frozenset(range(0x20, 0x7F))
-_NAMED: dict[bytes, frozenset[int]] = {
-    b"alnum": _ascii(lambda c: c.isascii() and c.isalnum()),
-    b"alpha": _ascii(lambda c: c.isascii() and c.isalpha()),
-    b"blank": frozenset(b" \t"),
-    b"cntrl": frozenset(range(0x20)) | {0x7F},
-    b"digit": frozenset(b"0123456789"),
-    b"graph": _PRINT - _SPACE,
-    b"lower": frozenset(b"abcdefghijklmnopqrstuvwxyz"),
-    b"print": _PRINT,
-    b"punct": frozenset(b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
-    b"space": _SPACE,
-    b"upper": frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
-    b"xdigit": frozenset(b"0123456789abcdefABCDEF"),
-}
 
 
 @dataclass(frozen=True)
@@ -165,11 +144,11 @@ def _glob(pattern: bytes, start: int = 0) -> tuple[bytes, list[tuple[str, frozen
             tokens.append((_ONE, _NAME_BYTE))
             i += 1
         elif c == _LBRACKET:
-            parsed = _char_class(pattern, i + 1)
+            parsed = char_class(pattern, i + 1)
             if parsed is None:
                 return None
             members, i = parsed
-            out.append(_byte_set(members))
+            out.append(byte_set(members))
             tokens.append((_ONE, members))
         elif c == _BACKSLASH:
             if i + 1 == n:
@@ -242,81 +221,6 @@ class _Nfa:
         return bool(states & self.final)
 
 
-def _char_class(pattern: bytes, i: int) -> tuple[frozenset[int], int] | None:
-    """The bytes a ``[...]`` starting at ``i`` (just after the ``[``) matches, and where it ends; a port of wildmatch's loop."""
-    n = len(pattern)
-    if i >= n:
-        return None
-    ch = pattern[i]
-    negated = ch in b"!^"
-    if negated:
-        i += 1
-        if i >= n:
-            return None
-        ch = pattern[i]
-    members: set[int] = set()
-    prev = 0
-    while True:
-        if ch == _BACKSLASH:
-            i += 1
-            if i >= n:
-                return None
-            ch = pattern[i]
-            members.add(ch)
-        elif ch == ord("-") and prev and i + 1 < n and pattern[i + 1] != _RBRACKET:
-            i += 1
-            ch = pattern[i]
-            if ch == _BACKSLASH:
-                i += 1
-                if i >= n:
-                    return None
-                ch = pattern[i]
-            members.update(range(prev, ch + 1))  # a reversed range is empty, as in git
-            ch = 0  # a range cannot start a range
-        elif ch == _LBRACKET and i + 1 < n and pattern[i + 1] == ord(":"):
-            start = i + 2
-            end = pattern.find(b"]", start)
-            if end < 0:
-                return None
-            if end - start - 1 < 0 or pattern[end - 1] != ord(":"):
-                members.add(_LBRACKET)  # no ":]": the "[" is an ordinary member and the scan goes on after it
-            else:
-                named = _NAMED.get(pattern[start:end - 1])
-                if named is None:
-                    return None  # git gives up on the whole pattern for an unknown [:name:]
-                members |= named
-                i = end
-                ch = 0
-        else:
-            members.add(ch)
-        prev = ch
-        i += 1
-        if i >= n:
-            return None
-        ch = pattern[i]
-        if ch == _RBRACKET:
-            break
-    chosen = frozenset(range(256)) - members if negated else frozenset(members)
-    return chosen - {_SLASH, 0}, i + 1
-
-
-def _byte_set(members: frozenset[int]) -> bytes:
-    if not members:
-        return b"(?!)"
-    ranges: list[tuple[int, int]] = []
-    run: list[int] = []
-    for c in sorted(members):
-        if run and c == run[-1] + 1:
-            run.append(c)
-        else:
-            if run:
-                ranges.append((run[0], run[-1]))
-            run = [c]
-    ranges.append((run[0], run[-1]))
-    parts = (f"\\x{a:02x}" if a == b else f"\\x{a:02x}-\\x{b:02x}" for a, b in ranges)
-    return ("[" + "".join(parts) + "]").encode()
-
-
 class IgnoreFile:
     """One ignore file's patterns, compiled into two alternations (names, paths) tried last pattern first."""
 
@@ -333,7 +237,7 @@ class IgnoreFile:
                 self._index(self._literals[0 if p.basename else 1], p.literal, k, p.dir_only)
             elif p.nfa is None and p.suffix is not None:
                 self._index(self._suffixes, p.suffix, k, p.dir_only)
-        self._longest_suffix = max(map(len, self._suffixes), default=0)
+        self._suffix_lengths = sorted({len(suffix) for suffix in self._suffixes})
         self._names = self._alternation([k for k, p in enumerate(patterns) if p.basename])
         self._paths = self._alternation([k for k, p in enumerate(patterns) if not p.basename])
         self._automata = [k for k in range(len(patterns) - 1, -1, -1) if patterns[k].nfa is not None]  # last first
@@ -359,10 +263,9 @@ class IgnoreFile:
         for table, subject in zip(self._literals, (bare_name, relative[:-1] if is_dir else relative)):
             if table and (found := table.get(subject)) is not None:
                 best = max(best, found[which])
-        if self._suffixes:
-            for start in range(max(0, len(bare_name) - self._longest_suffix), len(bare_name)):
-                if (found := self._suffixes.get(bare_name[start:])) is not None:
-                    best = max(best, found[which])
+        for length in self._suffix_lengths:
+            if length <= len(bare_name) and (found := self._suffixes.get(bare_name[-length:])) is not None:
+                best = max(best, found[which])
         return best
 
     def last_match(self, name: bytes, relative: bytes) -> Pattern | None:
