@@ -158,7 +158,11 @@ def read_state(path: str | Path, fix: str) -> dict[str, dict[str, Any]] | None:
             host.child(key, entry.get(key)).of_type((str, type(None)), "text", fix)
         previous = host.child("previous", entry.get("previous"))
         for container, ran in (previous.of_type((dict, type(None)), "a mapping of container to image", fix) or {}).items():
-            previous.child(container, ran).of_type((dict, type(None)), "the image it ran (a mapping)", fix)
+            # what a rollback recreates the container on: a null, or an id that is not text, broke it mid-rollback
+            image = previous.child(container, ran)
+            image.of_type(dict, "the image it ran (a mapping)", fix)
+            for key in ("image_id", "image_ref"):
+                image.child(key, ran.get(key)).of_type((str, type(None)), "text", fix)
     return hosts
 
 

@@ -162,7 +162,8 @@ def require_cuda(cuda: str) -> str | None:
 def driver_key(version: str) -> tuple[int, ...]:
     """The numbers of a driver version as the kernel module, nvidia-smi or a package gives it:
     '570.133.20' -> (570, 133, 20), '1:535.247.01-1~deb12u1' -> (535, 247, 1); () when it has none."""
-    m = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", version.strip())
+    # ASCII digits only (re's \d takes any script's) and at most nine a part: int() of a 5,000-digit part raised ValueError
+    m = re.match(r"(?:[0-9]{1,9}:)?([0-9]{1,9}(?:\.[0-9]{1,9})*)(?![0-9.])", version.strip())
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 

@@ -17,6 +17,7 @@ from gpurig.errors import SpecError
 from gpurig.image import compat
 from gpurig.image.pkgindex import Listing, Source, index_source, links_source
 from gpurig.image.spec import ImageSpec, MatrixEntry
+from gpurig.strict import validate
 from gpurig.strict.reader import load_json
 from gpurig.strict.yamlnode import Node
 
@@ -211,6 +212,7 @@ def compact_names(names: Iterable[str]) -> str:
 
 FACTS_SCHEMA = "gpurig.facts/1"
 FACTS_FIX = "write it with `gpurig facts --json FILE`"
+DRIVER_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}")
 # A full facts report is some tens of KiB a host: room for thousands of hosts, and no more than that is read.
 FACTS_LIMIT = 64 * 2**20
 
@@ -227,8 +229,14 @@ def read_facts_report(path: str) -> list[dict]:
         host.child("host", fields.get("host")).of_type(str, "the host's name", FACTS_FIX)
         host.child("status", fields.get("status")).of_type((str, type(None)), "a status such as ok", FACTS_FIX)
         data = host.child("data", fields.get("data"))
-        if isinstance(data.value, dict):
-            data.child("driver_version", data.value.get("driver_version")).of_type((str, type(None)), "a driver version", FACTS_FIX)
+        if data.of_type((dict, type(None)), "the host's facts (a mapping, or null for a host without facts)", FACTS_FIX) is None:
+            continue
+        driver = data.child("driver_version", data.value.get("driver_version"))
+        # compared as numbers against each CUDA's minimum: text that is no version would count as an old driver, quietly
+        if driver.of_type((str, type(None)), "a driver version", FACTS_FIX) and not DRIVER_VERSION.fullmatch(driver.value):
+            raise driver.fail(f"{validate.excerpt(driver.value)} is not a driver version such as 570.133.20", FACTS_FIX)
+        for key in ("gpus", "pci_gpus"):  # their presence makes a GPU host
+            data.child(key, data.value.get(key)).of_type((list, type(None)), "a list of GPUs", FACTS_FIX)
     return hosts
 
 

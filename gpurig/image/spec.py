@@ -221,7 +221,8 @@ def load_spec(path: str | Path) -> ImageSpec:
     """Load and validate one image spec file."""
     source = Path(path)
     raw = yamlio.load_yaml(
-        source, error=SpecError, what="image spec", fix_missing="run from the project root or pass --spec FILE"
+        source, error=SpecError, what="image spec", fix_missing="run from the project root or pass --spec FILE",
+        fix_large="point --spec at the image spec (a spec is a few KiB: name, python, matrix, variants)",
     )
     if raw is None:
         raise SpecError(f"{source} is empty", "declare name, python, matrix and variants (see images/pytorch.yaml)")

@@ -84,7 +84,8 @@ def load_json(path: str | Path, *, error: type[GpurigError], what: str, fix: str
     path = Path(path)
     if missing_ok and not os.path.lexists(path):
         return None
-    text = read_text(path, error=error, what=what, fix_missing=fix, limit=limit, kind="a JSON file")
+    # over the limit, the document's own fix: the default (split an inventory into group_vars/) is no fix for a state or a report
+    text = read_text(path, error=error, what=what, fix_missing=fix, limit=limit, kind="a JSON file", fix_large=fix)
     return parse_json(text, f"{what} {path}", error=error, fix=fix)
 
 

@@ -41,10 +41,11 @@ else:
     _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def load_yaml(path: str | Path, *, error: type[GpurigError], what: str = "file", fix_missing: str = "check the path") -> Any:
+def load_yaml(path: str | Path, *, error: type[GpurigError], what: str = "file", fix_missing: str = "check the path",
+              fix_large: str = "") -> Any:
     """Parse one YAML document from a user's file under the bounds above (None for an empty file)."""
     path = Path(path)
-    return parse_yaml(read_text(path, error=error, what=what, fix_missing=fix_missing), path, error=error)
+    return parse_yaml(read_text(path, error=error, what=what, fix_missing=fix_missing, fix_large=fix_large), path, error=error)
 
 
 def parse_yaml(text: str, source: str | Path, *, error: type[GpurigError]) -> Any:

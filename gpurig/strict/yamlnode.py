@@ -19,6 +19,8 @@ from gpurig.strict import validate
 Check = Callable[[str], "str | None"]
 # No legitimate value (URL, requirement, path) is longer; a longer one only costs memory and log space.
 MAX_TEXT = 1024
+# A key in an error line's path: longer ones are cut, as values are (validate.excerpt).
+MAX_KEY_SHOWN = 64
 
 
 class Node:
@@ -31,6 +33,8 @@ class Node:
     def child(self, key: str | int, value: Any) -> Node:
         if isinstance(key, int):
             return Node(self.source, f"{self.path}[{key}]", value, self.error)
+        if len(key) > MAX_KEY_SHOWN:  # a key is data too: a 10,000-character one was echoed whole into the error line
+            key = validate.excerpt(key)
         return Node(self.source, f"{self.path}.{key}" if self.path else key, value, self.error)
 
     def fail(self, problem: str, fix: str) -> GpurigError:

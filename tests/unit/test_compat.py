@@ -131,3 +131,11 @@ def test_one_driver_comparison_for_module_smi_and_package_versions():
     assert not driver_at_least("570.133.20", "580.65.06") and not driver_at_least("N/A", "525.60.13")
     # one patch or one minor below the minimum is below it: the whole version counts, not its branch alone
     assert not driver_at_least("580.65.05", "580.65.06") and not driver_at_least("580.64.99", "580.65.06")
+
+
+@pytest.mark.parametrize("version", ["9" * 5000, "570." + "1" * 5000, "٥٧٠.١٣٣", "５７０.133"])
+def test_a_driver_version_of_huge_or_foreign_digits_is_no_version_not_a_traceback(version):
+    from gpurig.image.compat import driver_at_least, driver_key
+
+    # int() of a 5,000-digit part raised ValueError; re's \d read Arabic-Indic digits as 570
+    assert driver_key(version) == () and not driver_at_least(version, "525.60.13")

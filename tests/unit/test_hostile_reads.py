@@ -103,7 +103,8 @@ def test_a_sparse_gigabyte_is_refused_by_its_size(tmp_path, reader):
     path = _place(tmp_path)
     with open(path, "wb") as f:
         f.truncate(2**30)  # sparse: nothing is written
-    assert "1024.0 MiB, over the" in _bounded(lambda: READERS[reader][0](path))
+    message = _bounded(lambda: READERS[reader][0](path))
+    assert "1024.0 MiB, over the" in message and "group_vars" not in message  # the document's own fix, not an inventory's
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -132,6 +133,14 @@ def _facts_doc(*hosts) -> str:
     (_facts_doc({"host": "a", "status": "ok", "data": {}}, "b"), "hosts[1]", "got a string"),
     (_facts_doc({"host": "a", "status": "ok", "data": {"driver_version": ["570"]}}), "hosts[0].data.driver_version", "got a list"),
     (_facts_doc({"host": ["a"], "data": {}}), "hosts[0].host", "got a list"),
+    (_facts_doc({"host": "a", "status": "ok", "data": {"driver_version": "9" * 5000, "gpus": [{}]}}), "hosts[0].data.driver_version",
+     "is not a driver version"),
+    (_facts_doc({"host": "a", "status": "ok", "data": {"driver_version": "abc.def"}}), "hosts[0].data.driver_version", "'abc.def' is not"),
+    (_facts_doc({"host": "a", "status": "ok", "data": {"driver_version": "٥٧٠.١"}}), "hosts[0].data.driver_version", "is not a driver"),
+    (_facts_doc({"host": "a", "status": "ok", "data": [1]}), "hosts[0].data", "got a list"),
+    (_facts_doc({"host": "a", "status": "ok", "data": "x"}), "hosts[0].data", "got a string"),
+    (_facts_doc({"host": "a", "status": "ok", "data": {"driver_version": "570.1", "gpus": 3}}), "hosts[0].data.gpus", "got a number"),
+    (_facts_doc({"host": "a", "status": "ok", "data": {"pci_gpus": "x"}}), "hosts[0].data.pci_gpus", "got a string"),
     (json.dumps({"schema": "gpurig.facts/1", "hosts": {"a": 1}}), "hosts", "expected a list of hosts, got a mapping"),
     (json.dumps([1, 2]), "", "not a gpurig facts report"),
 ])
@@ -156,6 +165,10 @@ def test_a_good_facts_report_gives_the_drivers(tmp_path):
     ({"hosts": {"gpu01": {"state": "done", "image_id": 5}}}, "hosts.gpu01.image_id"),
     ({"hosts": {"gpu01": {"state": "started", "previous": ["train"]}}}, "hosts.gpu01.previous"),
     ({"hosts": {"gpu01": {"state": "started", "previous": {"train": "sha256:1"}}}}, "hosts.gpu01.previous.train"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": None}}}}, "hosts.gpu01.previous.train"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": {"image_id": 5}}}}}, "hosts.gpu01.previous.train.image_id"),
+    ({"hosts": {"gpu01": {"state": "started", "previous": {"train": {"image_id": "sha256:1", "image_ref": ["x"]}}}}},
+     "hosts.gpu01.previous.train.image_ref"),
 ])
 @pytest.mark.parametrize("reader", ["rollout state", "promote's states"])
 def test_a_state_of_wrong_types_is_one_line(tmp_path, doc, where, reader):
@@ -163,6 +176,14 @@ def test_a_state_of_wrong_types_is_one_line(tmp_path, doc, where, reader):
     path.write_text(json.dumps(doc))
     message = _bounded(lambda: READERS[reader][0](path))
     assert message.startswith(f"the rollout state {path}: {where}".rstrip()) and "expected" in message
+
+
+@pytest.mark.parametrize("reader", ["rollout state", "promote's states"])
+def test_a_host_name_of_ten_thousand_characters_is_cut_in_the_error_line(tmp_path, reader):
+    path = _place(tmp_path)
+    path.write_text(json.dumps({"hosts": {"a" * 10_000: 3}}))
+    message = _bounded(lambda: READERS[reader][0](path))
+    assert "expected a host's entry" in message and len(message) < len(str(path)) + 300
 
 
 def test_a_build_report_that_is_not_a_mapping_stops_the_promotion(tmp_path):
