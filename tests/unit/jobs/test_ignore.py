@@ -270,9 +270,9 @@ def test_many_wildcards_against_long_names_cost_linear_time(tmp_path):
              ("*a" * 20 + "*", {"a" * 60: True, "a" * 59 + "b": True, "a" * 19 + "b": False}),
              ("*\n!" + "*a" * 8 + "c", {"a" * 60: True, "a" * 59 + "c": False, "b" * 59 + "c": True}),
              ("d/" + "*a" * 10 + "/e", {"d/" + "a" * 58 + "/e": True, "d/" + "a" * 58 + "/x/e": False})]
-    start = time.monotonic()
+    start = time.process_time()
     ours = [{path: IgnoreRules([("", text)]).ignored(path, False) for path in want} for text, want in cases]
-    elapsed = time.monotonic() - start
+    elapsed = time.process_time() - start
     assert ours == [want for _, want in cases]
     assert elapsed < 1, f"{elapsed:.1f} s"  # some milliseconds; the second is the bound the issue sets
 
@@ -323,9 +323,9 @@ def test_a_hundred_thousand_paths_are_matched_in_well_under_three_seconds():
     dirs = ["src", "src/pkg", "src/pkg/sub", "tests", "tests/unit/jobs", "data/set/raw", "docs", "models", "scripts", "src/pkg/fixtures"]
     exts = [".py", ".pyc", ".txt", ".pt", ".json", ".bin", ".md", ".yaml", ".generated.py", ""]
     paths = [f"{rng.choice(dirs)}/{rng.choice(['train', 'model', 'util', 'data', 'x'])}_{k}{rng.choice(exts)}" for k in range(100_000)]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine's other work does not count against the matcher
     hits = sum(rules.excluded(p, False) for p in paths)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert 0 < hits < len(paths)
     assert elapsed < 3.0, f"{elapsed:.2f} s for 100,000 paths"
 
