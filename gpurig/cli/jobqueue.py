@@ -70,7 +70,7 @@ def jobs(c, opts: HostOptions, state=None, job=None):
     for s in wanted:
         if s not in STATES:
             raise ConfigError(f"--state {s!r} is not a job state", f"use {', '.join(STATES)}")
-    report = list_jobs(opts, (check_job_id(job),) if job else ())
+    report = list_jobs(opts, (check_job_id(job),) if job is not None else ())
     found = sorted(views_of(report), key=lambda v: (v.submitted_at or 0, v.host, v.id))
     shown = [v for v in found if not wanted or v.state in wanted]
     columns = [Column("host"), Column("job"), Column("name", drop=3), Column("state"), Column("gpus", drop=2), Column("runtime", drop=1),

@@ -127,7 +127,7 @@ def check_job_id(text: str | None) -> str:
     if value.isdecimal() and value.isascii() and len(value) <= 12:
         return value  # a Slurm job's id (gpurig's own ids are never all digits)
     if not validate.matches(_ID, value):
-        raise ConfigError(f"{validate.excerpt(text) if text else 'no job id'} is not a job id",
+        raise ConfigError(f"{validate.excerpt(text)} is not a job id" if value else "the job id is empty",
                           "give the id `gpurig run` printed, or at least its first 3 characters (`gpurig jobs` lists them)")
     return value
 

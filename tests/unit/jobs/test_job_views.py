@@ -8,6 +8,8 @@ the host's agent hands them back for a job.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,19 @@ def test_a_job_is_found_by_a_unique_prefix_and_nothing_else():
     for bad in ("ab", "-rf", "$(id)", "a b", "X" * 70, "1\n2"):
         with pytest.raises(ConfigError):
             check_job_id(bad)
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match="the job id is empty"):
+            check_job_id(empty)
+
+
+def test_jobs_with_an_empty_job_id_is_refused_not_every_job_listed(tmp_path):
+    """``jobs --job ""`` (a script's unset variable) listed every job on every host as if no --job were given."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    h1: {ansible_host: 192.0.2.1}\n")
+    proc = subprocess.run([sys.executable, "-c", "import sys; from gpurig.cli import main; main(sys.argv)", "jobs", "-i", str(inventory),
+                           "--job", ""], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and "the job id is empty" in proc.stderr and "192.0.2.1" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def records(case: str) -> list[dict]:
