@@ -20,13 +20,15 @@ collect_ignore = ["tools"]
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
-# Run with pytest-xdist (`-n 3 --dist loadgroup`, the README's test command), each integration folder is one group,
-# run whole on one worker, since its tests share session fixtures (booted hosts, built images, a Slurm cluster)
-# that a second worker would build again; any other module is a group of its own. The folders that take longest
-# go first, so that no long one starts last while the other workers sit idle.
+# Run with pytest-xdist (`-n 3 --dist loadgroup`, the README's test command), each test module is a group run whole on
+# one worker (its module fixtures are made once), and the folders in ONE_WORKER are one group each: their modules must
+# never run beside each other (two Slurm clusters at once broke each other's controller: a run where only the marker
+# order kept the folder apart showed it). The folders that take longest go first, so that no long one starts last while
+# the other workers sit idle.
 LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm", "integration/hosts_systemd",
                  "integration/verify", "integration/installed", "integration/hosts_containers", "integration/monitor",
                  "integration/hosts")
+ONE_WORKER = ("integration/slurm",)
 
 
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the run itself has none, so
@@ -80,6 +82,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         lock.unlink(missing_ok=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group markers into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     places = {}
     for item in items:
@@ -87,7 +90,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if where.startswith(LONG_FOLDERS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
         folder = next((f for f in LONGEST_FIRST if where.startswith(f + "/")), None)
-        item.add_marker(pytest.mark.xdist_group(folder or where))
+        item.add_marker(pytest.mark.xdist_group(folder if folder in ONE_WORKER else where))
         places[item] = LONGEST_FIRST.index(folder) if folder else len(LONGEST_FIRST)
     items.sort(key=places.__getitem__)  # stable: within a group, the order pytest collected
 
