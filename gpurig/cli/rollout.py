@@ -1,44 +1,25 @@
 """The ``rollout`` task: move a fleet to a new image only as far as verify passes, canary first, then in batches.
 
-Thin: check the flags, the target image and every host's containers before
-any connection; plan the batches (gpurig.deploy.rollplan); run each batch
-over the fleet (gpurig.deploy.rollhost: deploy's own ``deploy_host``, then
-``verify --container``'s plan, rolling a failed host back to the image id
-it ran before); stop when more hosts failed than ``--max-fail`` allows; then
-one row per host saying what it runs and why. The state file under the
-project lets a re-run pick up where an interrupted one stopped.
+Thin: check the flags (verify's level, --max-fail, --canary, --batch, the
+variant) before anything is read from a host, then ``gpurig.flows.fleetrollout``
+checks the target image and every host's containers before any connection,
+runs the batches and shows where each host ended up.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
-
-from invoke.exceptions import Exit
 
 from gpurig.cli.base import load_project_spec
 from gpurig.cli.options import host_task, select_hosts
-from gpurig.errors import ConfigError, counted, did_you_mean
-from gpurig.files import write_report
-from gpurig.report import err_console, outside
-from gpurig.report.tables import Column, document
-from gpurig.status import Status
+from gpurig.errors import ConfigError, did_you_mean
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
-    from gpurig.connect.connection import Connection
-    from gpurig.connect.engine import Engine
-    from gpurig.deploy.apply import Target
-    from gpurig.deploy.rollhost import RolloutJob
-    from gpurig.deploy.rollplan import RolloutState
     from gpurig.flows.fleettask import HostOptions
-    from gpurig.results import HostResult
-    from gpurig.verify.runner import VerifyPlan
 
 __all__ = ["rollout"]
 
-SCHEMA = "gpurig.rollout/1"
-COLUMNS = [Column("host"), Column("batch", drop=2), Column("runs", drop=1), Column("why")]
 HELP = {
     "variant": "the variant whose containers move (slim, ssh, jupyter, full): each host's gpurig_containers of it, or one of it",
     "to": "the image to move to: a tag of the spec's image (2.14.1-cu130-slim) or a whole reference, built on this machine",
@@ -54,13 +35,8 @@ HELP = {
 @host_task(help=HELP, changes=True)
 def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", max_fail=0, level="quick", prune=False, spec=None):
     """Move hosts to a new image as far as verify passes: canary, then batches; a failed host is rolled back; resumable."""
-    from gpurig.deploy import containers as container_specs
-    from gpurig.deploy.apply import DeployJob
-    from gpurig.deploy.imagesource import local_engine, mover
-    from gpurig.deploy.rollhost import RolloutJob
-    from gpurig.deploy.rollplan import SKIPPED, WOULD, RolloutState, batch_label, check_max_fail, host_row, on_target, plan_batches, state_path
-    from gpurig.inventory.profile import host_profile
-    from gpurig.report.deliveryprogress import ProgressPrinter
+    from gpurig.deploy.rollplan import check_max_fail, plan_batches
+    from gpurig.flows.fleetrollout import roll_out
     from gpurig.verify.gate import make_plan
 
     if not variant or not to:
@@ -72,130 +48,5 @@ def rollout(c, opts: HostOptions, variant=None, to=None, canary=1, batch="20%", 
     if variant not in image_spec.variants:  # before a host's containers or the state file's name are made of it
         raise ConfigError(f"--variant {validate.excerpt(str(variant))}: no such variant{did_you_mean(str(variant), image_spec.variants)}",
                           f"choose one of {', '.join(image_spec.variants)}")
-    chosen = select_hosts(opts)
-    local = local_engine()
-    try:
-        ref, image_id = target_image(image_spec, str(to), str(variant), local)
-        targets = {h.name: host_targets(h, image_spec, variant, ref, local, opts) for h in chosen}
-        expect = {h.name: host_profile(h, opts.settings.inventory).gpus for h in chosen}
-        state = RolloutState.load(state_path(opts.settings.project, opts.limit, variant), variant=variant, image_ref=ref,
-                                  image_id=image_id, level=plan.level, selection=list(opts.limit))
-        todo = [h.name for h in chosen if not state.done_on(h.name, image_id, ref)]
-        batches = plan_batches(todo, int(canary), str(batch))
-        labels = {host: batch_label(i, int(canary)) for i, hosts in enumerate(batches) for host in hosts}
-        if opts.check:
-            rows = [host_row(h.name, labels.get(h.name, "-"), state.entry(h.name), WOULD if h.name in labels else SKIPPED) for h in chosen]
-            present(opts, rows, state, ref, image_id, check=True)
-            return
-        printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
-        deploy = DeployJob(targets=targets, assign_gpus=container_specs.assign_gpus, deliver=mover(image_spec, local, printer),
-                           matrix_cudas=tuple(e.cuda for e in image_spec.matrix),
-                           progress=printer.phase if printer is not None else (lambda host, text: None))
-        job = RolloutJob(deploy, verifier(plan, expect), state, ref, image_id, plan.level)
-        results = run_batches(opts, chosen, batches, labels, job, int(max_fail))
-    finally:
-        if local:
-            local.close()
-    rows = [row_for(h.name, labels, results, state) for h in chosen]
-    done = on_target((state.entry(h.name) for h in chosen), image_id, ref)
-    if prune and done:
-        prune_old(opts, chosen, state, image_id)
-    present(opts, rows, state, ref, image_id)
-    if not done:
-        raise Exit(code=1)
-
-
-def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> None:
-    """--prune: the images each host ran before the rollout removed, now that none is needed for a rollback; one line says so."""
-    from gpurig.deploy.rollhost import prune_host
-    from gpurig.flows.fleettask import run_hosts
-
-    olds = {h.name: [p["image_id"] for p in (state.entry(h.name).get("previous") or {}).values() if p.get("image_id")] for h in chosen}
-    report = run_hosts(opts, chosen, lambda conn: prune_host(conn, image_id, olds[conn.name]), label="rollout prune", schema=SCHEMA,
-                       finished=False)
-    removed = sum(len(r.data or ()) for r in report.results if r.status == Status.CHANGED)
-    failed = [f"{r.host}: {r.reason}" for r in report.results if r.status not in (Status.OK, Status.CHANGED)]
-    err_console.print(f"rollout: --prune removed {counted(removed, 'old image')}" + (f"; not removed: {'; '.join(failed)}" if failed else ""),
-                      highlight=False)
-
-
-def row_for(host: str, labels: dict[str, str], results: dict[str, HostResult], state: RolloutState) -> list[str]:
-    from gpurig.deploy.rollplan import MOVED, NOT_MOVED, NOT_REACHED, SKIPPED, host_row
-
-    r = results.get(host)
-    how = SKIPPED if host not in labels else NOT_REACHED if r is None else MOVED if r.status == Status.CHANGED else NOT_MOVED
-    return host_row(host, labels.get(host, "-"), state.entry(host), how, r.reason if r is not None else "")
-
-
-def run_batches(opts: HostOptions, chosen, batches: list[list[str]], labels: dict[str, str], job: RolloutJob,
-                max_fail: int) -> dict[str, HostResult]:
-    """Each batch over the fleet in turn, until more hosts failed than ``max_fail``; each reached host's result."""
-    from gpurig.deploy.rollhost import roll_host
-    from gpurig.deploy.rollplan import should_stop
-    from gpurig.flows.fleettask import run_hosts
-
-    by_name = {h.name: h for h in chosen}
-    results: dict[str, HostResult] = {}
-    for i, names in enumerate(batches):
-        label = labels[names[0]]
-        err_console.print(f"rollout: batch {label}: {', '.join(outside(n) for n in names)}", highlight=False)
-        report = run_hosts(opts, [by_name[n] for n in names], lambda conn: roll_host(conn, job), label=f"rollout {label}", schema=SCHEMA,
-                           finished=False)
-        results.update((r.host, r) for r in report.results)
-        failures = sum(1 for r in results.values() if r.status != Status.CHANGED)
-        if should_stop(failures, max_fail) and i + 1 < len(batches):
-            left = ", ".join(outside(n) for b in batches[i + 1:] for n in b)
-            err_console.print(f"[bold red]rollout: stopped: {counted(failures, 'host')} failed, --max-fail {max_fail}; not reached: {left}[/]",
-                              highlight=False)
-            break
-    return results
-
-
-def verifier(plan: VerifyPlan, expect: dict):
-    """``verify --container NAME``'s work on one host: (passed, the first failing record, its fix)."""
-    from gpurig.verify.gate import verdict_outcome
-    from gpurig.verify.runner import verify_host
-
-    def check(conn: Connection, container: str) -> tuple[bool, str, str]:
-        gpus = expect[conn.name]
-        verdict = verify_host(conn, dataclasses.replace(plan, container=container), gpus.count, gpus.model, gpus.mig)
-        out = verdict_outcome(verdict)
-        return out.status != Status.FAILED, out.detail, out.fix
-
-    return check
-
-
-def target_image(image_spec, to: str, variant: str, local: Engine | None) -> tuple[str, str]:
-    """(the reference --to names, its image id here): a bare tag is one of the spec's image; one not built is refused."""
-    ref = image_spec.tag_ref(to)
-    rule = validate.image_ref_problem(ref)
-    if rule:
-        raise ConfigError(f"--to {validate.excerpt(to)} {rule}", "give --to a tag of the spec's image (see gpurig images) or a whole reference")
-    image = local.image(ref) if local else None
-    if image is None and not image_spec.registry:
-        raise ConfigError(f"--to {to}: the image {ref} is not built on this machine",
-                          f"build it first (gpurig build --variant {variant} --torch X --cuda Y), or pick one `gpurig images` lists")
-    return ref, image.id if image else ""
-
-
-def host_targets(host, image_spec, variant: str, ref: str, local: Engine | None, opts: HostOptions) -> list[Target]:
-    """The host's containers of ``variant``, each on the target image."""
-    from gpurig.deploy import containers as container_specs
-    from gpurig.deploy.imagesource import resolve
-
-    specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)
-    for w in warnings:
-        err_console.print(f"[yellow]{outside(host.name)}: {outside(w)}[/]")
-    return [resolve(image_spec, dataclasses.replace(s, image=ref), local) for s in specs]
-
-
-def present(opts: HostOptions, rows: list[list[str]], state: RolloutState, ref: str, image_id: str, check: bool = False) -> None:
-    """The table (or tsv/json), and the JSON report (--json): the rows, each host's state entry, the state file."""
-    doc = document(SCHEMA, {"image_ref": ref, "image_id": image_id or None, "level": state.doc.get("level"), "state_file": str(state.path),
-                            "rows": [{c.json_key: cell for c, cell in zip(COLUMNS, row)} for row in rows],
-                            "hosts": [state.entry(row[0]) or {"host": row[0]} for row in rows]},
-                   inventory=str(opts.settings.inventory), check=opts.check)
-    if opts.json:
-        write_report(opts.json, doc)
-    title = f"rollout to {ref}" + (" (check: nothing changed)" if check else "")
-    opts.show(COLUMNS, rows, title=title, doc=doc)
+    roll_out(opts, select_hosts(opts), image_spec, plan, variant=str(variant), to=str(to), canary=int(canary), batch=str(batch),
+             max_fail=int(max_fail), prune=bool(prune))
