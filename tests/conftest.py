@@ -21,10 +21,10 @@ LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify"
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
 # Run with pytest-xdist (`-n 3 --dist loadgroup`, the README's test command), each test module is a group run whole on
-# one worker (its module fixtures are made once), and the folders in ONE_WORKER are one group each: their modules must
-# never run beside each other (two Slurm clusters at once broke each other's controller: a run where only the marker
-# order kept the folder apart showed it). The folders that take longest go first, so that no long one starts last while
-# the other workers sit idle.
+# one worker (its module fixtures are made once), and the folders in ONE_WORKER are one group each. pytest 9.2 ignores
+# the group xdist writes into a test's id, so there every module is its own group: what must never run beside another
+# worker's tests takes a run-wide lock as well (the Slurm clusters: tests/integration/slurm_kit.py). The folders that
+# take longest go first, so that no long one starts last while the other workers sit idle.
 LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm", "integration/hosts_systemd",
                  "integration/verify", "integration/installed", "integration/hosts_containers", "integration/monitor",
                  "integration/hosts")

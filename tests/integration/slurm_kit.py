@@ -36,8 +36,10 @@ gpurig's facts see; the kernel log is a recorded one (dmesg-xid.txt: Xid
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import subprocess
+import tempfile
 import time
 import uuid
 import warnings
@@ -177,7 +179,14 @@ class SlurmHosts:
 
 
 class SlurmKit:
-    """Makes clusters of fresh hosts on networks of their own; ``remove`` takes away every one it made."""
+    """Makes clusters of fresh hosts on networks of their own; ``remove`` takes away every one it made.
+
+    One worker of a test run at a time has clusters: while any cluster this kit made lives, it holds the run's
+    Slurm lock, and another worker's ``make`` waits for it (bounded by the test's timeout). Two clusters side by
+    side on one machine broke each other's controller (the hosts share the machine's cgroup tree, where Slurm and
+    systemd keep their units), and pytest-xdist's groups, meant to keep the Slurm folder on one worker, are not
+    honoured by every pytest (9.2 ignores the group xdist writes into a test's id).
+    """
 
     def __init__(self, docker, kit, images, key: Path, folder: Path) -> None:
         self.docker, self.kit = docker, kit
@@ -185,21 +194,41 @@ class SlurmKit:
         self.maker = SystemdHosts(docker, kit, images, keys, key)
         self.clusters: list[SlurmHosts] = []
         self.networks: list[str] = []
+        self._held = None  # the run's Slurm lock file, open and locked while this worker has clusters
+
+    def _take_turn(self) -> None:
+        if self._held is None:
+            held = open(Path(tempfile.gettempdir()) / f"gpurig-test-{self.kit.run}-slurm.lock", "w")
+            fcntl.flock(held, fcntl.LOCK_EX)  # waits for the worker whose clusters live; pytest-timeout bounds it
+            self._held = held
+
+    def _end_turn(self) -> None:
+        if self._held is not None and not self.clusters:
+            self._held.close()  # closing the file releases the lock
+            self._held = None
 
     def make(self, os_key: str = "debian12", storage: str = "tmpfs") -> SlurmHosts:
         """Three booted hosts (controller, node 1, node 2) answering SSH, the nodes with their stand-in GPUs."""
-        prefix = f"gpurig-slurm-{self.kit.session[:6]}-{uuid.uuid4().hex[:4]}"
-        network = prefix
-        self.docker("network", "create", "--label", f"{self.kit.label}={self.kit.session}", network)
-        self.networks.append(network)
-        names = [f"{prefix}-ctl", *(f"{prefix}-n{i}" for i in range(1, NODE_COUNT + 1))]
-        with ThreadPoolExecutor(len(names)) as pool:
-            made = list(pool.map(lambda name: self.maker.make(os_key, storage, network=network, name=name), names))
-        cluster = SlurmHosts(network, made[0], made[1:], self.maker)
-        self.clusters.append(cluster)
-        for node in cluster.nodes:
-            gpu_node(node)
-        return cluster
+        self._take_turn()
+        before = len(self.clusters)
+        try:
+            prefix = f"gpurig-slurm-{self.kit.session[:6]}-{uuid.uuid4().hex[:4]}"
+            network = prefix
+            self.docker("network", "create", "--label", f"{self.kit.label}={self.kit.session}", network)
+            self.networks.append(network)
+            names = [f"{prefix}-ctl", *(f"{prefix}-n{i}" for i in range(1, NODE_COUNT + 1))]
+            with ThreadPoolExecutor(len(names)) as pool:
+                made = list(pool.map(lambda name: self.maker.make(os_key, storage, network=network, name=name), names))
+            cluster = SlurmHosts(network, made[0], made[1:], self.maker)
+            self.clusters.append(cluster)
+            for node in cluster.nodes:
+                gpu_node(node)
+            return cluster
+        except BaseException:  # no fixture will remove what failed half-way: it goes now, and the turn passes on
+            for one in self.clusters[before:]:
+                self.remove(one)
+            self._end_turn()
+            raise
 
     def remove(self, cluster: SlurmHosts | None = None) -> None:
         """``cluster`` (default: all made here): its containers, its network, the Slurm cgroup trees its names left."""
@@ -220,6 +249,7 @@ class SlurmKit:
             for network in self.networks:
                 self.docker("network", "rm", network, check=False)
             self.networks.clear()
+        self._end_turn()
 
 
 def gpu_node(host) -> None:
