@@ -20,15 +20,15 @@ collect_ignore = ["tools"]
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
-# Run with pytest-xdist (`-n 3 --dist loadgroup`, the README's test command), each test module is a group run whole on
-# one worker (its module fixtures are made once), and the folders in ONE_WORKER are one group each. pytest 9.2 ignores
-# the group xdist writes into a test's id, so there every module is its own group: what must never run beside another
-# worker's tests takes a run-wide lock as well (the Slurm clusters: tests/integration/slurm_kit.py). The folders that
-# take longest go first, so that no long one starts last while the other workers sit idle.
+# Run with pytest-xdist (`-n 3 --dist loadfile`, the README's test command), each test module runs whole on one worker:
+# its tests share module fixtures (a booted cluster the first test provisions and the next ones use). Not xdist's
+# groups (--dist loadgroup): pytest 9.2 ignores the group xdist writes into a test's id, and every test became a group
+# of its own, spread over the workers away from its module's first test. What must never run beside another worker's
+# tests takes a run-wide lock (the Slurm clusters: tests/integration/slurm_kit.py). The folders that take longest go
+# first (--no-loadscope-reorder keeps this order), so that no long one starts last while the other workers sit idle.
 LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm", "integration/hosts_systemd",
                  "integration/verify", "integration/installed", "integration/hosts_containers", "integration/monitor",
                  "integration/hosts")
-ONE_WORKER = ("integration/slurm",)
 
 
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the run itself has none, so
@@ -82,7 +82,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         lock.unlink(missing_ok=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group markers into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     places = {}
     for item in items:
@@ -90,9 +89,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if where.startswith(LONG_FOLDERS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
         folder = next((f for f in LONGEST_FIRST if where.startswith(f + "/")), None)
-        item.add_marker(pytest.mark.xdist_group(folder if folder in ONE_WORKER else where))
         places[item] = LONGEST_FIRST.index(folder) if folder else len(LONGEST_FIRST)
-    items.sort(key=places.__getitem__)  # stable: within a group, the order pytest collected
+    items.sort(key=places.__getitem__)  # stable: within a folder, the order pytest collected
 
 
 @pytest.fixture

@@ -183,9 +183,8 @@ class SlurmKit:
 
     One worker of a test run at a time has clusters: while any cluster this kit made lives, it holds the run's
     Slurm lock, and another worker's ``make`` waits for it (bounded by the test's timeout). Two clusters side by
-    side on one machine broke each other's controller (the hosts share the machine's cgroup tree, where Slurm and
-    systemd keep their units), and pytest-xdist's groups, meant to keep the Slurm folder on one worker, are not
-    honoured by every pytest (9.2 ignores the group xdist writes into a test's id).
+    side on one machine are not what these tests check (the hosts share the machine's cgroup tree, where Slurm and
+    systemd keep their units), and the suite's workers each take a module, so the three Slurm modules may run at once.
     """
 
     def __init__(self, docker, kit, images, key: Path, folder: Path) -> None:
