@@ -7,12 +7,14 @@ Every process started here is stopped at teardown; readiness is polled
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -105,20 +107,48 @@ class SshdFarm:
             d.mkdir()
             key = keygen(d / "host_key", name)
             shutil.copy(self.client_pub, d / "authorized_keys")
-            host = SshdHost(name, free_port(), d, key)
-            (d / "sshd_config").write_text(
-                f"Port {host.port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {d}/sshd.pid\n"
-                f"AuthorizedKeysFile .ssh/authorized_keys {d}/authorized_keys\n"
-                "UsePAM no\nStrictModes no\nMaxStartups 500\nMaxSessions 100\n"
-                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-                "Subsystem sftp internal-sftp\nLogLevel ERROR\n" + extra
-            )
-            host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
+            host = SshdHost(name, 0, d, key)
+            self._launch(host, extra)
             self.hosts.append(host)
             made.append(host)
         for host in made:
-            wait_for_banner(host.port)
+            self._wait_for_own(host, extra)
         return made
+
+    def _launch(self, host: SshdHost, extra: str) -> None:
+        host.port = free_port()
+        d = host.dir
+        (d / "sshd_config").write_text(
+            f"Port {host.port}\nListenAddress 127.0.0.1\nHostKey {host.host_key}\nPidFile {d}/sshd.pid\n"
+            f"AuthorizedKeysFile .ssh/authorized_keys {d}/authorized_keys\n"
+            "UsePAM no\nStrictModes no\nMaxStartups 500\nMaxSessions 100\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+            "Subsystem sftp internal-sftp\nLogLevel ERROR\n" + extra
+        )
+        host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.DEVNULL)
+
+    def _wait_for_own(self, host: SshdHost, extra: str, attempts: int = 5) -> None:
+        """Until the sshd answering on the host's port is its own (its host key): a port free_port found free may be taken
+        by another worker's listener before this sshd binds it, and then that listener answered in its place."""
+        mine = host.host_key.with_suffix(".pub").read_text().split()[1]
+        for _ in range(attempts):
+            try:
+                wait_for_banner(host.port)
+                scan = subprocess.run(["ssh-keyscan", "-T", "5", "-t", "ed25519", "-p", str(host.port), "127.0.0.1"],
+                                      capture_output=True, text=True, timeout=30).stdout
+            except RuntimeError:
+                scan = ""
+            if mine in scan.split():
+                return
+            self._stop(host)
+            self._launch(host, extra)
+        raise RuntimeError(f"sshd {host.name} found no port of its own in {attempts} tries")
+
+    @staticmethod
+    def _stop(host: SshdHost) -> None:
+        if host.proc is not None and host.proc.poll() is None:
+            host.proc.kill()
+            host.proc.wait(timeout=60)
 
     def kill(self, host: SshdHost) -> None:
         """SIGKILL the listener and every process under it (its sessions), like a host dying."""
@@ -186,6 +216,18 @@ def _authorize(user: str, client_key: Path) -> None:
     ssh_dir.mkdir(mode=0o700)
     shutil.copy(client_key.with_suffix(".pub"), ssh_dir / "authorized_keys")
     subprocess.run(["chown", "-R", f"{user}:{user}", str(ssh_dir)], check=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_module_at_a_time():
+    """A module of this folder runs while no other worker of the test run runs one (a run-wide lock, bounded by the test's
+    timeout). Beside another worker's module, a login offering a refused key first was now and then refused its right
+    key too (1 run in 5 with two workers; never when the modules took turns): the accounts and sshd processes they
+    make are the machine's, not a container's."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or f"pid{os.getpid()}"
+    with open(Path(tempfile.gettempdir()) / f"gpurig-test-{run}-hosts.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
