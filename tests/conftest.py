@@ -20,7 +20,7 @@ collect_ignore = ["tools"]
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
-# Run with pytest-xdist (`-n 3 --dist loadfile`, the README's test command), each test module runs whole on one worker:
+# Run with pytest-xdist (`-n 2 --dist loadfile`, the README's test command), each test module runs whole on one worker:
 # its tests share module fixtures (a booted cluster the first test provisions and the next ones use). Not xdist's
 # groups (--dist loadgroup): pytest 9.2 ignores the group xdist writes into a test's id, and every test became a group
 # of its own, spread over the workers away from its module's first test. What must never run beside another worker's
