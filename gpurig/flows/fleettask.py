@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
-from gpurig.report import console, err_console
+from gpurig.report import console, err_console, outside
 from gpurig.report.tables import document, show
 
 # The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
@@ -115,8 +115,6 @@ class WaitLines:
         self.since = 0.0
 
     def __call__(self, state: str, reason: str) -> None:
-        from gpurig.report import outside
-
         if state == "pending":
             if reason in NOT_YET_WAITING or reason == self.shown:
                 return
