@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -80,6 +81,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             subprocess.run([docker, "image", "rm", "-f", *ids], capture_output=True, timeout=300)
     for lock in Path(tempfile.gettempdir()).glob(f"gpurig-test-{run}-*.lock"):
         lock.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # GPURIGTEST_TIMELINE=FILE: one JSON line per phase of each test (its worker, start and stop), for
+    # tests/tools/timeline.py to show where a run's time went and whether the workers ended together.
+    path = os.environ.get("GPURIGTEST_TIMELINE")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, once per report
+        node = getattr(report, "node", None)
+        worker = node.gateway.id if node is not None else "main"
+        with open(path, "a") as out:
+            out.write(json.dumps({"worker": worker, "test": report.nodeid, "when": report.when,
+                                  "start": report.start, "stop": report.stop, "outcome": report.outcome}) + "\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
