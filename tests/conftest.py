@@ -24,12 +24,20 @@ LONG_TIMEOUT_S = 3600
 # Run with pytest-xdist (`-n 2 --dist loadfile`, the README's test command), each test module runs whole on one worker:
 # its tests share module fixtures (a booted cluster the first test provisions and the next ones use). Not xdist's
 # groups (--dist loadgroup): pytest 9.2 ignores the group xdist writes into a test's id, and every test became a group
-# of its own, spread over the workers away from its module's first test. What must never run beside another worker's
-# tests takes a run-wide lock (the Slurm clusters: tests/integration/slurm_kit.py). The folders that take longest go
-# first (--no-loadscope-reorder keeps this order), so that no long one starts last while the other workers sit idle.
-LONGEST_FIRST = ("integration/deploy", "integration/images", "integration/slurm", "integration/hosts_systemd",
-                 "integration/verify", "integration/installed", "integration/hosts_containers", "integration/monitor",
-                 "integration/hosts")
+# of its own, spread over the workers away from its module's first test.
+# These folders go to one worker whole (SuiteScheduling): their modules share what is costly to make (each image
+# built once, not once per worker), or may not run beside each other (one Slurm cluster at a time, the SSH tests'
+# timing); one worker then runs them in turn instead of the other sitting idle on a run-wide lock.
+ONE_WORKER_FOLDERS = ("integration/images", "integration/slurm", "integration/hosts")
+# The work in the order it is handed out (--no-loadscope-reorder keeps it), longest first, so that no long one starts
+# last while the other worker sits idle; a path here is a folder or a module (the longest match places a test).
+# Measured with GPURIGTEST_TIMELINE (tests/tools/timeline.py) on 2 cores: images ~480 s, test_delivery ~420 s,
+# slurm ~340 s, test_deploy ~240 s, test_ci_chain ~170 s, each of the rest under 120 s; the unit tier fills the gaps.
+LONGEST_FIRST = ("integration/images", "integration/deploy/test_delivery.py", "integration/slurm",
+                 "integration/deploy/test_deploy.py", "integration/deploy/test_ci_chain.py",
+                 "integration/hosts_systemd/test_provision_docker.py", "integration/deploy", "integration/hosts_systemd",
+                 "integration/installed", "integration/verify", "integration/monitor", "integration/hosts",
+                 "integration/hosts_containers")
 
 
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment where the run itself has none, so
@@ -101,9 +109,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         where = item.path.relative_to(ROOT / "tests").as_posix() if item.path.is_relative_to(ROOT / "tests") else ""
         if where.startswith(LONG_FOLDERS) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
-        folder = next((f for f in LONGEST_FIRST if where.startswith(f + "/")), None)
-        places[item] = LONGEST_FIRST.index(folder) if folder else len(LONGEST_FIRST)
+        found = [f for f in LONGEST_FIRST if where == f or where.startswith(f + "/")]
+        places[item] = LONGEST_FIRST.index(max(found, key=len)) if found else len(LONGEST_FIRST)
     items.sort(key=places.__getitem__)  # stable: within a folder, the order pytest collected
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadfile, with each of ONE_WORKER_FOLDERS one unit of work (None: xdist's own for any other --dist)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SuiteScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return next((f"tests/{f}" for f in ONE_WORKER_FOLDERS if module.startswith(f"tests/{f}/")), module)
+
+    return SuiteScheduling(config, log)
 
 
 @pytest.fixture
