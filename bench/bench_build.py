@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpurig.connect.engineopen import local_engine  # noqa: E402
 from gpurig.deploy.progress import human_size  # noqa: E402
 from gpurig.image.build import resolve_ca_bundle  # noqa: E402
 from gpurig.image.dockercli import find_client  # noqa: E402
@@ -92,8 +93,8 @@ def layer_bytes(client: str, ref: str, needle: str) -> int:
     return sum(int(size) for size, _, created in (line.partition("\t") for line in out.splitlines()) if needle in created)
 
 
-def rootfs(client, ref: str) -> list[str]:
-    return client.inspect_image(ref)["RootFS"]["Layers"]
+def rootfs(engine, ref: str) -> list[str]:
+    return list(engine.image(ref).layers)
 
 
 def image_bytes(client: str, ref: str) -> int:
@@ -170,8 +171,9 @@ def main() -> None:
         started = time.monotonic()
         gpurig(project, "build", "--variant", "jupyter", "--cuda", args.cuda, "--label", f"{LABEL}=1")
         print(f"   jupyter built in {time.monotonic() - started:.1f} s wall")
-        sizes = docker_client.layer_sizes(ref, jupyter)
-        slim_layers, jupyter_layers = rootfs(docker_client, ref), rootfs(docker_client, jupyter)
+        with local_engine() as engine:
+            sizes = engine.layer_sizes(ref, jupyter)
+            slim_layers, jupyter_layers = rootfs(engine, ref), rootfs(engine, jupyter)
         shared = [layer for layer in jupyter_layers if layer in slim_layers]
         torch_layer = max(slim_layers, key=sizes.__getitem__)
         extra = sum(sizes[layer] for layer in set(jupyter_layers) - set(slim_layers))

@@ -40,9 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
 
 from gpurig.connect.connector import Connector  # noqa: E402
-from gpurig.connect.engine import open_engine  # noqa: E402
+from gpurig.connect.engineopen import local_engine, open_engine  # noqa: E402
 from gpurig.connect.ssh import SSHSettings  # noqa: E402
-from gpurig.deploy.delivery import deliver, local_engine  # noqa: E402
+from gpurig.deploy.delivery import deliver  # noqa: E402
 from gpurig.inventory import load_inventory  # noqa: E402
 
 MB = 1e6
@@ -67,7 +67,7 @@ class Bench:
         root = load_root_conftest()
         session = "bench" + uuid.uuid4().hex[:7]
         client = find_client()
-        self.docker = root.Docker(client.path, client)
+        self.docker = root.Docker(client.path, local_engine())
         self.kit = types.SimpleNamespace(session=session, label=root.TEST_LABEL, login=root.LOGIN, mirror=root.MIRROR,
                                          host=root.ContainerHost, banner=root._banner)
         self.work = work

@@ -336,12 +336,13 @@ def slurm_cluster(args):
     from bench_deploy import load_root_conftest
     from slurm_kit import SlurmKit
 
+    from gpurig.connect.engineopen import local_engine
     from gpurig.image.dockercli import find_client
 
     root = load_root_conftest()
     session = "bslurm" + uuid.uuid4().hex[:6]
     client = find_client()
-    docker = root.Docker(client.path, client)
+    docker = root.Docker(client.path, local_engine())
     kit = types.SimpleNamespace(session=session, label=root.TEST_LABEL, login=root.LOGIN, mirror=root.MIRROR,
                                 host=root.ContainerHost, banner=root._banner)
     from systemd_kit import SystemdImages

@@ -57,7 +57,7 @@ def status(c, opts: HostOptions):
 
     chosen = select_hosts(opts)
     early = connect_early(opts, chosen)
-    from gpurig.connect.engine import open_engine
+    from gpurig.connect.engineopen import open_engine
     from gpurig.deploy.compare import IMAGE_LABEL, NAME_LABEL
     from gpurig.results import Outcome
     from gpurig.slurm.conf import NODES_GROUP
@@ -125,7 +125,7 @@ def uptime(ci) -> str:
 def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already=lambda ci: "") -> None:
     """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
     says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
-    from gpurig.connect.engine import open_engine
+    from gpurig.connect.engineopen import open_engine
     from gpurig.deploy.compare import NAME_LABEL
     from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
     from gpurig.results import Outcome

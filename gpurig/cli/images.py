@@ -11,8 +11,7 @@ from gpurig.report import console, err_console
 from gpurig.report.tables import FORMATS, Column, show
 
 if TYPE_CHECKING:
-
-    pass
+    from gpurig.connect.engineinfo import ImageInfo
 
 __all__ = ["matrix", "render", "lint", "build", "images"]
 
@@ -113,15 +112,15 @@ IMAGE_COLUMNS = (Column("image"), Column("variant", drop=1), Column("torch"), Co
                  Column("created", drop=3), Column("base", drop=4))
 
 
-def image_row(image: dict) -> tuple[str, ...]:
+def image_row(image: ImageInfo) -> tuple[str, ...]:
     """One image's row of `gpurig images`, from the engine's inspect of it."""
     from gpurig.deploy.progress import human_size
 
-    labels = (image.get("Config") or {}).get("Labels") or {}
+    labels = image.labels
     origin = labels.get("io.gpurig.image.baseimage.source", "")
     base = labels.get("org.opencontainers.image.base.name", "?")
-    return (" ".join(image.get("RepoTags") or []), labels.get("io.gpurig.variant", "?"), labels.get("io.gpurig.torch", "?"),
-            labels.get("io.gpurig.cuda", "?"), human_size(int(image.get("Size") or 0)), image.get("Created", "")[:10],
+    return (" ".join(image.tags), labels.get("io.gpurig.variant", "?"), labels.get("io.gpurig.torch", "?"),
+            labels.get("io.gpurig.cuda", "?"), human_size(image.size), image.created[:10],
             f"{base} ({BASE_ORIGINS.get(origin, origin or 'unknown')})")
 
 
@@ -137,14 +136,15 @@ BASE_ORIGINS = {
 def images(c, spec=None, format="table"):
     """List this project's images in the local store: tags, variant, versions, size, and where the base came from."""
     from gpurig.config import project_id
-    from gpurig.image.build import project_images, unowned
-    from gpurig.image.dockercli import find_client
+    from gpurig.connect.engineopen import local_engine
+    from gpurig.image.build import STORE_TIMEOUT_S, project_images, unowned
     from gpurig.image.spec import load_spec
 
     fmt = choice(format, FORMATS, "--format")
     specs = [load_spec(spec)] if spec else [load_spec(f) for f in project_spec_files(c)]
     projects = sorted({s.name for s in specs})
-    found = project_images(find_client(), projects, project_id(project_root(c)))
+    with local_engine(timeout=STORE_TIMEOUT_S) as engine:
+        found = project_images(engine, projects, project_id(project_root(c)))
     if not found and fmt == "table":
         console.print(f"no images of {', '.join(projects)} in the local store; build one with `gpurig build`")
         return
@@ -153,7 +153,7 @@ def images(c, spec=None, format="table"):
     if any("bootstrapped" in row[-1] for row in rows) and fmt == "table":
         console.print("bootstrapped stand-in: no registry answered, so the base was made here with debootstrap "
                       "under the registry's name; `docker rmi` it to build on the registry's image.")
-    old = [" ".join(i.get("RepoTags") or []) or i.get("Id", "?")[:19] for i in unowned(found)]
+    old = [" ".join(i.tags) or i.id[:19] for i in unowned(found)]
     if old and fmt == "table":
         err_console.print(f"no project id on {', '.join(old)}: built before gpurig labelled images with the project's id "
                           "(io.gpurig.project-id), so it may be another project's of the same name; build it again to label it",

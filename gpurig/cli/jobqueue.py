@@ -191,7 +191,7 @@ def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
            positional=["name"])
 def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
     """A deployed container's logs (stdout and stderr), prefixed with the host when several are selected; or a job's (--job ID)."""
-    from gpurig.connect.engine import open_engine
+    from gpurig.connect.engineopen import open_engine
     from gpurig.deploy.compare import NAME_LABEL
     from gpurig.flows.fleettask import connect_early, exit_for, run_hosts
     from gpurig.results import Outcome

@@ -16,6 +16,7 @@ from gpurig.report.tables import Column, document
 from gpurig.strict import validate
 
 if TYPE_CHECKING:
+    from gpurig.connect.engine import Engine
     from gpurig.flows.fleettask import HostOptions
     from gpurig.image import outdated as od
     from gpurig.image.basecheck import BaseState
@@ -78,18 +79,19 @@ def _offers(spec: ImageSpec) -> od.Offers:
 
 
 def _bases(spec: ImageSpec) -> list[BaseState]:
+    from gpurig.connect.engineopen import local_engine
     from gpurig.image.basecheck import BaseState, base_state
     from gpurig.image.baseimage import inspect_image
-    from gpurig.image.dockercli import find_client
+    from gpurig.image.build import STORE_TIMEOUT_S
 
     refs = list(dict.fromkeys([spec.base, *(v.base for v in spec.variants.values())]))
     try:
-        client = find_client()
-        states = []
-        for ref in refs:
-            info = client.inspect_image(ref)
-            states.append(base_state(ref, inspect_image(client, ref), (info or {}).get("Created", ""), spec.bootstrap))
-        return states
+        with local_engine(timeout=STORE_TIMEOUT_S) as engine:
+            states = []
+            for ref in refs:
+                info = engine.image(ref)
+                states.append(base_state(ref, inspect_image(engine, ref), info.created if info else "", spec.bootstrap))
+            return states
     except GpurigError as e:
         return [BaseState(ref, "unknown", f"no Docker engine to look at it ({e})") for ref in refs]
 
@@ -132,12 +134,8 @@ PROMOTE_SCHEMA = "gpurig.promote/1"
 })
 def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
     """Move an alias (stable) to an image only when verify passed on --min-hosts hosts; the build report records who proved it."""
-    from gpurig.deploy.rollplan import verified_hosts
-    from gpurig.flows.imagebuild import REPORTS_DIR
-    from gpurig.image import outdated as od
-    from gpurig.image import promote as pm
-    from gpurig.image.aliases import named_builds
-    from gpurig.image.dockercli import find_client
+    from gpurig.connect.engineopen import local_engine
+    from gpurig.image.build import STORE_TIMEOUT_S
 
     image_spec = load_project_spec(c, spec)
     ref = _image_ref(image_spec, str(tag))
@@ -145,25 +143,37 @@ def promote(c, tag, as_="stable", min_hosts=1, spec=None, json=None):
     if validate.tag_problem(alias):
         raise SpecError(f"--as {validate.excerpt(alias)} {validate.tag_problem(alias)}", "give --as a tag such as stable or prod")
     alias_ref = f"{ref.rsplit(':', 1)[0]}:{alias}"
-    client = find_client()
-    info = client.inspect_image(ref)
+    with local_engine(timeout=STORE_TIMEOUT_S) as engine:
+        _promote(c, engine, image_spec, ref, alias_ref, tag, min_hosts, json)
+
+
+def _promote(c, engine: Engine, image_spec: ImageSpec, ref: str, alias_ref: str, tag, min_hosts, json) -> None:
+    """promote's work on this machine's engine (closed by the caller)."""
+    from gpurig.deploy.rollplan import verified_hosts
+    from gpurig.flows.imagebuild import REPORTS_DIR
+    from gpurig.image import outdated as od
+    from gpurig.image import promote as pm
+    from gpurig.image.aliases import named_builds
+    from gpurig.image.build import push_one
+
+    info = engine.image(ref)
     if info is None:
         raise SpecError(f"{ref} is not built on this machine", "build it (gpurig build) or pick one `gpurig images` lists")
     root = project_root(c)
-    found = pm.proof(info["Id"], verified_hosts(root, info["Id"]))
+    found = pm.proof(info.id, verified_hosts(root, info.id))
     pm.check_enough(ref, found, int(min_hosts), f"gpurig rollout -l GROUP --variant V --to {tag}")
-    report = pm.find_report(root / REPORTS_DIR, info["Id"])
+    report = pm.find_report(root / REPORTS_DIR, info.id)
     if report is None:
         raise pm.PromotionRefused(f"{ref} has no build report under {root / REPORTS_DIR}/builds (the promotion is recorded there)",
                                   "promote an image this project's `gpurig build` made")
-    before = named_builds(client, (alias_ref,)).get(alias_ref)
+    before = named_builds(engine, (alias_ref,)).get(alias_ref)
     if dry_run(c):
         console.print(f"would move {alias_ref} to {ref}; verify passed on {od.compact_names(found.names)}")
         return
-    client.tag(ref, alias_ref)
-    pushed = client.push(alias_ref) if image_spec.registry else ""
+    engine.tag(info.id, alias_ref)
+    pushed = push_one(engine, alias_ref) if image_spec.registry else ""
     entry = pm.record(report, alias_ref, found, int(min_hosts), pushed)
-    doc = document(PROMOTE_SCHEMA, {"image": ref, "image_id": info["Id"], "report": str(report), "before": before, **entry})
+    doc = document(PROMOTE_SCHEMA, {"image": ref, "image_id": info.id, "report": str(report), "before": before, **entry})
     if json:
         write_report(json, doc)
     if json != "-":

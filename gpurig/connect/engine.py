@@ -1,15 +1,17 @@
-"""A host's Docker engine through its HTTP API: the door to Docker for every host, local or remote, and for verify.
+"""A Docker engine through its HTTP API: the one door to Docker for every engine verb, on hosts and on this machine.
 
-The image build alone runs the docker CLI (``gpurig.image.dockercli``, a
-layer below, for BuildKit and the local store around a build).
+Deploy, verify, jobs and the image build all inspect, list, tag, pull, push,
+save, load, import, run and exec here. Only ``docker build`` itself runs the docker CLI
+(``gpurig.image.dockercli``, a layer above: BuildKit and its streamed output).
 
-``open_engine(conn)`` gives an ``Engine``. On a remote host every HTTP
-connection is a stream the Connection opens running ``docker system
-dial-stdio`` (``gpurig.connect.enginewire``); on the machine gpurig runs on,
-the engine's unix socket (or DOCKER_HOST) is used directly.
+``gpurig.connect.engineopen`` opens one: ``open_engine(conn)`` a host's,
+``local_engine()`` this machine's (the engine its docker CLI builds into:
+DOCKER_CONTEXT's context, else DOCKER_HOST, else the current docker context,
+else the default socket). Only this machine's engine is given the user's
+registry logins (~/.docker/config.json and its credential helpers) to pull and push with.
 
-Every method returns typed results (``gpurig.connect.engineinfo``) or
-nothing, and every failure of a request, whatever docker-py, requests or the
+Every method returns typed results (``gpurig.connect.engineinfo``), a plain
+value (an image id, a digest, layer sizes) or nothing, and every failure of a request, whatever docker-py, requests or the
 socket raised, becomes one ``EngineError`` with the problem and the fix
 (``EngineLost`` when the connection to the engine broke off). No ``docker``
 CLI text is parsed, and no caller sees docker-py.
@@ -17,8 +19,8 @@ CLI text is parsed, and no caller sees docker-py.
 
 from __future__ import annotations
 
-import os
-import shlex
+import posixpath
+import tarfile
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing, suppress
@@ -26,15 +28,14 @@ from contextlib import closing, suppress
 import docker
 import docker.auth
 import docker.errors
+import docker.utils
 import requests
 import urllib3.exceptions
 
-from gpurig.connect.connection import Connection
-from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, Exited, ImageInfo, container_info, engine_info, image_info
-from gpurig.connect.enginewire import api_client, demux, read_to_end
-from gpurig.errors import HostError, last_line, permission_denied
+from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, Exited, ImageInfo, container_info, engine_info, image_info, name_and_tag, saved_layers
+from gpurig.connect.enginewire import close_hijacked, demux, read_to_end
+from gpurig.errors import HostError, last_line
 
-DIAL = ["docker", "system", "dial-stdio"]
 # Everything a request can fail with: the engine's refusal (docker.errors) or a broken connection.
 _FAILURES = (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 _LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)
@@ -56,11 +57,15 @@ class EngineLost(EngineError):
 
 
 class Engine:
-    """One host's engine; ``name`` is the host's inventory name (it starts every error message)."""
+    """One host's engine; ``name`` is the host's inventory name (it starts every error message).
 
-    def __init__(self, name: str, api: docker.APIClient) -> None:
+    ``local``: the engine of the machine gpurig runs on, the only one pulls and pushes send the user's registry logins to.
+    """
+
+    def __init__(self, name: str, api: docker.APIClient, local: bool = False) -> None:
         self.name = name
         self._api = api
+        self.local = local
 
     def __enter__(self) -> Engine:
         return self
@@ -97,6 +102,16 @@ class Engine:
             if info is not None:  # removed between the list and the inspect
                 found.append(info)
         return sorted(found, key=lambda c: c.name)
+
+    def labelled_images(self, label: str) -> list[ImageInfo]:
+        """Every tagged (not dangling) image carrying ``label`` (``key`` or ``key=value``), each once."""
+        listed = self._call("list images", self._api.images, filters={"label": [label], "dangling": False})
+        found = []
+        for image_id in dict.fromkeys(entry["Id"] for entry in listed):
+            info = self.image(image_id)
+            if info is not None:  # removed between the list and the inspect
+                found.append(info)
+        return found
 
     def image_tags(self) -> list[str]:
         """Every name:tag of every image on this host."""
@@ -172,7 +187,7 @@ class Engine:
         try:
             data = self._call(what, read_to_end, sock, deadline)
         finally:
-            _close(sock)
+            close_hijacked(sock)
         if data is None:
             return None
         code = self._call(what, self._api.exec_inspect, run["Id"]).get("ExitCode")
@@ -206,7 +221,7 @@ class Engine:
 
     def tag(self, image_id: str, ref: str) -> None:
         """Give the image the name ``ref`` (name:tag), taking it from any image that had it."""
-        name, _, tag = ref.rpartition(":")
+        name, tag = name_and_tag(ref)
         self._call(f"tag {ref}", self._api.tag, image_id, name, tag, force=True)
 
     def untag(self, ref: str) -> None:
@@ -218,46 +233,70 @@ class Engine:
         except _FAILURES as err:
             raise self._error(f"untag {ref}", err) from None
 
-    def push(self, ref: str, on_event: Callable[[dict], None] = lambda event: None) -> None:
-        """Push ``ref`` (name:tag) to its registry; an error the registry streams back is an EngineError too.
+    def push(self, ref: str, on_event: Callable[[dict], None] = lambda event: None, timeout: float | None = None) -> str:
+        """Push ``ref`` (name:tag) to its registry; the manifest digest the registry gave ('' when the engine did not say).
 
-        Each JSON event goes to ``on_event``, which may raise to stop: the
-        response is closed then, and the engine, its client gone, stops the push.
+        An error the registry streams back is an EngineError too. Each JSON event goes to ``on_event``, which may raise
+        to stop: the response is closed then (as after ``timeout`` seconds), and the engine, its client gone, stops the push.
         """
-        name, _, tag = ref.rpartition(":")
+        name, tag = name_and_tag(ref)
         what, api = f"push {ref}", self._api
         # docker-py's push() hides the response, as its pull() does; its credentials header is kept (docker login's)
-        header = docker.auth.get_config_header(api, docker.auth.resolve_repository_name(name)[0])
         response = self._call(what, api._post_json, api._url("/images/{0}/push", name), None, params={"tag": tag},
-                              headers={"X-Registry-Auth": header} if header else {}, stream=True, timeout=None)
-        with closing(self._events(what, response)) as events:
+                              headers=self._logins(name), stream=True, timeout=timeout)
+        digest = ""
+        with closing(self._events(what, response, timeout, refusals=True)) as events:
             for event in events:
-                if "error" in event:
-                    reason = last_line(str(event["error"]))
-                    raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
+                aux = event.get("aux")
+                if isinstance(aux, dict) and aux.get("Digest"):
+                    digest = str(aux["Digest"])
                 on_event(event)
+        return digest
 
-    def pull(self, ref: str, on_event: Callable[[dict], None]) -> None:
-        """The engine pulls ``ref`` (name:tag); each JSON event it streams goes to ``on_event`` (which may raise to stop).
+    def pull(self, ref: str, on_event: Callable[[dict], None], timeout: float | None = None) -> None:
+        """The engine pulls ``ref`` (name:tag or name@digest); each JSON event it streams goes to ``on_event`` (which may raise to stop).
 
         On any end before the pull completed (``on_event`` raising, Ctrl-C, a lost
-        connection) the response is closed: the engine sees its client leave and stops the pull.
+        connection, ``timeout`` seconds passed) the response is closed: the engine
+        sees its client leave and stops the pull. An ``error`` event is the
+        caller's to read (deploy tells a full disk from other failures).
         """
-        name, _, tag = ref.rpartition(":")
+        name, tag = name_and_tag(ref)
         what, api = f"pull {ref}", self._api
         # docker-py's pull() hides the response; it is needed to close it (and stop the engine's pull) on an interruption.
-        response = self._call(what, api._post, api._url("/images/create"), params={"fromImage": name, "tag": tag}, stream=True, timeout=None)
-        with closing(self._events(what, response)) as events:
+        response = self._call(what, api._post, api._url("/images/create"), params={"fromImage": name, "tag": tag},
+                              headers=self._logins(name), stream=True, timeout=timeout)
+        with closing(self._events(what, response, timeout)) as events:
             for event in events:
                 on_event(event)
 
-    def save(self, ref: str) -> Generator[bytes, None, None]:
-        """``docker save ref``: the image as a tar stream, in chunks of 1 MiB.
+    def import_image(self, chunks: Iterable[bytes], ref: str, changes: Iterable[str] = (), timeout: float | None = None) -> str:
+        """``docker import``: a root filesystem's tar stream as the image ``ref`` (name:tag), with Dockerfile ``changes``; its id.
+
+        An exception out of ``chunks`` (Ctrl-C, the tar's writer failing) stops the
+        upload half-way, and the engine, its tar cut short, makes no image.
+        """
+        name, tag = name_and_tag(ref)
+        what, api = f"import {ref}", self._api
+        params = {"fromSrc": "-", "repo": name, "tag": tag, "changes": list(changes)}
+        response = self._call(what, api._post, api._url("/images/create"), data=chunks, params=params,
+                              headers={"Content-Type": "application/tar"}, stream=True, timeout=timeout)
+        image_id = ""
+        with closing(self._events(what, response, timeout, refusals=True)) as events:
+            for event in events:
+                if str(event.get("status", "")).startswith("sha256:"):
+                    image_id = str(event["status"]).strip()
+        if not image_id:
+            raise EngineError(f"the Docker engine gave no image id for {what}", "see the engine's log", "no image id in its answer", host=self.name)
+        return image_id
+
+    def save(self, *refs: str) -> Generator[bytes, None, None]:
+        """``docker save REFS``: the images as one tar stream (a layer they share once), in chunks of 1 MiB.
 
         Closing the iterator early closes the response, and the engine stops writing the tar.
         """
-        what, api = f"save {ref}", self._api
-        response = self._call(what, api._get, api._url("/images/{0}/get", ref), stream=True, timeout=None)
+        what, api = f"save {' '.join(refs)}", self._api
+        response = self._call(what, api._get, api._url("/images/get"), params={"names": list(refs)}, stream=True, timeout=None)
         try:
             api._raise_for_status(response)
             yield from response.iter_content(1 << 20, False)
@@ -266,24 +305,77 @@ class Engine:
         finally:
             response.close()
 
+    def layer_sizes(self, *refs: str) -> dict[str, int]:
+        """Each layer of these images (by diff id) and its size: the uncompressed tar a host stores.
+
+        Read from ``save`` as it streams (nothing is written to disk; either layout, ``saved_layers``), as the
+        engine reports no size per layer; images that share a layer list it once.
+        """
+        with closing(self.save(*refs)) as chunks:
+            try:
+                sizes, manifest = saved_layers(chunks)
+            except (tarfile.TarError, ValueError, KeyError) as err:
+                raise EngineError(f"the Docker engine's save of {' '.join(refs)} is not a tar gpurig can read: {err}",
+                                  "check that the images exist (`docker image ls`)", str(err), host=self.name) from None
+        by_diff_id = {}
+        for image in manifest:
+            # the config's name is the image id: "<hex>.json" (legacy) or "blobs/sha256/<hex>" (OCI)
+            image_id = "sha256:" + posixpath.basename(image["Config"]).removesuffix(".json")
+            info = self.image(image_id)
+            if info is None:
+                raise EngineError(f"cannot read the layers of {image_id}: it went while it was saved", "try again", "image removed",
+                                  host=self.name)
+            for path, diff_id in zip(image["Layers"], info.layers):
+                by_diff_id[diff_id] = sizes[path]
+        return by_diff_id
+
     def load(self, chunks: Iterable[bytes]) -> Iterator[dict]:
         """``docker load`` of a tar stream; the engine's JSON events (an ``error`` event is the engine's refusal)."""
         what = "load an image"
         answer = self._call(what, self._api.load_image, chunks)
         return (event for event in self._stream(what, answer or ()) if isinstance(event, dict))
 
-    def _events(self, what: str, response) -> Generator[dict, None, None]:
-        """The JSON events of a streamed answer; closing the generator closes the response, and the engine, its client gone, stops."""
+    def _events(self, what: str, response, timeout: float | None = None, refusals: bool = False) -> Generator[dict, None, None]:
+        """The JSON events of a streamed answer; closing the generator closes the response, and the engine, its client gone, stops.
+
+        With ``timeout``, an answer still streaming after that many seconds is an
+        EngineError (each read waits that long at most, too: the request's timeout);
+        with ``refusals``, so is an ``error`` event (the registry's or the engine's words).
+        """
         api = self._api
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             api._raise_for_status(response)
             for event in api._stream_helper(response, decode=True):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise self._overrun(what, timeout)
+                if refusals and isinstance(event, dict) and "error" in event:
+                    reason = last_line(str(event["error"]))
+                    raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
                 if isinstance(event, dict):
                     yield event
         except _FAILURES as err:
+            if deadline is not None and time.monotonic() > deadline:
+                raise self._overrun(what, timeout) from None
             raise self._error(what, err) from None
         finally:
             response.close()
+
+    def _overrun(self, what: str, timeout: float | None) -> EngineError:
+        reason = f"no end within {timeout:.0f} s"
+        return EngineError(f"the Docker engine did not {what} within {timeout:.0f} s", "check that the engine and the registry answer",
+                           reason, host=self.name)
+
+    def _logins(self, name: str) -> dict[str, str]:
+        """The user's registry login for ``name``'s registry (docker login's, or its credential helper's), as a header.
+
+        Given to this machine's engine only: another host's engine gets no credential of this machine's user.
+        """
+        if not self.local:
+            return {}
+        header = self._call(f"read the registry login for {name}",
+                            lambda: docker.auth.get_config_header(self._api, docker.auth.resolve_repository_name(name)[0]))
+        return {"X-Registry-Auth": header} if header else {}
 
     # --- the one error conversion ----------------------------------------------------------------
 
@@ -325,63 +417,3 @@ class Engine:
         kind = EngineLost if isinstance(err, _LOST) else EngineError
         return kind(f"lost the Docker engine while trying to {what}: {reason}",
                     "check that dockerd runs on the host (`invoke facts`) and retry", reason, host=self.name)
-
-
-def _close(sock) -> None:
-    """Close an exec's hijacked stream and the HTTP response under it (docker-py keeps it on the socket where it can)."""
-    response = getattr(sock, "_response", None)
-    if response is not None:
-        response.close()
-    sock.close()
-
-
-# --- opening ---------------------------------------------------------------------------------
-
-
-def open_engine(conn: Connection, timeout: float = 120) -> Engine:
-    """The Docker engine of ``conn``'s host; a clear EngineError when there is none or it cannot be used."""
-    conn.connect()  # resolves the login user, which decides on sudo
-    local_socket = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    api = api_client(conn.stream_opener(dial_command(conn)), local_socket, timeout)
-    try:
-        api.ping()
-    except _FAILURES as err:
-        api.close()
-        raise diagnose(conn, err) from None
-    return Engine(conn.name, api)
-
-
-def dial_command(conn: Connection) -> str:
-    """``docker system dial-stdio``, through ``sudo -n`` when ``needs_sudo``."""
-    if conn.needs_sudo:
-        return shlex.join(["sudo", "-n", "--", *DIAL])
-    return shlex.join(DIAL)
-
-
-def diagnose(conn: Connection, err: BaseException) -> EngineError:
-    """Why the engine did not answer, asked of the host with a plain command (one line, with the fix)."""
-    try:
-        result = conn.admin("docker version --format '{{.Server.Version}}'", warn=True, timeout=30)
-    except HostError as host_err:
-        return EngineError(str(host_err.problem), host_err.fix, host=host_err.host or conn.name)
-    text = (result.stderr + result.stdout).strip()
-    if result.exited == 0 and conn.needs_sudo:
-        # docker answers through sudo with the password gpurig was given, but the API stream's sudo -n cannot ask for one
-        return EngineError(
-            "the Docker engine answers only through sudo with a password, which its API stream cannot give",
-            f"allow NOPASSWD sudo for {conn.user or 'the login user'} (at least for `docker system dial-stdio`), or add it to the docker group", host=conn.name)
-    if result.exited == 127 or "not found" in text:
-        return EngineError("Docker is not installed", "run `invoke provision` on this host", host=conn.name)
-    if permission_denied(text):
-        return EngineError(
-            f"{conn.user or 'the login user'} may not use the Docker socket",
-            "set ansible_become: true (passwordless sudo), or add the user to the docker group", host=conn.name)
-    if "a password is required" in text:
-        return EngineError(
-            "sudo needs a password to reach the Docker engine",
-            "allow NOPASSWD sudo for the login user, or add it to the docker group", host=conn.name)
-    if "Cannot connect" in text or "Is the docker daemon running" in text:
-        return EngineError("the Docker daemon is not running", "start it (`systemctl start docker`) or run `invoke provision`", host=conn.name)
-    return EngineError(
-        f"the Docker engine did not answer over SSH: {last_line(text) or last_line(str(err)) or type(err).__name__}",
-        "check `docker system dial-stdio` works on the host (Docker 18.09 or newer)", host=conn.name)

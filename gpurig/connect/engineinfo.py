@@ -1,16 +1,23 @@
-"""What a Docker engine reports, typed: its info, an image, a container, a command that ended; and the rules read from them.
+"""What a Docker engine reports, typed: its info, an image, a container, a command that ended, the layers of a save;
+and the rules read from them.
 
-Pure: built from the engine API's JSON (``container_info``), tested from
-recorded answers. The rules every caller shares live here, once: whether an
+Pure: built from the engine API's JSON (``container_info``) or the tar of a
+save (``saved_layers``), tested from recorded answers. The rules every caller shares live here, once: whether an
 engine has NVIDIA's runtime (``has_nvidia_runtime``) and which GPUs a
 container's DeviceRequests give it (``gpu_device_ids``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import json
+import posixpath
+import tarfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
+from docker.utils import parse_repository_tag
 
 NVIDIA_RUNTIME = "nvidia"
 
@@ -43,6 +50,8 @@ class ImageInfo:
     size: int
     digests: tuple[str, ...] = ()  # repository@sha256:... of the registries it was pushed to or pulled from
     user: str = ""  # the image's USER ("1000", "gpurig:gpurig", "" for root)
+    created: str = ""  # when it was built, as the engine says it (RFC 3339)
+    layers: tuple[str, ...] = ()  # its layers' diff ids (sha256 of each uncompressed layer tar), lowest first
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ def image_info(data: dict) -> ImageInfo:
         size=int(data.get("Size") or 0),
         digests=tuple(data.get("RepoDigests") or ()),
         user=str((data.get("Config") or {}).get("User") or ""),
+        created=str(data.get("Created") or ""),
+        layers=tuple((data.get("RootFS") or {}).get("Layers") or ()),
     )
 
 
@@ -158,3 +169,50 @@ def _time(text: str | None) -> datetime | None:
         return datetime.fromisoformat(main).replace(tzinfo=timezone.utc)
     except ValueError:
         return None
+
+
+def name_and_tag(ref: str) -> tuple[str, str]:
+    """('registry:5000/repo', 'tag') of a name:tag, ('repo', 'sha256:...') of a name@digest; a bare name is its latest."""
+    name, tag = parse_repository_tag(ref)
+    return name, tag or "latest"
+
+
+def saved_layers(chunks: Iterator[bytes]) -> tuple[dict[str, int], list[dict]]:
+    """(each layer's size by the path the manifest names it with, the manifest) of a ``docker save`` tar as it streams.
+
+    Both of ``docker save``'s layouts: the legacy one (``<id>/layer.tar``, a
+    layer saved once already a link to it) and the OCI one (``blobs/sha256/<digest>``).
+    """
+    sizes: dict[str, int] = {}
+    links: dict[str, str] = {}
+    manifest: list[dict] = []
+    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar:
+        for member in tar:
+            if member.issym():
+                links[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
+            elif member.isfile():
+                sizes[member.name] = member.size
+                if member.name == "manifest.json":
+                    manifest = json.load(tar.extractfile(member) or io.BytesIO(b"[]"))  # a regular member: never None
+    return {**sizes, **{name: sizes[target] for name, target in links.items() if target in sizes}}, manifest
+
+
+class _ChunkReader(io.RawIOBase):
+    """The file a tar reader wants over an iterator of byte chunks (a ``save`` as it streams)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._left:
+            self._left = next(self._chunks, b"")
+            if not self._left:
+                return 0
+        size = min(len(buffer), len(self._left))
+        buffer[:size] = self._left[:size]
+        self._left = self._left[size:]
+        return size

@@ -6,8 +6,9 @@ stdin/stdout, as the docker CLI's own ``ssh://`` mode does). The transport is
 the one gpurig opened and checked the host key of, so nothing here trusts an
 unknown key (docker-py's own ``ssh://`` mode would). An exec's output is
 read from its hijacked stream here too, to its end or a deadline
-(``read_to_end``, ``demux``). Only ``gpurig.connect.engine`` uses this
-module; the stream part is httpwire's.
+(``read_to_end``, ``demux``) and the stream closed (``close_hijacked``).
+Only ``gpurig.connect.engine`` and ``engineopen`` use this module; the
+stream part is httpwire's.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ class StreamAPIClient(docker.APIClient):
         self.base_url = "http+docker://ssh"
 
 
-def api_client(open_stream: StreamOpener | None, base_url: str, timeout: float) -> docker.APIClient:
-    """A client over ``open_stream`` when there is one, else over ``base_url`` (this machine's unix socket or DOCKER_HOST)."""
+def api_client(open_stream: StreamOpener | None, base_url: str, timeout: float, tls=None) -> docker.APIClient:
+    """A client over ``open_stream`` when there is one, else over ``base_url`` (this machine's engine: the endpoint
+    its docker CLI uses, with the context's ``tls`` settings; an ``ssh://`` one through the ssh client, as the CLI does)."""
     if open_stream is None:
-        return docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout)
+        return docker.APIClient(base_url=base_url, version=API_VERSION, timeout=timeout, tls=tls or False,
+                                use_ssh_client=base_url.startswith("ssh://"))
     return StreamAPIClient(open_stream, timeout)
 
 
@@ -113,3 +116,11 @@ def demux(data: bytes) -> tuple[bytes, bytes]:
         (err if kind == 2 else out).append(data[at + 8:at + 8 + size])
         at += 8 + size
     return b"".join(out), b"".join(err)
+
+
+def close_hijacked(sock) -> None:
+    """Close an exec's hijacked stream and the HTTP response under it (docker-py keeps it on the socket where it can)."""
+    response = getattr(sock, "_response", None)
+    if response is not None:
+        response.close()
+    sock.close()

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, EngineError, open_engine
+from gpurig.connect.engine import Engine, EngineError
 from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
+from gpurig.connect.engineopen import open_engine
 from gpurig.deploy import access
 from gpurig.deploy.compare import IMAGE_LABEL, JOB_LABEL, JOB_SHARE_LABEL, NAME_LABEL, old_settings, plan
 from gpurig.deploy.hoststate import HostState, check_fits_host, make_workspaces, read_host

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpurig.connect.connection import ChannelError, Connection
-from gpurig.connect.engine import Engine, EngineError, EngineLost, open_engine
+from gpurig.connect.engine import Engine, EngineError, EngineLost
 from gpurig.connect.forward import Meter, ReverseForward
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
 from gpurig.deploy.registry import RegistryError, find_registry_binary, parse_reference, shared_registry, staging_reference
@@ -110,13 +110,6 @@ def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, regist
         return done("save-load", _save_load(local, remote, conn, ref, want.id, want.size, progress, say), want.id)
     raise DeliveryError(f"image {ref} could not be moved to {remote.name}: {'; '.join(notes) or 'no method allowed'}",
                         "allow the save-load method, or fix the reasons above")
-
-
-def local_engine(timeout: float = 3600) -> Engine:
-    """The build machine's own engine (its unix socket, or DOCKER_HOST), where built images are."""
-    from gpurig.connect.local import LocalConnection
-
-    return open_engine(LocalConnection("build machine"), timeout=timeout)
 
 
 # --- pull from the spec's registry ----------------------------------------------------------------

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from gpurig.connect.engine import EngineError
+from gpurig.connect.engineopen import local_engine
 from gpurig.deploy.apply import Target
 from gpurig.deploy.delivery import Delivery, deliver
-from gpurig.deploy.delivery import local_engine as build_engine
 from gpurig.deploy.progress import human_size
 from gpurig.errors import ConfigError
 
@@ -60,9 +60,10 @@ def resolve(image_spec: ImageSpec, cs: ContainerSpec, local: Engine | None) -> T
     return Target(cs, cs.image, image, login=image_spec.user.name, uid=image_spec.user.uid)
 
 
-def local_engine() -> Engine | None:
-    """This machine's engine (where the images were built), or None when there is none."""
+def local_engine_if_any() -> Engine | None:
+    """This machine's engine (``gpurig.connect.engineopen.local_engine``, the one the build used), or None when there is none:
+    a deploy whose images a registry holds needs none."""
     try:
-        return build_engine()
+        return local_engine()
     except EngineError:
         return None

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, open_engine
+from gpurig.connect.engine import Engine
+from gpurig.connect.engineopen import open_engine
 from gpurig.deploy.apply import DeployJob, Target, deploy_host
 from gpurig.deploy.compare import IMAGE_LABEL
 from gpurig.deploy.delivery import Delivery, DeliveryError

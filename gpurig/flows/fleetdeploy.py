@@ -29,12 +29,12 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
     lines; exits non-zero when a host did not succeed. ``show_token``: Jupyter's token in its URL even where no terminal reads it."""
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
-    from gpurig.deploy.imagesource import local_engine, mover, resolve
+    from gpurig.deploy.imagesource import local_engine_if_any, mover, resolve
     from gpurig.report.changes import host_documents, print_diffs, result_rows
     from gpurig.report.deliveryprogress import ProgressPrinter
     from gpurig.steps.plan import outcome
 
-    local = local_engine()
+    local = local_engine_if_any()
     targets: dict[str, list[Target]] = {}
     for host in chosen:  # every host's containers checked before any connection
         specs, warnings = container_specs.load_containers(host, image_spec, variant=variant, source=opts.settings.inventory)

@@ -47,13 +47,13 @@ def roll_out(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpec, p
     (and --json) says what each host runs; exits 1 unless every host runs the new image."""
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob
-    from gpurig.deploy.imagesource import local_engine, mover
+    from gpurig.deploy.imagesource import local_engine_if_any, mover
     from gpurig.deploy.rollhost import RolloutJob
     from gpurig.deploy.rollplan import SKIPPED, WOULD, RolloutState, batch_label, host_row, on_target, plan_batches, state_path
     from gpurig.inventory.profile import host_profile
     from gpurig.report.deliveryprogress import ProgressPrinter
 
-    local = local_engine()
+    local = local_engine_if_any()
     try:
         ref, image_id = target_image(image_spec, to, variant, local)
         targets = {h.name: host_targets(h, image_spec, variant, ref, local, opts) for h in chosen}

@@ -61,7 +61,8 @@ def build_images(image_spec: ImageSpec, root: Path, *, variant=None, torch=None,
     """Render, lint and build what the flags select with BuildKit, a JSON report per image under ``root``'s reports/; the summary
     table on stdout in ``fmt`` (with tsv or json, the progress goes to stderr). ``lock``: resolve afresh and write the lock."""
     out = console if fmt == "table" else err_console  # stdout holds only the summary a script reads
-    from gpurig.image.build import refuse_credentials, resolve_ca_bundle
+    from gpurig.connect.engineopen import local_engine
+    from gpurig.image.build import STORE_TIMEOUT_S, refuse_credentials, resolve_ca_bundle
     from gpurig.image.dockercli import find_client
     from gpurig.image.pipeline import build_all
     from gpurig.report.buildprogress import BuildProgress
@@ -75,8 +76,8 @@ def build_images(image_spec: ImageSpec, root: Path, *, variant=None, torch=None,
     out.print(f"docker client {client.path} {client.version}" + (" (buildx)" if client.buildx else " (BuildKit built in)"))
     ca_bundle = resolve_ca_bundle(image_spec.build.ca_bundle)
     out.print(f"CA bundle: {ca_bundle} (passed as a build secret)" if ca_bundle else "CA bundle: none")
-    with BuildProgress(root, out) as observer:
-        results = build_all(client, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels or {}, push, observer, relock=lock)
+    with local_engine(timeout=STORE_TIMEOUT_S) as engine, BuildProgress(root, out) as observer:
+        results = build_all(client, engine, image_spec, contexts, root / REPORTS_DIR, ca_bundle, labels or {}, push, observer, relock=lock)
     show(console, BUILT_COLUMNS, [built_row(result.report) for result in results], fmt, title="built", schema="gpurig.build/1")
 
 

@@ -12,8 +12,8 @@ read back, so that a move between entries is always said.
 
 from __future__ import annotations
 
+from gpurig.connect.engine import Engine
 from gpurig.image import compat
-from gpurig.image.dockercli import DockerClient
 from gpurig.image.spec import ImageSpec, MatrixEntry
 
 
@@ -54,13 +54,13 @@ def aliases_left(spec: ImageSpec, entry: MatrixEntry, variant: str) -> tuple[str
     return tuple(lines)
 
 
-def named_builds(client: DockerClient, refs: tuple[str, ...]) -> dict[str, str]:
+def named_builds(engine: Engine, refs: tuple[str, ...]) -> dict[str, str]:
     """ref -> the build it names now ('2.14.1-cu130-slim', read from the image's labels), for each ref that exists."""
     found = {}
     for ref in refs:
-        info = client.inspect_image(ref)
+        info = engine.image(ref)
         if info is not None:
-            found[ref] = build_name((info.get("Config") or {}).get("Labels") or {})
+            found[ref] = build_name(info.labels)
     return found
 
 

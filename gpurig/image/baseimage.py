@@ -14,12 +14,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpurig.connect.engine import Engine, EngineError
 from gpurig.errors import DockerError, last_line
-from gpurig.image.dockercli import DockerClient
 from gpurig.image.quoting import dq
 from gpurig.image.spec import Bootstrap
 from gpurig.process import stop
@@ -103,23 +103,38 @@ def bootstrap_description(bootstrap: Bootstrap) -> str:
     return f"debootstrap --variant=minbase {bootstrap.suite} {bootstrap.mirror}"
 
 
-def inspect_image(client: DockerClient, ref: str) -> BaseImage | None:
+def inspect_image(engine: Engine, ref: str) -> BaseImage | None:
     """What the local store holds under ``ref``, or None."""
-    info = client.inspect_image(ref)
+    info = engine.image(ref)
     if info is None:
         return None
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    return BaseImage(
-        ref=ref,
-        source="local",
-        image_id=info["Id"],
-        digests=tuple(info.get("RepoDigests") or ()),
-        bootstrap=labels.get(BOOTSTRAP_LABEL, ""),
-    )
+    return BaseImage(ref=ref, source="local", image_id=info.id, digests=info.digests, bootstrap=info.labels.get(BOOTSTRAP_LABEL, ""))
+
+
+class _PullRefused(Exception):
+    """The registry's error, streamed back in the middle of a pull."""
+
+
+def pull(engine: Engine, ref: str, timeout: float = PULL_TIMEOUT_S) -> str:
+    """Pull ``ref`` with the user's registry logins; '' on success, else the registry's reason in one line.
+
+    Stopped (the engine stops the pull with it) after ``timeout`` seconds, or on Ctrl-C.
+    """
+    def on_event(event: dict) -> None:
+        if "error" in event:
+            raise _PullRefused(last_line(str(event.get("error") or (event.get("errorDetail") or {}).get("message")), default="refused"))
+
+    try:
+        engine.pull(ref, on_event, timeout=timeout)
+    except _PullRefused as refused:
+        return str(refused)
+    except EngineError as err:
+        return err.reason
+    return ""
 
 
 def ensure_base(
-    client: DockerClient,
+    engine: Engine,
     ref: str,
     bootstrap: Bootstrap | None,
     labels: dict[str, str] | None = None,
@@ -129,13 +144,13 @@ def ensure_base(
 
     ``say`` hears one line per decision (what was found, why it bootstraps).
     """
-    found = inspect_image(client, ref)
+    found = inspect_image(engine, ref)
     if found:
         say(found.describe())
         return found
-    reason = client.pull(ref, PULL_TIMEOUT_S)
+    reason = pull(engine, ref)
     if not reason:
-        pulled = inspect_image(client, ref)
+        pulled = inspect_image(engine, ref)
         if pulled:
             result = BaseImage(ref, "pulled", pulled.image_id, pulled.digests, pulled.bootstrap)
             say(result.describe())
@@ -147,12 +162,12 @@ def ensure_base(
             "pull it where a registry answers and `docker load` it here, or set base.bootstrap in the spec",
         )
     say(f"base {ref}: not in the local store and the pull failed ({reason}); bootstrapping {bootstrap.suite}")
-    made = bootstrap_base(client, ref, bootstrap, labels or {})
+    made = bootstrap_base(engine, ref, bootstrap, labels or {})
     say(made.describe())
     return made
 
 
-def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels: dict[str, str]) -> BaseImage:
+def bootstrap_base(engine: Engine, ref: str, bootstrap: Bootstrap, labels: dict[str, str]) -> BaseImage:
     """debootstrap a minbase rootfs of the suite and ``docker import`` it as ``ref`` and gpurig-base:<suite>-minbase."""
     debootstrap = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
     if not debootstrap:
@@ -176,8 +191,11 @@ def bootstrap_base(client: DockerClient, ref: str, bootstrap: Bootstrap, labels:
         changes = [f"LABEL {BOOTSTRAP_LABEL}={dq(described)}"]
         changes += [f"LABEL {key}={dq(value)}" for key, value in labels.items()]
         changes += ['CMD ["bash"]', "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-        image_id = _import(client, rootfs, ref, changes)
-        client.tag(image_id, bootstrap_tag(bootstrap))
+        image_id = _import(engine, rootfs, ref, changes)
+        try:
+            engine.tag(image_id, bootstrap_tag(bootstrap))
+        except EngineError as err:
+            raise DockerError(f"cannot tag the bootstrapped {ref} as {bootstrap_tag(bootstrap)}: {err.reason}", "check the daemon log") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BaseImage(ref, "bootstrapped", image_id, (), described)
@@ -226,22 +244,31 @@ def _slim_down(rootfs: Path, bootstrap: Bootstrap) -> None:
         machine_id.write_text("")
 
 
-def _import(client: DockerClient, rootfs: Path, ref: str, changes: list[str]) -> str:
-    argv = ["import"]
-    for change in changes:
-        argv += ["--change", change]
-    argv += ["-", ref]
+def _import(engine: Engine, rootfs: Path, ref: str, changes: list[str]) -> str:
+    """``docker import`` of the rootfs as ``ref``, its tar streamed from ``tar`` to the engine; the image id.
+
+    A tar that fails stops the upload before its end, so that the engine makes no image of half a rootfs;
+    on every way out (Ctrl-C too) the tar is stopped.
+    """
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "--exclude=./dev/*", "--exclude=./proc/*",
          "--exclude=./sys/*", "-c", "."],
-        stdout=subprocess.PIPE,
+        stdout=subprocess.PIPE,  # its complaints go where gpurig's do, as they did under `docker import`
     )
+
+    def chunks() -> Iterator[bytes]:
+        assert tar.stdout is not None
+        while chunk := tar.stdout.read(1 << 20):
+            yield chunk
+        if tar.wait() != 0:
+            raise DockerError(f"docker import of the bootstrapped {ref} failed: its tar exited {tar.returncode}",
+                              "read tar's message above; check the rootfs under /var/tmp")
+
     try:
-        proc = client.run(*argv, stdin=tar.stdout, timeout=DEBOOTSTRAP_TIMEOUT_S)
+        return engine.import_image(chunks(), ref, changes, timeout=DEBOOTSTRAP_TIMEOUT_S)
+    except EngineError as err:
+        raise DockerError(f"docker import of the bootstrapped {ref} failed: {err.reason[:300]}", "check the daemon log") from None
     finally:
         if tar.stdout:
             tar.stdout.close()
         stop(tar)
-    if proc.returncode != 0 or tar.returncode != 0:
-        raise DockerError(f"docker import of the bootstrapped {ref} failed: {proc.stderr.strip()[:300]}", "check the daemon log")
-    return proc.stdout.strip()

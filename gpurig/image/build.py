@@ -1,4 +1,8 @@
-"""BuildKit builds of rendered contexts: the build command, its progress, the versions inside, push, build reports."""
+"""BuildKit builds of rendered contexts: the build command, its progress, the versions inside, push, build reports.
+
+``docker build`` runs through the docker CLI (``DockerClient``); everything
+around it (inspect, the probes inside the image, push, listing) goes through
+this machine's ``Engine``."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpurig.connect.engine import Engine, EngineError
+from gpurig.connect.engineinfo import ImageInfo
 from gpurig.errors import DockerError
 from gpurig.files import atomic_write, to_json
 from gpurig.image.dockercli import DockerClient
@@ -23,9 +29,9 @@ from gpurig.strict.reader import load_json
 
 REPORT_SCHEMA = 1
 REPORT_LIMIT = 16 * 2**20  # a report with its freeze list and promotions is some KiB; a bigger file is not one of ours
-PROBE_LABEL = "io.gpurig.probe"
-# Run inside a built image (no value from outside reaches it): what pip and dpkg resolved.
-FREEZE_SCRIPT = "/opt/venv/bin/pip freeze --all; echo '--- dpkg'; dpkg-query -W -f '${Package}=${Version}\\n'"
+# How long one request to this machine's engine about its store (inspect, tag, list) may wait: longer, the daemon is unwell.
+STORE_TIMEOUT_S = 120
+PUSH_TIMEOUT_S = 3600
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s:]+(?::[^/@\s]*)?@", re.I)
 
 
@@ -256,36 +262,17 @@ def shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def inspect(client: DockerClient, ref: str) -> dict:
-    found = client.inspect_image(ref)
+def inspect(engine: Engine, ref: str) -> ImageInfo:
+    found = engine.image(ref)
     if found is None:
         raise DockerError(f"image {ref} is not in the local store", "build it first")
     return found
 
 
-def resolved_versions(client: DockerClient, image_id: str, labels: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """(pip freeze, dpkg package=version) as resolved inside the image; the probe container has no network."""
-    proc = client.run_once(image_id, ["-c", FREEZE_SCRIPT], {PROBE_LABEL: "freeze", **labels}, "/bin/sh", "0")
-    if proc.returncode != 0:
-        raise DockerError(f"cannot list the versions inside {image_id[:19]}: {proc.stderr.strip()[:200]}", "run the image by hand")
-    return parse_freeze(proc.stdout)
-
-
-def parse_freeze(text: str) -> tuple[list[str], dict[str, str]]:
-    pip_part, _, dpkg_part = text.partition("--- dpkg")
-    freeze = [line.strip() for line in pip_part.splitlines() if line.strip()]
-    dpkg = {}
-    for line in dpkg_part.splitlines():
-        name, sep, version = line.strip().partition("=")
-        if sep:
-            dpkg[name] = version
-    return freeze, dpkg
-
-
 def make_report(
     context: BuildContext,
     client: DockerClient,
-    image: dict,
+    image: ImageInfo,
     base: dict,
     parser: ProgressParser,
     seconds: float,
@@ -300,11 +287,11 @@ def make_report(
         "schema": REPORT_SCHEMA,
         "image": context.image_ref,
         "aliases": list(context.aliases),
-        "image_id": image["Id"],
+        "image_id": image.id,
         "digest": None,
         "pushed": [],
-        "size_bytes": int(image.get("Size") or 0),
-        "layers": len((image.get("RootFS") or {}).get("Layers") or []),
+        "size_bytes": image.size,
+        "layers": len(image.layers),
         "duration_s": round(seconds, 1),
         "steps": {"total": parser.total, "cached": parser.cached, "ran": parser.ran},
         "variant": context.variant.name,
@@ -346,13 +333,25 @@ def write_json_atomic(path: Path, data: dict) -> None:
 # --- pushing ----------------------------------------------------------------------
 
 
-def push(client: DockerClient, refs: Iterable[str]) -> str:
+def push(engine: Engine, refs: Iterable[str]) -> str:
     """Push each ref; the digest the registry gave the (identical) manifest."""
     digest = ""
     for ref in refs:
-        pushed = client.push(ref)
+        pushed = push_one(engine, ref)
         digest = digest or pushed
     return digest
+
+
+def push_one(engine: Engine, ref: str) -> str:
+    """Push one ref with the user's registry logins; the digest the registry gave its manifest ('' when the engine did not say).
+
+    Ctrl-C, or PUSH_TIMEOUT_S passing, stops the push: the engine, its client gone, stops it too.
+    """
+    try:
+        return engine.push(ref, timeout=PUSH_TIMEOUT_S)
+    except EngineError as err:
+        raise DockerError(f"push of {ref} failed ({err.reason})",
+                          "check the registry address in the spec, that it answers, and `docker login` to it") from None
 
 
 def record_push(path: Path, report: dict, refs: list[str], digest: str) -> dict:
@@ -364,28 +363,21 @@ def record_push(path: Path, report: dict, refs: list[str], digest: str) -> dict:
 # --- listing ----------------------------------------------------------------------
 
 
-def project_images(client: DockerClient, projects: Iterable[str], project_id: str = "") -> list[dict]:
+def project_images(engine: Engine, projects: Iterable[str], project_id: str = "") -> list[ImageInfo]:
     """The tagged local images of these projects (spec names, in their io.gpurig.project label), newest first.
 
     Not the dangling ones an earlier build left, not other projects' images on the same engine: one whose
     io.gpurig.project-id names another project is left out even where it chose the same spec name. One
     without that label (built before gpurig wrote it) is kept: `unowned` says which, for a note.
     """
-    ids: list[str] = []
-    for project in projects:
-        ids += client.image_ids(f"label={PROJECT_LABEL}={project}", "dangling=false")
-    images = client.inspect_images(list(dict.fromkeys(ids)))
-    mine = [i for i in images if image_labels_of(i).get(PROJECT_ID_LABEL, project_id) == project_id]
-    return sorted(mine, key=lambda i: i.get("Created", ""), reverse=True)
+    images = {image.id: image for project in projects for image in engine.labelled_images(f"{PROJECT_LABEL}={project}")}
+    mine = [i for i in images.values() if i.labels.get(PROJECT_ID_LABEL, project_id) == project_id]
+    return sorted(mine, key=lambda i: i.created, reverse=True)
 
 
-def image_labels_of(image: dict) -> dict[str, str]:
-    return (image.get("Config") or {}).get("Labels") or {}
-
-
-def unowned(images: Iterable[dict]) -> list[dict]:
+def unowned(images: Iterable[ImageInfo]) -> list[ImageInfo]:
     """The images among these with no project id: built before gpurig wrote one, they may be another project's."""
-    return [i for i in images if PROJECT_ID_LABEL not in image_labels_of(i)]
+    return [i for i in images if PROJECT_ID_LABEL not in i.labels]
 
 
 def build_reports(reports_dir: Path) -> Iterator[tuple[Path, dict]]:

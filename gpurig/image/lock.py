@@ -18,11 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from gpurig.connect.engine import Engine
 from gpurig.errors import DockerError, SpecError
 from gpurig.files import atomic_write
 from gpurig.image import lockgrammar as grammar
-from gpurig.image.baseimage import PULL_TIMEOUT_S
-from gpurig.image.dockercli import DockerClient
+from gpurig.image.baseimage import pull
+from gpurig.image.imageprobe import parse_freeze, run_probe
 from gpurig.strict.validate import printable
 from gpurig.strict.yamlio import load_yaml
 
@@ -214,18 +215,18 @@ def write_context_files(folder: Path, locked: LockedImage) -> None:
         (folder / f"pip-{step}.txt").write_text(locked.requirements(step))
 
 
-def check_base(client: DockerClient, locked: LockedImage, lock_file: Path) -> None:
+def check_base(engine: Engine, locked: LockedImage, lock_file: Path) -> None:
     """The locked base must be the one the build will use: by digest (pulled where missing), or by id under its name."""
     ref, image_id, digest = locked.base["ref"], locked.base["id"], locked.base.get("digest", "")
     if digest:
-        reason = "" if client.inspect_image(digest) else client.pull(digest, PULL_TIMEOUT_S)
-        if reason or client.inspect_image(digest) is None:
+        reason = "" if engine.image(digest) else pull(engine, digest)
+        if reason or engine.image(digest) is None:
             raise DockerError(f"the locked base {digest} of {lock_file} is not available ({reason or 'not in the local store'})",
                               f"pull or `docker load` it, or run {RELOCK} on today's base")
         return
-    found = client.inspect_image(ref)
-    if found is None or found.get("Id") != image_id:
-        now = f"the local store holds {str(found['Id'])[:19]} under that name" if found else "it is not in the local store"
+    found = engine.image(ref)
+    if found is None or found.id != image_id:
+        now = f"the local store holds {found.id[:19]} under that name" if found else "it is not in the local store"
         raise DockerError(f"the locked base {ref} ({image_id[:19]}) of {lock_file} is not available: {now}",
                           f"`docker load` the locked base, or run {RELOCK} on this one")
 
@@ -233,13 +234,13 @@ def check_base(client: DockerClient, locked: LockedImage, lock_file: Path) -> No
 # --- reading what a build resolved --------------------------------------------------
 
 
-def read_resolution(client: DockerClient, image_id: str, labels: dict[str, str]) -> dict[str, str]:
+def read_resolution(engine: Engine, image_id: str, labels: dict[str, str]) -> dict[str, str]:
     """The files the build steps left in IN_IMAGE, by name; the probe container has no network."""
-    proc = client.run_once(image_id, ["-c", READ_SCRIPT], labels, "/bin/sh", "0")
-    if proc.returncode != 0:
-        raise DockerError(f"cannot read what {image_id[:19]} resolved from {IN_IMAGE}: {proc.stderr.strip()[:200]}",
+    ended = run_probe(engine, image_id, READ_SCRIPT, labels)
+    if ended.code != 0:
+        raise DockerError(f"cannot read what {image_id[:19]} resolved from {IN_IMAGE}: {ended.stderr.strip()[:200]}",
                           "build it again with this gpurig's templates (older images do not record it)")
-    return split_files(proc.stdout)
+    return split_files(ended.stdout)
 
 
 def split_files(text: str) -> dict[str, str]:
@@ -270,8 +271,6 @@ def wheels_of(report_text: str) -> tuple[dict, ...]:
 def apt_steps(files: Mapping[str, str], final: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """{step: {package: version}} each apt step installed or changed: the dpkg list before it against the one after
     (the next step's before, or the finished image's)."""
-    from gpurig.image.build import parse_freeze
-
     befores = [(step, parse_freeze("--- dpkg\n" + files[f"dpkg-before-{step}.txt"])[1])
                for step in APT_STEPS if f"dpkg-before-{step}.txt" in files]
     steps = {}

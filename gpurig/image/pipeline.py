@@ -1,4 +1,7 @@
-"""The build pipeline: a base for each FROM, then each rendered context built, pushed and recorded; progress goes to an observer."""
+"""The build pipeline: a base for each FROM, then each rendered context built, pushed and recorded; progress goes to an observer.
+
+``client`` (the docker CLI) runs ``docker build`` alone; ``engine`` (this
+machine's, ``gpurig.connect.engineopen.local_engine``) does the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpurig.connect.engine import Engine
 from gpurig.image import aliases, lock
 from gpurig.image.baseimage import BaseImage, ensure_base
 from gpurig.image.build import (
@@ -20,11 +24,11 @@ from gpurig.image.build import (
     push,
     record_push,
     report_path,
-    resolved_versions,
     run_build,
     write_json_atomic,
 )
 from gpurig.image.dockercli import DockerClient
+from gpurig.image.imageprobe import resolved_versions
 from gpurig.image.render import PROJECT_ID_LABEL, BuildContext
 from gpurig.image.spec import ImageSpec
 
@@ -119,6 +123,7 @@ def base_labels(base: BaseImage) -> dict[str, str]:
 
 def build_context(
     client: DockerClient,
+    engine: Engine,
     context: BuildContext,
     base: BaseImage,
     reports_dir: Path,
@@ -138,10 +143,10 @@ def build_context(
     all_labels = {**user_labels, **base_labels(base)}
     path = report_path(reports_dir, context)
     observer.started(context)
-    context = others_aliases_kept(client, context)
+    context = others_aliases_kept(engine, context)
     for line in context.aliases_left:
         observer.note(context, line)
-    before = aliases.named_builds(client, context.aliases)
+    before = aliases.named_builds(engine, context.aliases)
 
     def on_line(kind: str, step: StepLog | None, parser: ProgressParser) -> None:
         if step is not None:
@@ -150,15 +155,15 @@ def build_context(
 
     with _ticking(heartbeat, lambda step, s: observer.still_running(context, step, s)):
         image_id, parser, seconds = run_build(client, context, path.with_suffix(".log"), ca_bundle, all_labels, on_line)
-    image = inspect(client, image_id)
-    freeze, dpkg = resolved_versions(client, image_id, user_labels)
+    image = inspect(engine, image_id)
+    freeze, dpkg = resolved_versions(engine, image_id, user_labels)
     report = make_report(context, client, image, base.as_dict(), parser, seconds, freeze, dpkg, ca_bundle)
     moved = aliases.moves(before, aliases.build_name(context.labels))
     for line in moved:
         observer.note(context, line)
     report["alias_notes"] = [*context.aliases_left, *moved]
     if relock is not None:
-        files = lock.read_resolution(client, image_id, user_labels)
+        files = lock.read_resolution(engine, image_id, user_labels)
         pip, apt = lock.resolution(files, dpkg)
         locked = lock.LockedImage(context.entry.torch, context.entry.cuda, context.variant.name, context.lock_inputs,
                                   lock.base_of(base), pip, apt)
@@ -168,7 +173,7 @@ def build_context(
     return BuildResult(context, report, path)
 
 
-def others_aliases_kept(client: DockerClient, context: BuildContext) -> BuildContext:
+def others_aliases_kept(engine: Engine, context: BuildContext) -> BuildContext:
     """The context less each alias that names another project's image (its io.gpurig.project-id is not this one's).
 
     Two projects may choose the same image name on one engine; a build here must not take ``pytorch:slim`` from
@@ -177,8 +182,8 @@ def others_aliases_kept(client: DockerClient, context: BuildContext) -> BuildCon
     mine = context.labels.get(PROJECT_ID_LABEL, "")
     kept, left = [], []
     for ref in context.aliases:
-        labels = ((client.inspect_image(ref) or {}).get("Config") or {}).get("Labels") or {}
-        theirs = labels.get(PROJECT_ID_LABEL, mine)
+        found = engine.image(ref)
+        theirs = found.labels.get(PROJECT_ID_LABEL, mine) if found else mine
         if theirs == mine:
             kept.append(ref)
         else:
@@ -191,6 +196,7 @@ def others_aliases_kept(client: DockerClient, context: BuildContext) -> BuildCon
 
 def build_all(
     client: DockerClient,
+    engine: Engine,
     spec: ImageSpec,
     contexts: list[BuildContext],
     reports_dir: Path,
@@ -211,15 +217,15 @@ def build_all(
         ref = context.variant.base
         if ref not in bases:
             bootstrap = spec.bootstrap if ref == spec.base else None
-            bases[ref] = ensure_base(client, ref, bootstrap, labels, say=observer.base)
+            bases[ref] = ensure_base(engine, ref, bootstrap, labels, say=observer.base)
         if context.lock is not None and context.lock_file is not None:
-            lock.check_base(client, context.lock, context.lock_file)
+            lock.check_base(engine, context.lock, context.lock_file)
         lock_file = lock.lock_path(spec.path) if relock else None
-        result = build_context(client, context, bases[ref], reports_dir, ca_bundle, labels, observer, relock=lock_file)
+        result = build_context(client, engine, context, bases[ref], reports_dir, ca_bundle, labels, observer, relock=lock_file)
         if push_images:
             refs = [context.image_ref, *context.aliases]
             observer.pushing(context, refs)
-            pushed = record_push(result.report_path, result.report, refs, push(client, refs))
+            pushed = record_push(result.report_path, result.report, refs, push(engine, refs))
             result = dataclasses.replace(result, report=pushed)
         observer.built(result)
         results.append(result)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpurig.deploy.imagesource import local_engine, send_from
+from gpurig.deploy.imagesource import local_engine_if_any, send_from
 from gpurig.errors import ConfigError, InventoryError
 from gpurig.strict import validate
 
@@ -43,7 +43,7 @@ def resolve_target(host: Host, request: jobspec.RunRequest, job: str, key: str, 
         if problem:
             raise ConfigError(f"--container {validate.excerpt(request.container)} {problem}", "name it as `gpurig status` shows it")
         return base
-    local = local_engine()
+    local = local_engine_if_any()
     if request.image:
         problem = validate.image_ref_problem(request.image)
         if problem:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import Engine, open_engine
+from gpurig.connect.engine import Engine
 from gpurig.connect.engineinfo import ImageInfo
+from gpurig.connect.engineopen import open_engine
 from gpurig.deploy.containers import ContainerSpec
 from gpurig.deploy.fields import NO_GPUS, Gpus
 from gpurig.deploy.hoststate import HostState, check_fits_host, read_host

@@ -145,7 +145,7 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
 
 def prepare(conn: Connection, target, login: str, check: bool) -> Outcome:
     """One node of the job's: the pre-flight ``run`` does on a host (gpurig.jobs.submit), then (not in check mode) the image and the tree."""
-    from gpurig.connect.engine import open_engine
+    from gpurig.connect.engineopen import open_engine
     from gpurig.facts import gather_complete
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.submit import gpu_request, refuse

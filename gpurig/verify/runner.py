@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpurig.connect.connection import CommandTimeout, Connection, Result
-from gpurig.connect.engine import Engine, EngineError, open_engine
+from gpurig.connect.engine import Engine, EngineError
 from gpurig.connect.engineinfo import NVIDIA_RUNTIME, ContainerInfo, ImageInfo, has_nvidia_runtime
+from gpurig.connect.engineopen import open_engine
 from gpurig.connect.launcher import embedded
 from gpurig.errors import GpurigError, last_line
 from gpurig.facts import gather_complete

@@ -56,7 +56,7 @@ CMD ["/bin/sh", "-c", "ssh-keygen -A -q && exec /usr/sbin/sshd -D -e"]
 @dataclass(frozen=True)
 class Docker:
     path: str
-    client: object = None  # gpurig.image.dockercli.DockerClient, for gpurig.image.baseimage
+    engine: object = None  # gpurig.connect.engine.Engine, this machine's (local_engine), for gpurig.image.baseimage
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
         proc = subprocess.run([self.path, *args], capture_output=True, text=True, timeout=timeout, **kw)
@@ -99,16 +99,19 @@ def container_kit():
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from gpurig.errors import DockerError
+    from gpurig.connect.engineopen import local_engine
+    from gpurig.errors import GpurigError
     from gpurig.image.dockercli import find_client
 
     if os.geteuid() != 0:
         pytest.skip("container hosts need root (docker, debootstrap)")
     try:
         client = find_client()
-    except DockerError as err:
+        engine = local_engine()
+    except GpurigError as err:
         pytest.skip(f"no usable Docker engine: {err}")
-    return Docker(client.path, client)
+    with engine:
+        yield Docker(client.path, engine)
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +120,7 @@ def host_image(docker_engine) -> str:
     from gpurig.image.baseimage import ensure_base
     from gpurig.image.spec import Bootstrap
 
-    base = ensure_base(docker_engine.client, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
+    base = ensure_base(docker_engine.engine, BASE_REF, Bootstrap("bookworm", MIRROR), {TEST_LABEL: SESSION}, say=lambda _: None)
     tag = f"gpurig-test-host:{SESSION}"
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     try:

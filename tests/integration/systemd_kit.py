@@ -102,7 +102,7 @@ def build_image(docker, kit, key: str, bases: list) -> str:
             return tag
         base = base_tag(kit, suite)
         # Removed by id at teardown: the bootstrap also tags it gpurig-base:<suite>-minbase, which a tag removal would leave.
-        bases.append(bootstrap_base(docker.client, base, Bootstrap(suite, kit.mirror), labels).image_id)
+        bases.append(bootstrap_base(docker.engine, base, Bootstrap(suite, kit.mirror), labels).image_id)
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         docker("build", "-q", "-t", tag, *(f"--label={k}={v}" for k, v in labels.items()), "-",
                input=DOCKERFILE.format(base=base, login=kit.login), env=env, timeout=600)

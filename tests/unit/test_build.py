@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.connect.engineinfo import image_info
 from gpurig.errors import DockerError
 from gpurig.image import build as b
 from gpurig.image.dockercli import DockerClient
+from gpurig.image.imageprobe import parse_freeze
 from gpurig.image.render import render
 from gpurig.image.spec import load_spec
 
@@ -117,7 +119,7 @@ def test_ca_bundle_auto_follows_the_hosts_pip(tmp_path):
 
 
 def test_freeze_output_splits_into_pip_and_dpkg():
-    freeze, dpkg = b.parse_freeze("torch==2.13.0+cpu\nsympy==1.14.0\n--- dpkg\npython3=3.11.2-1+b1\ntini=0.19.0-1\n")
+    freeze, dpkg = parse_freeze("torch==2.13.0+cpu\nsympy==1.14.0\n--- dpkg\npython3=3.11.2-1+b1\ntini=0.19.0-1\n")
     assert freeze == ["torch==2.13.0+cpu", "sympy==1.14.0"]
     assert dpkg == {"python3": "3.11.2-1+b1", "tini": "0.19.0-1"}
 
@@ -127,10 +129,10 @@ def test_report_shape_and_atomic_write(context, tmp_path):
     parser = b.ProgressParser()
     for line in PLAIN.splitlines():
         parser.feed(line)
-    image = {"Id": "sha256:" + "a" * 64, "Size": 123, "RootFS": {"Layers": ["l1", "l2"]}}
+    image = image_info({"Id": "sha256:" + "a" * 64, "Size": 123, "RootFS": {"Layers": ["l1", "l2"]}})  # the engine's inspect
     base = {"ref": "debian:bookworm-slim", "source": "bootstrapped", "id": "sha256:b", "digests": [], "bootstrap": "x"}
     report = b.make_report(context, client, image, base, parser, 12.34, ["torch==2.14.1"], {"tini": "1"}, Path("/ca"))
-    assert report["image"] == context.image_ref and report["image_id"] == image["Id"]
+    assert report["image"] == context.image_ref and report["image_id"] == image.id
     assert report["size_bytes"] == 123 and report["layers"] == 2 and report["duration_s"] == 12.3
     assert report["steps"] == {"total": 8, "cached": 2, "ran": 1}
     assert report["torch_resolved"] == "torch==2.14.1" and report["digest"] is None

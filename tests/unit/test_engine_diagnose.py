@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from fakes import ScriptedConnection
 
-from gpurig.connect.engine import EngineError, diagnose, dial_command
+from gpurig.connect.engine import EngineError
+from gpurig.connect.engineopen import diagnose, dial_command
 
 
 def Conn(exited: int, out: str = "", err: str = "", become: bool = True, user: str = "admin") -> ScriptedConnection:
@@ -94,7 +95,7 @@ def test_no_such_container_is_none_not_an_error():
 
 
 def test_the_engine_is_opened_through_the_connections_stream_not_by_asking_its_kind():
-    from gpurig.connect.engine import open_engine
+    from gpurig.connect.engineopen import open_engine
 
     conn = Conn(0)
     with pytest.raises(EngineError) as err:

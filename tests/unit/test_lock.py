@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from gpurig.connect.engine import EngineError
+from gpurig.connect.engineinfo import image_info
 from gpurig.errors import DockerError, RenderError
 from gpurig.image import lock
-from gpurig.image.build import make_report, parse_freeze
+from gpurig.image.build import make_report
 from gpurig.image.dockercli import DockerClient
+from gpurig.image.imageprobe import parse_freeze
 from gpurig.image.lint import failing
 from gpurig.image.lint import lint as hadolint
 from gpurig.image.render import render
@@ -138,7 +141,7 @@ def test_a_base_from_a_registry_is_pinned_by_its_digest(spec, tmp_path):
 
 def test_the_build_report_says_whether_the_image_was_locked_and_from_which_file(spec, tmp_path):
     client = DockerClient("/usr/bin/docker", "20.10.24", False)
-    image = {"Id": "sha256:" + "a" * 64, "Size": 1, "RootFS": {"Layers": []}}
+    image = image_info({"Id": "sha256:" + "a" * 64, "Size": 1, "RootFS": {"Layers": []}})
     from gpurig.image.build import ProgressParser
 
     def report(context) -> dict:
@@ -198,17 +201,17 @@ def test_a_wheel_pip_cannot_hash_is_refused_rather_than_locked_loosely():
 
 
 class Store:
-    """The engine's image store as check_base asks it: inspect and pull."""
+    """The engine's image store as check_base asks it: inspect and pull (the registry refuses every pull)."""
 
     def __init__(self, images: dict[str, str]) -> None:
         self.images, self.pulled = images, []
 
-    def inspect_image(self, ref: str):
-        return {"Id": self.images[ref]} if ref in self.images else None
+    def image(self, ref: str):
+        return image_info({"Id": self.images[ref]}) if ref in self.images else None
 
-    def pull(self, ref: str, timeout: float) -> str:
+    def pull(self, ref: str, on_event, timeout: float | None = None) -> None:
         self.pulled.append(ref)
-        return "manifest unknown"
+        raise EngineError(f"the Docker engine refused to pull {ref}: manifest unknown", reason="manifest unknown")
 
 
 def test_a_build_refuses_a_base_other_than_the_locked_one(spec, tmp_path):

@@ -8,6 +8,7 @@ import pytest
 
 from gpurig.cli.project import config_template
 from gpurig.config import project_id
+from gpurig.connect.engineinfo import ImageInfo, image_info
 from gpurig.errors import ConfigError
 from gpurig.image.build import project_images, unowned
 from gpurig.image.pipeline import others_aliases_kept
@@ -16,21 +17,18 @@ from gpurig.image.spec import MatrixEntry, load_spec
 
 
 class Engine:
-    """An engine's images by id, each with its tags and labels: what image_ids/inspect_image(s) answer."""
+    """An engine's images by id, each with its tags and labels: what labelled_images and image answer."""
 
     def __init__(self, **images: tuple[tuple[str, ...], dict[str, str]]):
-        self.images = {i: {"Id": i, "RepoTags": list(tags), "Config": {"Labels": labels}, "Created": i}
+        self.images = {i: image_info({"Id": i, "RepoTags": list(tags), "Config": {"Labels": labels}, "Created": i})
                        for i, (tags, labels) in images.items()}
 
-    def image_ids(self, *filters: str) -> list[str]:
-        key, _, value = filters[0].removeprefix("label=").partition("=")
-        return [i for i, image in self.images.items() if image["Config"]["Labels"].get(key) == value]
+    def labelled_images(self, label: str) -> list[ImageInfo]:
+        key, _, value = label.partition("=")
+        return [image for image in self.images.values() if image.labels.get(key) == value]
 
-    def inspect_images(self, ids: list[str]) -> list[dict]:
-        return [self.images[i] for i in ids]
-
-    def inspect_image(self, ref: str) -> dict | None:
-        return next((image for image in self.images.values() if ref in image["RepoTags"]), None)
+    def image(self, ref: str) -> ImageInfo | None:
+        return next((image for image in self.images.values() if ref in image.tags), None)
 
 
 def project(tmp_path: Path, ident: str | None) -> Path:
@@ -71,10 +69,10 @@ def test_another_projects_images_are_not_listed_and_old_unlabelled_ones_are_with
         c=(("pytorch:old",), {PROJECT_LABEL: "pytorch"}),
         d=(("other:1",), {PROJECT_LABEL: "other", PROJECT_ID_LABEL: "mine0001"}),
     )
-    found = project_images(engine, ["pytorch"], "mine0001")
-    assert [i["Id"] for i in found] == ["c", "a"]  # newest first; b is the other project's
-    assert [i["Id"] for i in unowned(found)] == ["c"]
-    assert [i["Id"] for i in project_images(engine, ["pytorch"], "")] == ["c"]  # a project without an id: none with one
+    found = project_images(engine, ["pytorch"], "mine0001")  # type: ignore[arg-type]
+    assert [i.id for i in found] == ["c", "a"]  # newest first; b is the other project's
+    assert [i.id for i in unowned(found)] == ["c"]
+    assert [i.id for i in project_images(engine, ["pytorch"], "")] == ["c"]  # type: ignore[arg-type]  # a project without an id: none with one
 
 
 def test_a_build_leaves_another_projects_alias_where_it_is_and_says_so(tmp_path):

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from gpurig.cli.hosts import facts_rows
 from gpurig.cli.images import IMAGE_COLUMNS, image_row
+from gpurig.connect.engineinfo import image_info
 from gpurig.errors import counted
 from gpurig.facts import parse_facts
 from gpurig.files import write_report
@@ -269,11 +270,13 @@ def test_json_to_dev_stdout_reaches_a_pipe_through_its_links():
 BUILD_REPORT = {"image": "registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "aliases": ["registry.example.com/ml/pytorch:jupyter"],
                 "torch": "2.14.1", "cuda": "13.0", "size_bytes": 9_876_543_210, "layers": 23, "steps": {"ran": 4, "total": 19},
                 "duration_s": 702.4, "digest": "sha256:" + "ab" * 32}
-INSPECTED = {"RepoTags": ["registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "registry.example.com/ml/pytorch:jupyter"],
-             "Size": 9_876_543_210, "Created": "2026-11-30T12:00:00.123Z",
-             "Config": {"Labels": {"io.gpurig.variant": "jupyter", "io.gpurig.torch": "2.14.1", "io.gpurig.cuda": "13.0",
-                                   "io.gpurig.image.baseimage.source": "pulled",
-                                   "org.opencontainers.image.base.name": "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04"}}}
+INSPECTED = image_info({
+    "Id": "sha256:" + "e" * 64,
+    "RepoTags": ["registry.example.com/ml/pytorch:2.14.1-cu130-jupyter", "registry.example.com/ml/pytorch:jupyter"],
+    "Size": 9_876_543_210, "Created": "2026-11-30T12:00:00.123Z",
+    "Config": {"Labels": {"io.gpurig.variant": "jupyter", "io.gpurig.torch": "2.14.1", "io.gpurig.cuda": "13.0",
+                          "io.gpurig.image.baseimage.source": "pulled",
+                          "org.opencontainers.image.base.name": "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04"}}})
 
 
 @pytest.mark.parametrize("columns, row", [(BUILT_COLUMNS, built_row(BUILD_REPORT)), (IMAGE_COLUMNS, image_row(INSPECTED))],

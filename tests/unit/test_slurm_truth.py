@@ -156,7 +156,7 @@ def test_a_slurm_jobs_nodes_get_the_pre_flight_first_and_a_memlock_refusal_names
     facts = parse_facts((FIXTURES / "facts" / "debian12-systemd-docker.txt").read_text())
     monkeypatch.setattr(scheduler, "fleet", fleet_of({"sinfo": IDLE, "sh -c": HOST_STATE, "sbatch": "7\n"}, sent))
     monkeypatch.setattr("gpurig.facts.gather_complete", lambda conn: facts)
-    monkeypatch.setattr("gpurig.connect.engine.open_engine", lambda conn: Engine())
+    monkeypatch.setattr("gpurig.connect.engineopen.open_engine", lambda conn: Engine())
     monkeypatch.setattr("gpurig.jobs.sync.sync", lambda agent, key, tree: synced.append(key))
     target, request = job_target()  # deploy's default ulimits: memlock unlimited, above the recorded dockerd's 8 MiB
     with pytest.raises(HostError) as err:

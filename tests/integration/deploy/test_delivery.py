@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from gpurig.connect.connector import Connector
-from gpurig.connect.engine import open_engine
+from gpurig.connect.engineopen import local_engine, open_engine
 from gpurig.connect.ssh import SSHSettings
-from gpurig.deploy.delivery import DeliveryInterrupted, deliver, local_engine
+from gpurig.deploy.delivery import DeliveryInterrupted, deliver
 from gpurig.inventory import load_inventory
 
 from .gpuhost import bare, host_images

@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from gpurig.connect.engine import EngineError, open_engine
+from gpurig.connect.engine import EngineError
+from gpurig.connect.engineopen import open_engine
 
 
 @pytest.fixture

@@ -149,6 +149,15 @@ def docker_client(systemd_images):
 
 
 @pytest.fixture(scope="session")
+def engine(docker_client):
+    """This machine's engine (the one the build uses around `docker build`), for what the tests read of its store."""
+    from gpurig.connect.engineopen import local_engine
+
+    with local_engine() as opened:
+        yield opened
+
+
+@pytest.fixture(scope="session")
 def wheels() -> str:
     found = wheel_dir()
     if not found:
@@ -173,7 +182,7 @@ def cli(project) -> Cli:
 
 
 @pytest.fixture(scope="session")
-def base(docker_client, project, systemd_images):
+def base(docker_client, engine, project, systemd_images):
     """The Debian base, once per session: the systemd hosts' debootstrapped Debian 12 base, named BASE, which
     ensure_base then finds in the local store (else it pulls, else bootstraps).
 
@@ -187,7 +196,7 @@ def base(docker_client, project, systemd_images):
     docker("tag", systemd_images.base("debian12"), BASE)
     spec = load_spec(project / "images" / "pytorch.yaml")
     said: list[str] = []
-    found = ensure_base(docker_client, spec.base, spec.bootstrap, {TEST_LABEL: SESSION}, say=said.append)
+    found = ensure_base(engine, spec.base, spec.bootstrap, {TEST_LABEL: SESSION}, say=said.append)
     return found, said
 
 

@@ -14,9 +14,9 @@ def rootfs(ref: str) -> list[str]:
     return json.loads(docker("image", "inspect", ref).stdout)[0]["RootFS"]["Layers"]
 
 
-def test_ssh_and_jupyter_are_built_on_slims_torch_layer(build, docker_client):
+def test_ssh_and_jupyter_are_built_on_slims_torch_layer(build, engine):
     slim, ssh, jupyter = (build(v).ref for v in ("slim", "ssh", "jupyter"))
-    sizes = docker_client.layer_sizes(slim, ssh, jupyter)
+    sizes = engine.layer_sizes(slim, ssh, jupyter)
     slim_layers = rootfs(slim)
     torch_layer = max(slim_layers, key=sizes.__getitem__)
     assert sizes[torch_layer] > 500 * MB  # torch with its libraries, the layer worth sharing

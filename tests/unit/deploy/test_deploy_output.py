@@ -39,7 +39,7 @@ def deploy(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(apply, "deploy_host", deploy_host)
     monkeypatch.setattr(deploy_task, "load_project_spec", lambda c, spec: SPEC)
     monkeypatch.setattr(deploy_task, "select_hosts", lambda opts: [Host("gpu-01", (), {}, connection="local")])
-    monkeypatch.setattr(imagesource, "local_engine", lambda: None)  # the task imports it when it runs
+    monkeypatch.setattr(imagesource, "local_engine_if_any", lambda: None)  # the task imports it when it runs
     monkeypatch.setattr(containers, "load_containers", lambda *args, **kwargs: ([], []))
     monkeypatch.chdir(tmp_path)
 
