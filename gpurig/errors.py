@@ -26,6 +26,19 @@ class GpurigError(Exception):
         return explain(self.problem, self.fix, self.host)
 
 
+class Finished(Exception):
+    """A run that has said what it had to (its table, its recap, or ``message``) and ends with exit ``code``.
+
+    How the library ends a task with a code without knowing Invoke: the CLI (gpurig.cli.base) makes it Invoke's
+    Exit; a Python caller of gpurig.flows reads ``code``.
+    """
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(message or f"exit {code}")
+        self.code = code
+        self.message = message
+
+
 class SpecError(GpurigError):
     """An image spec (images/*.yaml) that cannot be loaded or is invalid."""
 

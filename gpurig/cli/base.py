@@ -16,7 +16,7 @@ from invoke import task as invoke_task
 from invoke.exceptions import Exit, ParseError
 
 from gpurig.config import PROJECT_MARKERS, root_of
-from gpurig.errors import GpurigError, SpecError
+from gpurig.errors import Finished, GpurigError, SpecError
 from gpurig.report import configure_logging, silence_broken_pipe
 from gpurig.strict.validate import excerpt, printable, whole_number
 
@@ -101,6 +101,8 @@ def task(*args, **kwargs):
                     result = fn(c, *a, **kw)
                 sys.stdout.flush()  # inside the try: a reader gone before the buffer was written is a BrokenPipeError here
                 return result
+            except Finished as end:
+                raise Exit(end.message or None, code=end.code) from None
             except GpurigError as err:
                 # the line may quote a file, a flag or a host's answer: shown, never obeyed by the terminal
                 raise Exit(f"gpurig: {printable(str(err))}", code=err.exit_code) from None

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invoke.exceptions import Exit
-
-from gpurig.errors import ConfigError, GpurigError
+from gpurig.errors import ConfigError, Finished, GpurigError
 from gpurig.flows.fleettask import HostOptions
 from gpurig.report import err_console, outside, silence_broken_pipe
 from gpurig.strict.validate import printable
@@ -108,7 +106,7 @@ def stages(run: CiRun, out: Path) -> list[Stage]:
 
 def run_chain(run: CiRun, out: Path, *, keep_reports: bool) -> None:
     """Each stage not skipped in turn, its start, end and time on stderr; at the first that fails, the line that says where and why,
-    and Exit with its code; else the collect line (the job's artifacts, the reports when ``keep_reports``)."""
+    and Finished with its code; else the collect line (the job's artifacts, the reports when ``keep_reports``)."""
     for name, stage, report in stages(run, out):
         if name in run.skipped:
             err_console.print(f"ci: {name} skipped (--skip)", highlight=False)
@@ -122,7 +120,7 @@ def run_chain(run: CiRun, out: Path, *, keep_reports: bool) -> None:
             why = first_reason(report) if report else ""
             err_console.print(f"[bold red]ci: stopped at {name} (exit {code}{f': {outside(why)}' if why else ''}); not run: {', '.join(rest)}[/]",
                               highlight=False)
-            raise Exit(code=code)
+            raise Finished(code)
         err_console.print(f"ci: {name} ok ({took:.0f}s)", highlight=False)
     job = json.loads((out / "run.json").read_text()).get("job") or {}
     collected = job.get("artifacts") or {}
@@ -137,8 +135,8 @@ def run_stage(stage: Callable[[], None]) -> int:
     try:
         stage()
         sys.stdout.flush()
-    except Exit as stop:
-        said, code = stop.message, (1 if stop.code is None else int(stop.code))
+    except Finished as stop:
+        said, code = stop.message, stop.code
     except GpurigError as err:
         said, code = f"gpurig: {printable(str(err))}", err.exit_code
     except KeyboardInterrupt as stop:  # Terminated (a runner's SIGTERM) carries its code; Ctrl-C's is 130

@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from invoke.exceptions import Exit
-
-from gpurig.errors import ConfigError, counted
+from gpurig.errors import ConfigError, Finished, counted
 from gpurig.files import write_report
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column, document
@@ -82,7 +80,7 @@ def roll_out(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpec, p
         prune_old(opts, chosen, state, image_id)
     present(opts, rows, state, ref, image_id)
     if not done:
-        raise Exit(code=1)
+        raise Finished(1)
 
 
 def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> None:

@@ -17,8 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from invoke.exceptions import Exit
-
+from gpurig.errors import Finished
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import document, show
 
@@ -127,12 +126,12 @@ class WaitLines:
                               f"(it waited {self.clock() - self.since:.0f}s)", highlight=False, soft_wrap=True)
 
 
-def interrupted(stop: KeyboardInterrupt, said: str) -> Exit:
+def interrupted(stop: KeyboardInterrupt, said: str) -> Finished:
     """The one line that ends a task a signal stopped, saying what became of its job; exit 130 after Ctrl-C, 143 after SIGTERM."""
     from gpurig.results import SIGINT_EXIT
 
     code = int(getattr(stop, "exit_code", SIGINT_EXIT))
-    return Exit(f"gpurig: {'terminated (SIGTERM)' if code == 128 + signal.SIGTERM else 'interrupted'}; {said}", code=code)
+    return Finished(code, f"gpurig: {'terminated (SIGTERM)' if code == 128 + signal.SIGTERM else 'interrupted'}; {said}")
 
 
 def run_hosts(
@@ -213,4 +212,4 @@ def write_json_report(opts: HostOptions, report: FleetReport, schema: str, annot
 def exit_for(report: FleetReport) -> None:
     """Exit non-zero when any host did not succeed (1), or after Ctrl-C (130)."""
     if report.exit_code:
-        raise Exit(code=report.exit_code)
+        raise Finished(report.exit_code)

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invoke.exceptions import Exit
-
-from gpurig.errors import ConfigError, GpurigError
+from gpurig.errors import ConfigError, Finished, GpurigError
 from gpurig.files import RUNS
 from gpurig.flows.fleettask import (
     HostOptions,
@@ -131,7 +129,7 @@ def run_job(opts: HostOptions, host: Host, request: jobspec.RunRequest, *, load_
         write_text_report(junit, job_junit([w.view for w in waited(report)]), "--junit")
     done = waited(report)
     if done and done[0].view.exit_status:  # the script's own code, before a failed fetch's 1
-        raise Exit(code=done[0].view.exit_status)
+        raise Finished(done[0].view.exit_status)
     exit_for(report)
 
 

@@ -135,3 +135,25 @@ def test_a_task_module_imports_no_other_task_module(module):
     shared = {"gpurig.cli", "gpurig.cli.base", "gpurig.cli.options"}
     others = sorted(m for m in _imports(MODULES[module]) if m.startswith("gpurig.cli") and m not in shared | {module})
     assert not others, f"{module} imports {others}: move what they share into the library, or into cli/base or cli/options"
+
+
+def _third_party(path: Path) -> set[str]:
+    """The top-level names of what a module imports from outside gpurig (at any depth: lazy imports count)."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names - {"gpurig"}
+
+
+@pytest.mark.parametrize(("package", "doors"), [("paramiko", ("gpurig.connect",)), ("invoke", ("gpurig.cli", "gpurig.config"))])
+def test_a_third_party_package_is_used_behind_its_doors(package, doors):
+    # paramiko only under connect/ (one door to SSH). Invoke only in the task layer and in config.py (the settings'
+    # layering is Invoke's Config), so that the library, flows/ included, runs from Python without the task layer: a
+    # flow ends with gpurig.errors.Finished, which the CLI makes Invoke's Exit.
+    users = sorted(m for m, path in MODULES.items()
+                   if package in _third_party(path) and not any(m == door or m.startswith(door + ".") for door in doors))
+    assert not users, f"{users} import {package}: only {', '.join(doors)} may"

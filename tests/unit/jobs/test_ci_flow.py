@@ -12,10 +12,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from invoke.exceptions import Exit
 
 from gpurig.config import Settings
-from gpurig.errors import ConfigError, SpecError
+from gpurig.errors import ConfigError, Finished, SpecError
 from gpurig.flows import cichain, fleetdeploy, fleetverify, imagebuild, jobrun
 from gpurig.flows.fleettask import HostOptions
 from gpurig.inventory import Host
@@ -68,7 +67,7 @@ def chain(tmp_path, capsys, **given) -> tuple[int, str]:
     try:
         cichain.run_chain(run, out, keep_reports=True)
         code = 0
-    except Exit as stop:
+    except Finished as stop:
         code = stop.code
     return code, capsys.readouterr().err
 
@@ -96,7 +95,7 @@ def test_each_stage_gets_the_host_its_report_and_the_job(stages, tmp_path, capsy
 def test_a_failing_stage_stops_the_chain_with_its_first_reason_and_its_code(stages, tmp_path, capsys):
     stages.reports["deploy"] = {"hosts": [{"host": "gpu-01", "status": "failed", "reason": "slim: failed",
                                            "containers": [{"name": "gpurig-slim", "status": "failed", "reason": "no /nonexistent/data"}]}]}
-    stages.fail["deploy"] = Exit(code=1)
+    stages.fail["deploy"] = Finished(1)
     code, said = chain(tmp_path, capsys, skipped=["build"])
     assert code == 1
     assert [name for name, _ in stages.calls] == ["deploy"]
@@ -106,7 +105,7 @@ def test_a_failing_stage_stops_the_chain_with_its_first_reason_and_its_code(stag
 
 def test_a_job_that_exited_4_stops_the_chain_with_the_scripts_code(stages, tmp_path, capsys):
     stages.reports["run"] = {"job": {"id": "abc12345", "state": "failed", "reason": "exited 4"}}
-    stages.fail["run"] = Exit(code=4)
+    stages.fail["run"] = Finished(4)
     code, said = chain(tmp_path, capsys, skipped=["build", "deploy", "verify"])
     assert code == 4
     assert said.strip().splitlines()[-1] == "ci: stopped at run (exit 4: job abc12345 failed (exited 4)); not run: collect"
