@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from invoke.exceptions import Exit
 
 from gpurig.cli.options import container_names, exit_with_job, host_task, select_hosts, slurm_reach, to_stdout
-from gpurig.errors import ConfigError, GpurigError, counted
+from gpurig.errors import ConfigError
 from gpurig.files import RUNS, output_dir
 from gpurig.report import err_console, outside
 from gpurig.report.tables import Column
@@ -27,43 +27,12 @@ if TYPE_CHECKING:
 
 __all__ = ["jobs", "logs", "attach", "cancel", "fetch_"]
 
-JOBS_SCHEMA = "gpurig.jobs/1"
-
-
-def views_of(rep: FleetReport) -> list[JobView]:
-    return [v for r in rep.results if isinstance(r.data, tuple) for v in r.data]
-
-
-def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
-    """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
-    from gpurig.flows.fleettask import run_hosts
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.jobs.views import job_view
-    from gpurig.results import Outcome
-
-    agent_text = None
-    controller = slurm_controller(opts)
-
-    def work(conn: Connection) -> Outcome:
-        nonlocal agent_text
-        agent = JobAgent(conn, agent_text)
-        agent_text = agent.source
-        views = [job_view(conn.name, d) for d in agent.jobs(ids)]
-        if conn.name == controller:
-            from gpurig.slurm.scheduler import slurm_jobs
-
-            views += [v for v in slurm_jobs(conn) if not ids or v.id in ids]
-        return Outcome(data=tuple(views))
-
-    return run_hosts(opts, select_hosts(opts), work, label=label, schema=JOBS_SCHEMA,
-                     annotate=lambda rep: {"jobs": [v.to_dict() for v in views_of(rep)]})
-
-
 @host_task(help={"state": "only jobs in these states, comma-separated (pending, running, succeeded, failed, cancelled)",
                  "job": "only this job (its id, or a unique start of it)"})
 def jobs(c, opts: HostOptions, state=None, job=None):
     """The jobs on the selected hosts (default: all): state (with why it waits or failed), GPUs, runtime, command."""
     from gpurig.flows.fleettask import exit_for, fleet_document
+    from gpurig.flows.jobfind import JOBS_SCHEMA, list_jobs, views_of
     from gpurig.jobs.views import STATES, check_job_id, duration_text
 
     wanted = [s.strip() for s in (state or "").split(",") if s.strip()]
@@ -81,45 +50,6 @@ def jobs(c, opts: HostOptions, state=None, job=None):
             rows.append([r.host, "-", "", f"{r.status}: {r.reason}", "", "", ""])
     opts.show(columns, rows, doc=fleet_document(opts, report, JOBS_SCHEMA, jobs=[v.to_dict() for v in shown]))
     exit_for(report)
-
-
-def slurm_controller(opts: HostOptions) -> str | None:
-    """The inventory's Slurm controller, when it has a cluster (its gpurig jobs are listed from there)."""
-    from gpurig.inventory import load_inventory
-    from gpurig.slurm.cluster import cluster_hosts
-
-    found = cluster_hosts(load_inventory(opts.settings.inventory), opts.settings.inventory)
-    return found.controller.name if found else None
-
-
-def find_job(opts: HostOptions, wanted: str) -> JobView:
-    """The job ``wanted`` names among the selected hosts' (one line when it is nowhere, or several, or a host could not be asked)."""
-    from gpurig.connect.fleet import run_fleet
-    from gpurig.flows.fleettask import make_connector
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.jobs.views import job_view, pick
-    from gpurig.results import Outcome
-
-    if wanted.isdecimal():  # Slurm's
-        from gpurig.slurm.scheduler import find, the_cluster
-
-        return find(slurm_reach(opts), the_cluster(opts.settings.inventory), wanted)
-    hosts = select_hosts(opts)
-    connector = make_connector(opts)
-    try:
-        report = run_fleet(hosts, lambda conn: Outcome(data=tuple(job_view(conn.name, d) for d in JobAgent(conn).jobs((wanted,)))),
-                           connector=connector, forks=opts.settings.forks, label="find")
-    finally:
-        connector.close()
-    views = views_of(report)
-    try:
-        return pick(views, wanted, len(hosts))
-    except GpurigError as err:
-        unasked = [r for r in report.results if r.status not in (Status.OK, Status.CHANGED)]
-        if unasked and not views:
-            said = "; ".join(f"{r.host}: {r.reason}" for r in unasked[:3])
-            raise ConfigError(f"{err.problem}; {counted(len(unasked), 'host')} could not be asked ({said})", err.fix) from None
-        raise
 
 
 def on_job_host(opts: HostOptions, view: JobView, label: str, work, interrupt_recap: bool = True) -> FleetReport:
@@ -168,6 +98,7 @@ def print_now(text: str) -> None:
 def job_logs(opts: HostOptions, job: str, follow: bool, tail: int) -> None:
     """``gpurig logs --job ID``: the whole log (or its last ``tail`` lines), with --follow until the job ends."""
     from gpurig.flows.fleettask import WaitLines, exit_for
+    from gpurig.flows.jobfind import find_job
     from gpurig.jobs.views import check_job_id
 
     view = find_job(opts, check_job_id(job))
@@ -229,6 +160,7 @@ def logs(c, opts: HostOptions, name=None, follow=False, tail=-1, job=False):
 def attach(c, opts: HostOptions, job=None, tail=20):
     """Follow a job's output until it ends, then exit with its exit code; Ctrl-C detaches (the job goes on)."""
     from gpurig.flows.fleettask import WaitLines, exit_for, follow_hint, interrupted
+    from gpurig.flows.jobfind import find_job
     from gpurig.jobs.views import check_job_id
 
     view = find_job(opts, check_job_id(job))
@@ -256,6 +188,7 @@ def attach(c, opts: HostOptions, job=None, tail=20):
 def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
     from gpurig.flows.fleettask import exit_for, fleet_document
+    from gpurig.flows.jobfind import find_job
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
     from gpurig.results import Outcome
@@ -293,6 +226,7 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
 def fetch_(c, opts: HostOptions, job=None, into=None):
     """Bring a job's artifacts (its --artifacts paths) here: only the files that differ, each checked by sha256."""
     from gpurig.flows.fleettask import exit_for
+    from gpurig.flows.jobfind import find_job
     from gpurig.jobs.artifacts import default_into, fetch
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id

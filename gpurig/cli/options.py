@@ -32,7 +32,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli.base import dry_run, task
 from gpurig.config import choice, settings
-from gpurig.errors import ConfigError, InventoryError
+from gpurig.errors import ConfigError
 from gpurig.report import err_console, outside
 from gpurig.report.tables import FORMATS
 from gpurig.strict import validate
@@ -125,32 +125,10 @@ def host_task(help: dict[str, str] | None = None, *, connect: bool = True, chang
 
 
 def select_hosts(opts: HostOptions, connects: bool = True) -> list[Host]:
-    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
+    """The selected hosts, validated (gpurig.flows.fleettask.select_hosts, loaded when a task body runs)."""
+    from gpurig.flows.fleettask import select_hosts as select
 
-    Their gpurig_* vars are validated here, before any task contacts a host; for a task that ``connects``, so is
-    their ansible_connection (one host of winrm or docker does not stop a task that leaves it out).
-    """
-    from gpurig.inventory import load_inventory
-    from gpurig.inventory.hostvars import connection_problem
-    from gpurig.inventory.profile import host_profile
-
-    chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
-    if not chosen:
-        raise InventoryError(
-            f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",
-            "check the patterns with 'gpurig hosts -l PATTERN'",
-        )
-    for host in chosen if connects else ():
-        problem = connection_problem(host.connection)
-        if problem:
-            raise InventoryError(f"{opts.settings.inventory}: host {host.name}: {problem[0]}", problem[1].replace("HOST", host.name))
-    for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
-        profile = host_profile(host, opts.settings.inventory)
-        if "gpurig_containers" in host.vars:  # deploy's container rules load only where a host has containers
-            from gpurig.deploy.containers import check_containers
-
-            check_containers(host, opts.settings.inventory, profile)
-    return chosen
+    return select(opts, connects)
 
 
 def container_names(name: str | None) -> list[str]:
@@ -164,11 +142,10 @@ def container_names(name: str | None) -> list[str]:
 
 
 def slurm_reach(opts: HostOptions) -> Reach:
-    """How the Slurm library reaches the inventory's cluster under these flags (connections, forks)."""
-    from gpurig.flows.fleettask import make_connector
-    from gpurig.slurm.scheduler import Reach
+    """How the Slurm library reaches the inventory's cluster (gpurig.flows.fleettask.slurm_reach, loaded when a task body runs)."""
+    from gpurig.flows.fleettask import slurm_reach as reach
 
-    return Reach(lambda: make_connector(opts), opts.settings.forks)
+    return reach(opts)
 
 
 def to_stdout(data: bytes) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpurig.errors import Finished
+from gpurig.errors import Finished, InventoryError
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import document, show
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpurig.inventory import Host
     from gpurig.report.tables import Column, Row
     from gpurig.results import FleetReport
+    from gpurig.slurm.scheduler import Reach
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,42 @@ def make_connector(opts: HostOptions, early: EarlyLogins | None = None) -> Conne
     ssh = SSHSettings(connect_timeout=s.connect_timeout, host_key_policy=s.host_key_policy, project_known_hosts=s.known_hosts)
     password = (lambda: getpass.getpass("sudo password: ")) if opts.ask_sudo_password else None
     return Connector(ssh, sudo_password=password, early=early)
+
+
+def select_hosts(opts: HostOptions, connects: bool = True) -> list[Host]:
+    """The inventory's hosts that match every --limit/--host/--group/--pattern given (each narrows); all if none.
+
+    Their gpurig_* vars are validated here, before any task contacts a host; for a task that ``connects``, so is
+    their ansible_connection (one host of winrm or docker does not stop a task that leaves it out).
+    """
+    from gpurig.inventory import load_inventory
+    from gpurig.inventory.hostvars import connection_problem
+    from gpurig.inventory.profile import host_profile
+
+    chosen = load_inventory(opts.settings.inventory).select(*opts.limit)
+    if not chosen:
+        raise InventoryError(
+            f"the selection {' & '.join(opts.limit)} matches no host in {opts.settings.inventory}",
+            "check the patterns with 'gpurig hosts -l PATTERN'",
+        )
+    for host in chosen if connects else ():
+        problem = connection_problem(host.connection)
+        if problem:
+            raise InventoryError(f"{opts.settings.inventory}: host {host.name}: {problem[0]}", problem[1].replace("HOST", host.name))
+    for host in chosen:  # every gpurig_* var checked whatever the task: a typo deploy would refuse stops provision too
+        profile = host_profile(host, opts.settings.inventory)
+        if "gpurig_containers" in host.vars:  # deploy's container rules load only where a host has containers
+            from gpurig.deploy.containers import check_containers
+
+            check_containers(host, opts.settings.inventory, profile)
+    return chosen
+
+
+def slurm_reach(opts: HostOptions) -> Reach:
+    """How the Slurm library reaches the inventory's cluster under these flags (connections, forks)."""
+    from gpurig.slurm.scheduler import Reach
+
+    return Reach(lambda: make_connector(opts), opts.settings.forks)
 
 
 def follow_hint(job: str) -> str:

@@ -24,7 +24,7 @@ from invoke.exceptions import Exit
 
 from gpurig.cli import base, jobqueue, options
 from gpurig.cli import run as run_task
-from gpurig.flows import fleettask, jobrun
+from gpurig.flows import fleettask, jobfind, jobrun
 from gpurig.inventory import Host
 from gpurig.jobs import submit
 from gpurig.jobs.sync import SyncPlan, SyncResult
@@ -255,7 +255,7 @@ def test_ctrl_c_on_logs_follow_or_attach_ends_quietly_in_one_line_with_130(gpu_h
     host.job = "abc12345"
     from gpurig.jobs.views import job_view
 
-    monkeypatch.setattr(jobqueue, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "running"}))
+    monkeypatch.setattr(jobfind, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "running"}))
     capsys.readouterr()
     with pytest.raises(Exit) as stop:
         if task.startswith("logs"):
@@ -424,7 +424,7 @@ def test_logs_follow_on_a_waiting_job_says_why_it_waits(gpu_host, capsys, monkey
 
     host = gpu_host(waits=(HELD, ("running", "")))
     host.job = "abc12345"
-    monkeypatch.setattr(jobqueue, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "pending"}))
+    monkeypatch.setattr(jobfind, "find_job", lambda opts, wanted: job_view(HOST.name, {"id": host.job, "state": "pending"}))
     capsys.readouterr()
     jobqueue.logs(Context(), name=host.job, job=True, follow=True)
     out, err = capsys.readouterr()
