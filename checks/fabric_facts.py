@@ -172,13 +172,13 @@ def read_interfaces(sys_net, unknown):
         real = os.path.realpath(path)
         kind = ARPHRD.get((read(os.path.join(path, "type")) or "").strip(), "other")
         addrs = addresses.get(name, []) if addresses is not None else [a for a in [ioctl_address(name)] if a]
-        out.append({"name": name, "speed_mbps": parse_speed(read(os.path.join(path, "speed"))),
+        out.append({"name": name, "index": parse_int(read(os.path.join(path, "ifindex"))), "speed_mbps": parse_speed(read(os.path.join(path, "speed"))),
                     "mtu": parse_int(read(os.path.join(path, "mtu"))), "operstate": operstate, "type": kind,
                     "virtual": "/virtual/" in real, "bridge": os.path.isdir(os.path.join(path, "bridge")),
                     "addresses": addrs})
     if not out:
         unknown.append(f"interfaces: {sys_net} lists none")
-    return out
+    return sorted(out, key=lambda i: (i["index"] is None, i["index"] or 0, i["name"]))  # NCCL tries them in this order
 
 
 def source_address(addr):
