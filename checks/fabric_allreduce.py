@@ -84,7 +84,7 @@ def busbw(nbytes, seconds, world):
 def size_figures(nbytes, times, world):
     seconds = statistics.median(times)
     return {"bytes": nbytes, "iters": len(times), "seconds": seconds,
-            "algbw": round(algbw(nbytes, seconds), 4), "busbw": round(busbw(nbytes, seconds, world), 4)}
+            "algbw": algbw(nbytes, seconds), "busbw": busbw(nbytes, seconds, world)}  # unrounded: a slow link's figures are small
 
 
 def human(nbytes):
@@ -236,8 +236,8 @@ def measure_all(args, doc, watchdog, dist, torch, device):
                           f"wrong sums at {', '.join(wrong)}" if wrong else f"every size summed to 1+...+{args.world}",
                           "a rank computes wrong sums: check that host's GPU (verify --level full) and NCCL_PROTO/NCCL_ALGO overrides" if wrong else ""))
     last = doc["sizes"][-1]
-    records.append(record("fabric.allreduce", "pass", last["busbw"], None, "GB/s",
-                          f"busbw at {human(last['bytes'])} across {args.world} ranks ({doc['backend']}); algbw {last['algbw']:g} GB/s"))
+    records.append(record("fabric.allreduce", "pass", float(f"{last['busbw']:.4g}"), None, "GB/s",
+                          f"busbw at {human(last['bytes'])} across {args.world} ranks ({doc['backend']}); algbw {last['algbw']:.4g} GB/s"))
     records.append(record("fabric.latency", "pass", doc["latency_us"], None, "us", f"median 8-byte all-reduce across {args.world} ranks"))
 
 

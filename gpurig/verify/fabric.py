@@ -57,6 +57,18 @@ def document(text: str, probe: str) -> dict | None:
     return None
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def sizes(doc: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """A rank document's well-formed size entries (bytes, seconds, algbw, busbw all numbers), smallest first."""
+    raw = (doc or {}).get("sizes")
+    good = [dict(s) for s in raw if isinstance(s, Mapping) and all(_number(s.get(k)) for k in ("bytes", "seconds", "algbw", "busbw"))
+            and s["bytes"] > 0] if isinstance(raw, list) else []
+    return sorted(good, key=lambda s: s["bytes"])
+
+
 def size_label(nbytes: int) -> str:
     for unit, shift in (("GB", 30), ("MB", 20), ("kB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:

@@ -27,6 +27,7 @@ from gpurig.verify.fabric import (
     links,
     promise,
     size_label,
+    sizes,
 )
 from gpurig.verify.records import Record
 
@@ -38,10 +39,10 @@ def rec(rid: str, status: str, measured: Any = None, expected: Any = None, unit:
 def size_records(rank0: Mapping[str, Any] | None) -> list[Record]:
     """One figures record per message size rank 0 measured, and its 8-byte latency."""
     out = []
-    for s in (rank0 or {}).get("sizes") or ():
-        out.append(rec(f"fabric.allreduce.{size_label(int(s['bytes']))}", "pass", s.get("busbw"), None, "GB/s",
-                       f"time {float(s['seconds']) * 1e3:.3f} ms (median of {s.get('iters')}), algbw {s.get('algbw')} GB/s, "
-                       f"busbw {s.get('busbw')} GB/s"))
+    for s in sizes(rank0):
+        out.append(rec(f"fabric.allreduce.{size_label(int(s['bytes']))}", "pass", float(f"{s['busbw']:.4g}"), None, "GB/s",
+                       f"time {s['seconds'] * 1e3:.4g} ms (median of {s.get('iters')}), algbw {s['algbw']:.4g} GB/s, "
+                       f"busbw {s['busbw']:.4g} GB/s"))
     latency = (rank0 or {}).get("latency_us")
     if isinstance(latency, (int, float)):
         out.append(rec("fabric.latency", "pass", latency, None, "us", "median 8-byte all-reduce: the small-message latency"))
@@ -55,10 +56,10 @@ def slowest(run: FabricRun) -> Link | None:
 
 def busbw_record(run: FabricRun) -> Record:
     """The busbw at the largest size against the links' promise."""
-    sizes = list((run.rank0 or {}).get("sizes") or ())
-    if not sizes:
+    measured = sizes(run.rank0)
+    if not measured:
         return rec("fabric.busbw", "skip", detail="skipped: rank 0 measured no size")
-    last = max(sizes, key=lambda s: int(s["bytes"]))
+    last = measured[-1]
     got, nbytes = float(last["busbw"]), int(last["bytes"])
     expected, how = promise(run)
     label = size_label(nbytes)
@@ -230,7 +231,7 @@ def checked_record(run: FabricRun) -> Record | None:
         return rec("fabric.checked", "fail", len(hosts), ">= 2", "hosts", f"nothing was checked: {len(hosts)} host(s) left to "
                    "all-reduce across", "select at least two hosts whose single-host verify passes")
     rank0 = run.rank0
-    if not rank0 or not rank0.get("sizes"):
+    if not rank0 or not sizes(rank0):
         failed = next((r for r in (rank0 or {}).get("records") or () if r.get("status") == "fail"), None)
         why = failed.get("detail") if failed else "rank 0 gave no document" if not rank0 else "rank 0 measured no size"
         return rec("fabric.checked", "fail", None, None, "", f"nothing was measured: {why}",
