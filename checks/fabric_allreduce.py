@@ -124,47 +124,63 @@ def first_line(err):
 
 
 class Watchdog:
-    """Ends the probe with its document when a phase overruns: a dead peer must not hang the host's verify."""
+    """Ends the probe with its document when a phase makes no progress for its time: a dead peer must not hang verify.
+
+    One polling thread reads the time of the last beat; the measuring loop beats after every collective (a
+    float written, no thread per operation, so the latency figures are not skewed).
+    """
+
+    POLL_S = 0.25
 
     def __init__(self, doc, emit):
-        self.doc, self.emit, self.timer, self.phase = doc, emit, None, ""
+        self.doc, self.emit, self.phase, self.last, self.closed = doc, emit, None, time.monotonic(), False
+        threading.Thread(target=self._watch, daemon=True).start()
 
     def arm(self, phase, seconds, rid, fix):
-        self.disarm()
-        self.phase = phase
-        self.timer = threading.Timer(seconds, self._fire, (phase, seconds, rid, fix))
-        self.timer.daemon = True
-        self.timer.start()
+        self.last = time.monotonic()
+        self.phase = (phase, seconds, rid, fix)
+
+    def beat(self):
+        self.last = time.monotonic()
 
     def disarm(self):
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.phase = None
 
-    def _fire(self, phase, seconds, rid, fix):
-        self.doc["records"].append(record(rid, "fail", None, f"< {seconds:g} s", "",
-                                          f"{phase} did not finish within {seconds:g} s", fix))
-        self.emit(self.doc)
-        os._exit(EXIT_WATCHDOG)
+    def close(self):
+        self.phase, self.closed = None, True
+
+    def _watch(self):
+        while not self.closed:
+            time.sleep(self.POLL_S)
+            phase = self.phase
+            if phase is not None and time.monotonic() - self.last > phase[1]:
+                what, seconds, rid, fix = phase
+                self.doc["records"].append(record(rid, "fail", None, f"< {seconds:g} s", "",
+                                                  f"{what} made no progress for {seconds:g} s: a peer stopped answering", fix))
+                self.emit(self.doc)
+                os._exit(EXIT_WATCHDOG)
 
 
-def measure(dist, torch, device, nbytes, iters, sync):
+def measure(dist, torch, device, nbytes, iters, sync, beat=lambda: None):
     """(correct, per-iteration seconds) of an in-place float32 all-reduce of ``nbytes``."""
     world, rank = dist.get_world_size(), dist.get_rank()
     tensor = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32, device=device)
     dist.all_reduce(tensor)  # warm-up, and the sum 1 + 2 + ... + n checked once
     sync()
+    beat()
     want = world * (world + 1) / 2
     correct = bool(tensor[0].item() == want and tensor[-1].item() == want)
     tensor.zero_()  # zeros stay zeros however often they are summed: no overflow over the iterations
     dist.all_reduce(tensor)
     sync()
+    beat()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         dist.all_reduce(tensor)
         sync()
         times.append(time.perf_counter() - start)
+        beat()
     return correct, times
 
 
@@ -216,11 +232,12 @@ def measure_all(args, doc, watchdog, dist, torch, device):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     wrong = []
     watchdog.arm("the first all-reduces (connections set up)", args.timeout, "fabric.allreduce", PEER_FIX)
-    measure(dist, torch, device, LATENCY_BYTES, 5, sync)  # the first collectives open connections: not a latency
+    measure(dist, torch, device, LATENCY_BYTES, 5, sync, watchdog.beat)  # the first collectives open connections: not a latency
     for nbytes in (LATENCY_BYTES,) + tuple(args.sizes):
         watchdog.arm(f"the all-reduce of {human(nbytes)}", args.timeout, "fabric.allreduce", PEER_FIX)
         try:
-            correct, times = measure(dist, torch, device, nbytes, iters_for(nbytes, args.iters) * (3 if nbytes == LATENCY_BYTES else 1), sync)
+            correct, times = measure(dist, torch, device, nbytes, iters_for(nbytes, args.iters) * (3 if nbytes == LATENCY_BYTES else 1),
+                                     sync, watchdog.beat)
         except Exception as err:  # a peer gone: gloo says so at once (connection reset), NCCL as an error
             records.append(record("fabric.allreduce", "fail", None, None, "",
                                   f"the all-reduce of {human(nbytes)} failed on rank {args.rank}: {first_line(err)}", PEER_FIX))
@@ -271,7 +288,7 @@ def main(argv=None):
     parser.add_argument("--master-port", type=int, default=29500)
     parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES, help="comma list: 4k,1M,256M (default 4 kB..256 MB, x4)")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations for small sizes; large ones get fewer (>= 3)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds the rendezvous and each size may take")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds the rendezvous, and each all-reduce, may take")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument("--interface", help="network interface for the backend (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)")
     parser.add_argument("--device", type=int, default=0, help="the CUDA device this rank uses with nccl")

@@ -15,6 +15,8 @@ import json
 import socket
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -152,7 +154,13 @@ def rank(r: int, world: int, port: int, timeout: float = 20) -> subprocess.Popen
 def test_three_gloo_ranks_measure_every_size():
     port = free_port()
     procs = [rank(r, 3, port) for r in range(3)]
-    outs = [p.communicate(timeout=60)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:  # a rank still running after a failed assertion above must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     docs = [document(out, "fabric") for out in outs]
     assert all(p.returncode == 0 for p in procs), outs
     for r, doc in enumerate(docs):
@@ -169,9 +177,34 @@ def test_three_gloo_ranks_measure_every_size():
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed here")
 def test_a_rank_before_a_closed_port_fails_with_the_rendezvous_record_in_time():
     proc = rank(1, 2, free_port(), timeout=2)
-    out, _ = proc.communicate(timeout=30)  # torch retries once: about twice the timeout, and the watchdog at timeout + 5
+    try:
+        out, _ = proc.communicate(timeout=30)  # torch retries once: about twice the timeout, and the watchdog at timeout + 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     doc = document(out, "fabric")
     assert proc.returncode == 1 and doc["sizes"] == []
     failed = [x for x in doc["records"] if x["status"] == "fail"]
     assert [x["id"] for x in failed] == ["fabric.rendezvous"]
     assert "127.0.0.1:" in failed[0]["detail"] and "within 2 s" in failed[0]["detail"] and "TCP port" in failed[0]["fix"]
+
+
+def test_the_watchdog_ends_a_phase_without_progress_and_not_one_that_beats(monkeypatch):
+    spec = importlib.util.spec_from_file_location("fabric_allreduce_watchdog", CHECKS / "fabric_allreduce.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    emitted, exits = [], []
+    doc = {"records": []}
+    dog = probe.Watchdog(doc, lambda d: emitted.append(len(d["records"])))
+    monkeypatch.setattr(probe, "os", types.SimpleNamespace(_exit=lambda code: (exits.append(code), dog.disarm())))
+    monkeypatch.setattr(dog, "POLL_S", 0.02)
+    dog.arm("the all-reduce of 256 MB", 0.3, "fabric.allreduce", "the fix")
+    for _ in range(10):  # beating every 0.1 s keeps a 0.3 s phase alive
+        time.sleep(0.1)
+        dog.beat()
+    assert not exits
+    time.sleep(0.6)
+    dog.close()
+    assert exits == [probe.EXIT_WATCHDOG] and emitted == [1]
+    assert doc["records"][0]["id"] == "fabric.allreduce" and "made no progress for 0.3 s" in doc["records"][0]["detail"]
