@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # NCCL over sockets or InfiniBand reaches ~90% of the line rate in nccl-tests' busbw (HDR 200 Gb/s: ~23 of 25 GB/s):
@@ -102,13 +102,23 @@ class FabricRun:
     facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> fabric_facts document
     ranks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> fabric_allreduce document
     master: str = ""  # the rendezvous address
-    backend: str = "nccl"  # nccl | gloo: what the ranks ran (rank 0's document says, when it ran)
+    backend: str = "nccl"  # nccl | gloo: what the ranks were to run; as_ran() takes rank 0's word for it
     interface: str | None = None  # gpurig_fabric.interface, else NCCL_SOCKET_IFNAME
     excluded: Mapping[str, str] = field(default_factory=dict)  # host -> why its single-host verify kept it out
 
     @property
+    def ranked(self) -> tuple[str, ...]:
+        """The hosts that ran a rank, in rank order: the selected ones less those left out."""
+        return tuple(h for h in self.hosts if h not in self.excluded)
+
+    @property
     def rank0(self) -> Mapping[str, Any] | None:
-        return self.ranks.get(self.hosts[0]) if self.hosts else None
+        return self.ranks.get(self.ranked[0]) if self.ranked else None
+
+    def as_ran(self) -> FabricRun:
+        """This run with the backend rank 0 says it used (auto picks nccl or gloo on the hosts themselves)."""
+        said = (self.rank0 or {}).get("backend")
+        return replace(self, backend=said) if said in ("nccl", "gloo") and said != self.backend else self
 
 
 # ---- which interface each host uses ---------------------------------------------------------------

@@ -252,6 +252,7 @@ def rank_failures(run: FabricRun) -> list[Record]:
 
 def fabric_records(run: FabricRun) -> list[Record]:
     """Every record of a fabric run, figures first; a run that measured nothing ends with fabric.checked's fail."""
+    run = run.as_ran()
     out = size_records(run.rank0) + [busbw_record(run), interface_record(run), rendezvous_record(run), speed_record(run),
                                      mtu_record(run), ib_record(run), peermem_record(run)]
     out += rank_failures(run) + excluded_records(run)

@@ -119,7 +119,7 @@ def test_busbw_at_a_latency_bound_largest_size_gets_no_verdict():
 
 
 def test_gloo_on_a_fast_link_warns_instead_of_failing():
-    r = by_id(fabric_records(fleet(rank=rank0(2.0), backend="gloo")))["fabric.busbw"]
+    r = by_id(fabric_records(fleet(rank=dict(rank0(2.0), backend="gloo"), backend="gloo")))["fabric.busbw"]
     assert r.status == "warn" and "gloo" in r.detail
 
 
@@ -258,3 +258,10 @@ def test_a_malformed_rank_document_measured_nothing():
             "records": []}
     records = by_id(fabric_records(fleet(rank=junk)))
     assert records["fabric.checked"].status == "fail" and not any(r.startswith("fabric.allreduce.") for r in records)
+
+
+def test_rank_zero_is_the_first_host_not_left_out_and_its_backend_counts():
+    gloo = dict(rank0(2.0), backend="gloo")
+    run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, {"a100-02": gloo}, master="10.0.0.1", excluded={"a100-01": "host.driver"})
+    assert run.rank0 is gloo and run.as_ran().backend == "gloo"
+    assert by_id(fabric_records(run))["fabric.busbw"].status == "warn"  # gloo on 100 Gb/s: CPU-bound, not the link's fault
