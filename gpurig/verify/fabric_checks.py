@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
+from gpurig.errors import counted
 from gpurig.verify.fabric import (
     FIX_INTERFACE,
     GLOO_LINK_LIMIT_MBPS,
@@ -228,7 +229,7 @@ def checked_record(run: FabricRun) -> Record | None:
     """Fails closed: fewer than two hosts, or rank 0 measured nothing, is no proof."""
     hosts = [h for h in run.hosts if h not in run.excluded]
     if len(hosts) < 2:
-        return rec("fabric.checked", "fail", len(hosts), ">= 2", "hosts", f"nothing was checked: {len(hosts)} host(s) left to "
+        return rec("fabric.checked", "fail", len(hosts), ">= 2", "hosts", f"nothing was checked: {counted(len(hosts), 'host')} left to "
                    "all-reduce across", "select at least two hosts whose single-host verify passes")
     rank0 = run.rank0
     if not rank0 or not sizes(rank0):
