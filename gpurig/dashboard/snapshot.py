@@ -22,7 +22,7 @@ from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 
 SCHEMA = "gpurig.dashboard/1"
-POINTS = 180  # samples per series the page is sent when it opens: three minutes at 1/s
+POINTS = 60  # samples per series the page is sent when it opens (a minute at 1/s: 100 hosts x 8 GPUs is then about 2 MB)
 
 
 def newest_cuda(driver: str | None) -> str | None:
@@ -98,7 +98,6 @@ def _gpu_now(g: GpuSample) -> dict[str, Any]:
     return {
         "name": g.name,
         "uuid": g.uuid,
-        "mem_used_mib": _r(g.mem_used_mib, 0),
         "mem_total_mib": _r(g.mem_total_mib, 0),
         "power_limit_w": _r(g.power_limit_w, 0),
         "processes": [{"pid": p.pid, "user": p.user, "name": p.name, "used_mib": p.used_mib} for p in g.processes],
@@ -106,20 +105,25 @@ def _gpu_now(g: GpuSample) -> dict[str, Any]:
     }
 
 
-def host_series(samples: Iterable[Sample], after: float = -1.0) -> dict[str, Any]:
-    """One host's samples newer than ``after`` as compact series: host points [t, cpu %, memory used %] and, per GPU label,
-    its points and what it holds now (processes, Slurm jobs)."""
+def host_series(samples: Iterable[Sample], before: Sample | None = None) -> dict[str, Any]:
+    """One host's samples as compact series: host points [t, cpu %, memory used %] and, per GPU label, its points and, where
+    they changed since ``before`` (the sample the page already has), its name, memory size and holders (processes, Slurm
+    jobs); ``last_t``, the newest sample's time unrounded, is where the next delta starts."""
     points: list[list[float | None]] = []
     gpus: dict[str, dict[str, Any]] = {}
+    had = {g.label: _gpu_now(g) for g in before.gpus} if before is not None else {}
+    last_t = None
     for s in samples:
-        if s.t <= after:
-            continue
+        last_t = s.t
         points.append([round(s.t, 3), _r(s.cpu_percent), _pct(s.mem_used, s.mem_total)])
         for g in s.gpus:
             entry = gpus.setdefault(g.label, {"points": []})
             entry["points"].append(_gpu_point(s.t, g))
-            entry.update(_gpu_now(g))
-    return {"points": points, "gpus": gpus}
+            now = _gpu_now(g)
+            if had.get(g.label) != now:
+                entry.update(now)
+                had[g.label] = now
+    return {"points": points, "gpus": gpus, "last_t": last_t}
 
 
 def live_section(run: Run, state: str, why: str, interval: float, failed: Mapping[str, str], after: Mapping[str, float] | None = None,
@@ -127,11 +131,15 @@ def live_section(run: Run, state: str, why: str, interval: float, failed: Mappin
     """The live section: every host the session has heard from, with its last ``points`` samples (or only those after ``after``)."""
     hosts: dict[str, Any] = {}
     for host in run.hosts():
-        series = run.series(host)
         st = run.state(host)
+        before = None
         if after is None:
-            series = series[-points:]
-        found = host_series(series, (after or {}).get(host, -1.0))
+            series = run.recent(host, limit=points)
+        else:
+            series = run.recent(host, after=after.get(host))
+            earlier = run.recent(host, limit=len(series) + 1) if host in after else []
+            before = earlier[0] if len(earlier) > len(series) else None
+        found = host_series(series, before)
         found.update(source=st.source, notes=list(st.notes), failed=failed.get(host))
         if st.hello.get("cpus"):
             found["cpus"] = st.hello.get("cpus")
@@ -143,8 +151,8 @@ def cursor_of(live: Mapping[str, Any], before: Mapping[str, float] | None = None
     """Each host's newest time in a live section (where it had none, the one before): where the next delta starts."""
     cursor = dict(before or {})
     for host, found in live["hosts"].items():
-        if found["points"]:
-            cursor[host] = found["points"][-1][0]
+        if found["last_t"] is not None:
+            cursor[host] = found["last_t"]
     return cursor
 
 

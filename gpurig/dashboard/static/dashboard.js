@@ -135,7 +135,7 @@ function renderLive(live) {
       if (!row) { row = gpuRow(name, label); gpus.append(row); }
       const p = g.points[g.points.length - 1] || [];
       row.children[1].textContent = `${num(p[1], "%")} ${num(p[3], "°C")} ${num(p[4], "W")}${p[5] != null ? ` sm ${num(p[5], "%")}` : ""}`;
-      row.children[1].title = `${g.name || ""} memory ${num(g.mem_used_mib)} / ${num(g.mem_total_mib)} MiB`;
+      row.children[1].title = `${g.name || ""}, memory ${num(p[2], "%")} of ${num(g.mem_total_mib)} MiB`;
       drawSpark(row.children[2], g.points, 1, 2);
       row.children[3].textContent = owners(g);
     }
@@ -149,7 +149,7 @@ function mergeLive(live, replace) {
     have.points = have.points.concat(h.points).slice(-KEEP);
     for (const [label, g] of Object.entries(h.gpus || {})) {
       const old = have.gpus[label] || { points: [] };
-      have.gpus[label] = { ...g, points: old.points.concat(g.points).slice(-KEEP) };
+      have.gpus[label] = { ...old, ...g, points: old.points.concat(g.points).slice(-KEEP) };  // a delta names what changed only
     }
     Object.assign(have, { source: h.source, notes: h.notes, failed: h.failed });
   }
@@ -165,6 +165,7 @@ function renderJobs(jobs) {
     el("td", {}, j.gpus), el("td", {}, duration(j.runtime_s)), el("td", {}, when(j.submitted_at)), el("td", { class: "wrap" }, j.command)));
   for (const u of jobs.unread || []) rows.push(el("tr", { "data-unread": u.host }, el("td", {}, u.host), el("td", {}, "-"),
     el("td", { class: `state ${u.status} wrap`, colspan: 6 }, `${u.status}: ${u.why}`)));
+  if (!rows.length && jobs.state === "known") rows.push(el("tr", {}, el("td", { colspan: 8, class: "sub" }, "no jobs on these hosts")));
   fill("jobs-rows", rows);
 }
 
