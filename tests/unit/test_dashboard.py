@@ -259,3 +259,19 @@ def test_a_delta_names_a_gpus_holders_only_when_they_changed():
     assert len(gpu["points"]) == 1 and "processes" not in gpu  # the same python of alice's as in the sample before
     whole = live_section(run, "running", "", 1.0, {}, points=1)["hosts"]["gpu-healthy"]["gpus"]["0"]
     assert whole["processes"] == [{"pid": 4242, "user": "alice", "name": "python", "used_mib": 48128}]
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--bind", "gpu-head.example"], "--bind 'gpu-head.example' is not an IP address"),
+    (["--port", "70000"], "--port 70000 is not a port number"),
+    (["--interval", "0"], "--interval '0' is not a number of seconds"),
+])
+def test_cli_bad_flags_are_one_line_before_any_host(tmp_path, flags, said):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "-i", str(tmp_path / "none.yaml"), *flags],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
