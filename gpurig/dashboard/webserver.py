@@ -68,14 +68,17 @@ class Dashboard:
         self.server.dashboard = self
         self.address = address
         self.port = int(self.server.server_address[1])
-        hostnames = names or (socket.gethostname(), socket.getfqdn())
-        self.gate = Gate(token, allowed_hosts(address, self.port, hostnames))
+        self.names = names or _own_names()
+        self.gate = Gate(token, allowed_hosts(address, self.port, self.names))
         self.closing = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._thread: threading.Thread | None = None
 
     def url(self, token: str | None = None) -> str:
-        host = f"[{self.address}]" if ":" in self.address else ("127.0.0.1" if self.address == "0.0.0.0" else self.address)
+        if self.address in ("0.0.0.0", "::"):
+            host = self.names[0]  # every address: the name a colleague reaches this machine by
+        else:
+            host = f"[{self.address}]" if ":" in self.address else self.address
         return f"http://{host}:{self.port}/" + (f"?token={token}" if token else "")
 
     def serve(self) -> None:
@@ -90,6 +93,23 @@ class Dashboard:
             self.server.shutdown()
             self._thread.join(5)
         self.server.server_close()
+
+
+def _own_names() -> tuple[str, ...]:
+    """This machine's names and addresses, as a colleague's browser may put them in the Host header: its full name first
+    (where it has one), then its short name and the addresses that name resolves to."""
+    import psutil
+
+    short, full = socket.gethostname(), socket.getfqdn()
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(short, None)}
+    except OSError:
+        found = set()
+    for addrs in psutil.net_if_addrs().values():  # a wildcard bind answers on every interface's address
+        found.update(a.address for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6) and "%" not in a.address)
+    addresses = sorted(found)
+    first = [full] if "." in full and full != "localhost" else []
+    return tuple(dict.fromkeys([*first, short, *(f"[{a}]" if ":" in a else a for a in addresses)]))
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -86,6 +86,8 @@ def test_allowed_hosts_on_loopback_and_beyond():
     shared = allowed_hosts("10.0.0.5", 9000, ("gpu-head", "gpu-head.lab.example"))
     assert shared == {"10.0.0.5:9000", "gpu-head:9000", "gpu-head.lab.example:9000"}
     assert allowed_hosts("::1", 1) == {"[::1]:1", "localhost:1", "127.0.0.1:1"}
+    every = allowed_hosts("0.0.0.0", 2, ("gpu-head", "10.0.0.5", "[fd00::2]"))  # every address: this machine's names and its own
+    assert every == {"localhost:2", "127.0.0.1:2", "[::1]:2", "gpu-head:2", "10.0.0.5:2", "[fd00::2]:2"}
 
 
 def test_bind_takes_an_address_and_shares_only_with_a_token():
