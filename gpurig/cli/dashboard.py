@@ -22,13 +22,14 @@ _HELP = {
             "reaches it and has the token (plain HTTP: use it on a network you trust)",
     "port": "the port (default 0: a free one, printed)",
     "interval": "seconds between the monitor's samples (default 1)",
+    "idle_after": "flag a GPU that a process or job holds at under 5% utilisation for this many seconds, naming its holder (default 600)",
     "json": "when the dashboard stops, write the page's last snapshot as JSON to this file (- = stdout); never the token",
     "format": "table (default); the dashboard's data is its page and /api/snapshot",
 }
 
 
 @host_task(help=_HELP)
-def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None):
+def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None):
     """Serve the team's web page on this machine: fleet, live GPUs, jobs and history of the selected hosts (token in the URL)."""
     from gpurig.dashboard.feeds import Feeds
     from gpurig.dashboard.webauth import bind_address, is_loopback, new_token
@@ -37,13 +38,16 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None):
     interval_s = finite_number(interval) if interval is not None else 1.0
     if interval_s is None or not 0.2 <= interval_s <= 3600:
         raise ConfigError(f"--interval {excerpt(interval)} is not a number of seconds from 0.2 to 3600", "give --interval a number such as 1")
+    idle_s = finite_number(idle_after) if idle_after is not None else 600.0
+    if idle_s is None or not 0 <= idle_s <= 366 * 86400:
+        raise ConfigError(f"--idle-after {excerpt(idle_after)} is not a number of seconds", "give --idle-after a number such as 600")
     number = whole_number(port)
     if number is None or not 0 <= number <= 65535:
         raise ConfigError(f"--port {excerpt(port)} is not a port number", "give --port a number from 1 to 65535, or 0 for a free one")
     token = new_token()
     address = bind_address(str(bind), token)
     hosts = select_hosts(opts)
-    feeds = Feeds(opts, hosts, interval_s)
+    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s)
     server = Dashboard(feeds, token, address, number)  # the port is taken before any host is contacted
     url_file = None
     try:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpurig.dashboard import snapshot
 from gpurig.dashboard.history import History, read_history
 from gpurig.errors import GpurigError
+from gpurig.monitor.idle import IdleTracker
 from gpurig.monitor.session import Run
 from gpurig.results import FleetEvents, FleetReport, HostResult
 
@@ -49,7 +50,8 @@ class Feeds:
     """What the page shows, kept fresh by background readers; ``document`` and ``delta`` read it under one lock."""
 
     def __init__(self, opts: HostOptions, hosts: list[Host], interval: float = 1.0, *, jobs_every: float = 3.0,
-                 facts_every: float = 300.0, history_every: float = 10.0, connector: Callable[[], Connector] | None = None) -> None:
+                 facts_every: float = 300.0, history_every: float = 10.0, idle_after: float = snapshot.IDLE_AFTER,
+                 connector: Callable[[], Connector] | None = None) -> None:
         from gpurig.flows.fleettask import make_connector
 
         self.opts = opts
@@ -58,7 +60,9 @@ class Feeds:
         self.interval = interval
         self.every = {"jobs": jobs_every, "fleet": facts_every, "history": history_every}
         self._connector = connector or (lambda: make_connector(opts))
-        self.run = Run()
+        self.idle = IdleTracker()
+        self.idle_after = idle_after
+        self.run = Run(listeners=(self.idle,))
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.versions = dict.fromkeys(SECTIONS, 0)
@@ -202,7 +206,8 @@ class Feeds:
         with self.lock:
             versions = dict(self.versions)
             sections = {name: self._section(name) for name in SECTIONS}
-            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed))
+            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), idle=self.idle,
+                                         idle_after=self.idle_after)
         doc = snapshot.document(selection=self.names, inventory=str(self.opts.settings.inventory), live=live, **sections)
         return doc, snapshot.cursor_of(live), versions
 
@@ -211,6 +216,7 @@ class Feeds:
         with self.lock:
             now = dict(self.versions)
             changed = {name: self._section(name) for name in SECTIONS if now[name] != versions.get(name)}
-            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), after=cursor)
+            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), after=cursor,
+                                         idle=self.idle, idle_after=self.idle_after)
         live["hosts"] = {h: found for h, found in live["hosts"].items() if found["points"]}
         return {"now": time.time(), "live": live, **changed}, snapshot.cursor_of(live, cursor), now

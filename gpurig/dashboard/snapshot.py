@@ -16,12 +16,14 @@ from gpurig.dashboard.history import History
 from gpurig.facts import Facts
 from gpurig.image.compat import CUDA_RELEASES, driver_supports, version_key
 from gpurig.jobs.views import JobView
+from gpurig.monitor.idle import IdleTracker, utilisation
 from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
 from gpurig.results import FleetReport, HostResult
 from gpurig.status import Status
 
 SCHEMA = "gpurig.dashboard/1"
+IDLE_AFTER = 600.0  # seconds a held GPU may sit under 5% before the page flags it
 POINTS = 60  # samples per series the page is sent when it opens (a minute at 1/s: 100 hosts x 8 GPUs is then about 2 MB)
 
 
@@ -89,13 +91,13 @@ def _pct(part: float | None, whole: float | None) -> float | None:
 
 def _gpu_point(t: float, g: GpuSample) -> list[float | None]:
     """[t, utilisation %, memory used %, temperature C, power W, SM activity %]; None where the GPU does not say."""
-    util = g.util_gpu if g.util_gpu is not None else (None if g.gr_active is None else 100.0 * g.gr_active)
-    return [round(t, 3), _r(util), _pct(g.mem_used_mib, g.mem_total_mib), _r(g.temp_c), _r(g.power_w),
+    return [round(t, 3), _r(utilisation(g)), _pct(g.mem_used_mib, g.mem_total_mib), _r(g.temp_c), _r(g.power_w),
             None if g.sm_active is None else round(100.0 * g.sm_active, 1)]
 
 
-def _gpu_now(g: GpuSample) -> dict[str, Any]:
+def _gpu_now(g: GpuSample, idle_since: float | None) -> dict[str, Any]:
     return {
+        "idle_since": idle_since,
         "name": g.name,
         "uuid": g.uuid,
         "mem_total_mib": _r(g.mem_total_mib, 0),
@@ -105,13 +107,15 @@ def _gpu_now(g: GpuSample) -> dict[str, Any]:
     }
 
 
-def host_series(samples: Iterable[Sample], before: Sample | None = None) -> dict[str, Any]:
+def host_series(samples: Iterable[Sample], before: Sample | None = None, idle: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One host's samples as compact series: host points [t, cpu %, memory used %] and, per GPU label, its points and, where
     they changed since ``before`` (the sample the page already has), its name, memory size and holders (processes, Slurm
-    jobs); ``last_t``, the newest sample's time unrounded, is where the next delta starts."""
+    jobs) and since when it has sat idle while held (``idle``: IdleTracker.of); ``last_t``, the newest sample's time unrounded,
+    is where the next delta starts."""
     points: list[list[float | None]] = []
     gpus: dict[str, dict[str, Any]] = {}
-    had = {g.label: _gpu_now(g) for g in before.gpus} if before is not None else {}
+    idle = idle or {}
+    had = {g.label: _gpu_now(g, idle.get(g.label)) for g in before.gpus} if before is not None else {}
     last_t = None
     for s in samples:
         last_t = s.t
@@ -119,7 +123,7 @@ def host_series(samples: Iterable[Sample], before: Sample | None = None) -> dict
         for g in s.gpus:
             entry = gpus.setdefault(g.label, {"points": []})
             entry["points"].append(_gpu_point(s.t, g))
-            now = _gpu_now(g)
+            now = _gpu_now(g, idle.get(g.label))
             if had.get(g.label) != now:
                 entry.update(now)
                 had[g.label] = now
@@ -127,8 +131,9 @@ def host_series(samples: Iterable[Sample], before: Sample | None = None) -> dict
 
 
 def live_section(run: Run, state: str, why: str, interval: float, failed: Mapping[str, str], after: Mapping[str, float] | None = None,
-                 points: int = POINTS) -> dict[str, Any]:
-    """The live section: every host the session has heard from, with its last ``points`` samples (or only those after ``after``)."""
+                 points: int = POINTS, idle: IdleTracker | None = None, idle_after: float = IDLE_AFTER) -> dict[str, Any]:
+    """The live section: every host the session has heard from, with its last ``points`` samples (or only those after ``after``);
+    a held GPU idle for ``idle_after`` seconds is flagged on the page, naming what holds it."""
     hosts: dict[str, Any] = {}
     for host in run.hosts():
         st = run.state(host)
@@ -139,12 +144,12 @@ def live_section(run: Run, state: str, why: str, interval: float, failed: Mappin
             series = run.recent(host, after=after.get(host))
             earlier = run.recent(host, limit=len(series) + 1) if host in after else []
             before = earlier[0] if len(earlier) > len(series) else None
-        found = host_series(series, before)
+        found = host_series(series, before, idle.of(host) if idle is not None else None)
         found.update(source=st.source, notes=list(st.notes), failed=failed.get(host))
         if st.hello.get("cpus"):
             found["cpus"] = st.hello.get("cpus")
         hosts[host] = found
-    return {"state": state, "why": why, "interval": interval, "hosts": hosts}
+    return {"state": state, "why": why, "interval": interval, "idle_after": idle_after, "hosts": hosts}
 
 
 def cursor_of(live: Mapping[str, Any], before: Mapping[str, float] | None = None) -> dict[str, float]:

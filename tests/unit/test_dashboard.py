@@ -277,3 +277,20 @@ def test_cli_bad_flags_are_one_line_before_any_host(tmp_path, flags, said):
     proc = subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "-i", str(tmp_path / "none.yaml"), *flags],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+
+
+def test_a_held_gpu_under_5_percent_is_idle_since_its_streak_began():
+    from gpurig.monitor.idle import IdleTracker
+
+    run = load_run(ROOT / "tests" / "fixtures" / "monitor" / "runs" / "slurm_jobs")  # GPU 0 at 2% under job 42, GPU 2 at 0% held by none
+    tracker = IdleTracker()
+    samples = run.series("gpu-slurm-jobs")
+    for s in samples:
+        tracker("gpu-slurm-jobs", {"type": "sample"}, s)
+    assert tracker.of("gpu-slurm-jobs") == {"0": samples[0].t}
+    gpus = live_section(run, "running", "", 1.0, {}, idle=tracker, idle_after=20)["hosts"]["gpu-slurm-jobs"]["gpus"]
+    assert gpus["0"]["idle_since"] == samples[0].t and gpus["1"]["idle_since"] is None and gpus["2"]["idle_since"] is None
+    busy = samples[-1].gpus[1]
+    tracker("gpu-slurm-jobs", {}, type(samples[-1])(host="gpu-slurm-jobs", t=samples[-1].t + 1, cpu_percent=1.0,
+                                                      gpus=(type(busy)(index=0, util_gpu=50.0, hpc_jobs=busy.hpc_jobs),)))
+    assert tracker.of("gpu-slurm-jobs") == {}  # busy again: the streak ends

@@ -137,7 +137,11 @@ function renderLive(live) {
       row.children[1].textContent = `${num(p[1], "%")} ${num(p[3], "°C")} ${num(p[4], "W")}${p[5] != null ? ` sm ${num(p[5], "%")}` : ""}`;
       row.children[1].title = `${g.name || ""}, memory ${num(p[2], "%")} of ${num(g.mem_total_mib)} MiB`;
       drawSpark(row.children[2], g.points, 1, 2);
-      row.children[3].textContent = owners(g);
+      const idleFor = g.idle_since != null && p[0] != null ? p[0] - g.idle_since : 0;
+      const flagged = g.idle_since != null && idleFor >= live.idle_after;
+      row.setAttribute("data-idle", flagged ? "yes" : "no");
+      row.children[3].textContent = flagged ? `idle ${duration(idleFor)} under 5%, held by ${owners(g)}` : owners(g);
+      row.children[3].className = flagged ? "owner idle" : "owner";
     }
   }
 }

@@ -200,8 +200,13 @@ class RecordedFeeds:
 
     def document(self):
         from gpurig.dashboard import snapshot
+        from gpurig.monitor.idle import IdleTracker
 
-        live = snapshot.live_section(self.run, "running", "", self.interval, {})
+        idle = IdleTracker()
+        for host in self.run.hosts():
+            for sample in self.run.series(host):
+                idle(host, {}, sample)
+        live = snapshot.live_section(self.run, "running", "", self.interval, {}, idle=idle, idle_after=20)
         hosts = self.run.hosts()
         doc = snapshot.document(selection=hosts, inventory="recorded runs", live=live,
                                 fleet={"state": "unknown", "why": "recorded runs: no facts",
@@ -213,7 +218,7 @@ class RecordedFeeds:
         return {"live": {"hosts": {}}}, cursor, versions
 
 
-def test_gpu_rows_draw_recorded_samples_and_name_who_holds_each_gpu_at_80_columns_and_wide(browser, tmp_path):
+def test_gpu_rows_draw_recorded_samples_name_who_holds_each_gpu_and_flag_the_idle_one_at_80_columns_and_wide(browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -233,6 +238,9 @@ def test_gpu_rows_draw_recorded_samples_and_name_who_holds_each_gpu_at_80_column
             assert "python (alice) 48128 MiB" in row.text
             shared = browser.find_element(By.CSS_SELECTOR, '[data-gpu="gpu-slurm-jobs:1"]')
             assert "slurm job 43 (bob)" in shared.text and "slurm job 44" in shared.text
+            assert shared.get_attribute("data-idle") == "no" and row.get_attribute("data-idle") == "no"
+            idle = browser.find_element(By.CSS_SELECTOR, '[data-gpu="gpu-slurm-jobs:0"]')  # 2% for 29 s under job 42: past 20 s
+            assert idle.get_attribute("data-idle") == "yes" and "idle 29s under 5%, held by slurm job 42 (alice)" in idle.text
             fleet = browser.find_element(By.CSS_SELECTOR, 'tr[data-host="gpu-healthy"]')
             assert fleet.get_attribute("data-reach") == "unknown" and "unknown" in fleet.text  # no facts: never "ok"
             assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), f"the page overflows at {width}px"
