@@ -105,6 +105,7 @@ class Feeds:
         return [t.name for t in self._threads if t.is_alive()]
 
     def _open(self) -> Connector:
+        """The monitor session's connector, kept to be closed by ``stop`` (a read's own is closed when the read ends)."""
         connector = self._connector()
         with self.lock:
             self._connectors.append(connector)
@@ -144,9 +145,12 @@ class Feeds:
         from gpurig.facts import SUMMARY_PROBES, gather_complete
 
         def read() -> None:
-            connector = self._open()
-            report = run_fleet(self.hosts, lambda conn: gather_complete(conn, probes=SUMMARY_PROBES), connector=connector,
-                               forks=self.opts.settings.forks, label="facts")
+            connector = self._connector()
+            try:
+                report = run_fleet(self.hosts, lambda conn: gather_complete(conn, probes=SUMMARY_PROBES), connector=connector,
+                                   forks=self.opts.settings.forks, label="facts")
+            finally:
+                connector.close()
             with self.lock:
                 self.facts, self.facts_why = report, ""
 
@@ -161,7 +165,7 @@ class Feeds:
         def read() -> None:
             nonlocal work
             work = work or jobs_work(self.opts)
-            connector = self._open()
+            connector = self._connector()
             try:
                 report = run_fleet(self.hosts, work, connector=connector, forks=self.opts.settings.forks, label="jobs")
             finally:
