@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian/Ubuntu machine (as root) for gpurig: the tool, a
 # running Docker engine with BuildKit, and what the test suite drives for real
-# (sshd, sudo, debootstrap, a registry, hadolint). Safe to run again.
+# (sshd, sudo, debootstrap, a registry, hadolint, headless Chromium and its driver
+# for the dashboard's browser test). Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -11,7 +12,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(docker.io openssh-server sudo debootstrap docker-registry git prometheus python3-venv)
+packages=(docker.io openssh-server sudo debootstrap docker-registry git prometheus python3-venv chromium chromium-driver)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

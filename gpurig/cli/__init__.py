@@ -45,7 +45,7 @@ TASK_MODULES = {
     "deploy": "deploy", "status": "deploy", "logs": "jobqueue", "stop": "deploy", "rm": "deploy",
     "verify": "verify",
     "rollout": "rollout",
-    "monitor": "monitor",
+    "monitor": "monitor", "dashboard": "dashboard",
     "run": "run", "jobs": "jobqueue", "attach": "jobqueue", "cancel": "jobqueue", "fetch": "jobqueue",
     "ci": "ci",
 }

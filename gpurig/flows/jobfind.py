@@ -6,6 +6,7 @@ first, and what any other reader of the job queue (a dashboard) asks the same wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpurig.errors import ConfigError, GpurigError, counted
@@ -27,6 +28,13 @@ def views_of(rep: FleetReport) -> list[JobView]:
 
 def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs") -> FleetReport:
     """Every selected host's jobs (its job agent's), and Slurm's gpurig jobs from the cluster's controller when it is selected."""
+    return run_hosts(opts, select_hosts(opts), jobs_work(opts, ids), label=label, schema=JOBS_SCHEMA,
+                     annotate=lambda rep: {"jobs": [v.to_dict() for v in views_of(rep)]})
+
+
+def jobs_work(opts: HostOptions, ids: tuple[str, ...] = ()) -> Callable[[Connection], Outcome]:
+    """What ``list_jobs`` does on each host (its JobViews as the Outcome's data), for a reader that runs it over the fleet itself,
+    quietly and again and again (the dashboard): the same reads, no progress, report or recap."""
     from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import job_view
     from gpurig.results import Outcome
@@ -45,8 +53,7 @@ def list_jobs(opts: HostOptions, ids: tuple[str, ...] = (), label: str = "jobs")
             views += [v for v in slurm_jobs(conn) if not ids or v.id in ids]
         return Outcome(data=tuple(views))
 
-    return run_hosts(opts, select_hosts(opts), work, label=label, schema=JOBS_SCHEMA,
-                     annotate=lambda rep: {"jobs": [v.to_dict() for v in views_of(rep)]})
+    return work
 
 
 def slurm_controller(opts: HostOptions) -> str | None:

@@ -4,7 +4,8 @@ model (records -> Sample), agent (run checks/gpu_sampler.py on hosts through
 their connections and stream its records), session (the Run: samples of
 every host in one place, with listeners), csvfile (nvidia-smi's columns),
 exporter (Prometheus, dcgm-exporter names), record (a run on disk and back),
-plot (PNG), diagnose (why the GPU is idle), view (rich renderables).
+plot (PNG), diagnose (why the GPU is idle), idle (since when a held GPU has sat idle, as the
+samples come), view (rich renderables).
 """
 
 from gpurig.errors import GpurigError

@@ -20,7 +20,7 @@ from gpurig.errors import GpurigError, HostError, counted
 from gpurig.inventory import Host
 from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
-from gpurig.results import FleetReport
+from gpurig.results import FleetEvents, FleetReport
 from gpurig.skeleton import shipped_text
 
 AGENT = "checks/gpu_sampler.py"  # as shipped (gpurig.skeleton.shipped finds it in a wheel as in a checkout)
@@ -143,15 +143,29 @@ def no_samples(host: str, malformed: int, seconds: float, *, stopped: bool = Fal
                      "run checks/gpu_sampler.py --interval 1 --duration 3 on the host to see what it prints", host=host)
 
 
-def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: float, duration: float, source: str | None = None) -> FleetReport:
-    """Watch every host at once (one connection each) until ``duration`` ends or Ctrl-C; a host that dies is reported, the rest go on.
+def monitor_fleet(
+    hosts: list[Host],
+    connector: Connector,
+    run: Run,
+    interval: float,
+    duration: float,
+    source: str | None = None,
+    *,
+    stop: threading.Event | None = None,
+    events: FleetEvents | None = None,
+) -> FleetReport:
+    """Watch every host at once (one connection each) until ``duration`` ends, ``stop`` is set or Ctrl-C; a host that dies is
+    reported, the rest go on.
 
     Ctrl-C ends the run like the end of ``duration``: every agent stops at its
     next sample and the report says what each host did. The fleet runs in a
-    worker thread so that the interrupt reaches this one, which stops it.
+    worker thread so that the interrupt reaches this one, which stops it. A
+    caller that runs this in a thread of its own (the dashboard) ends it with
+    ``stop``; ``events`` hears each host's end as it happens (a host that
+    failed mid-run), not only in the report.
     """
     source = source if source is not None else agent_source()  # before any host: a gpurig without its sampler says so once
-    stop = threading.Event()
+    stop = stop if stop is not None else threading.Event()
     reports: list[FleetReport] = []
     errors: list[BaseException] = []
 
@@ -162,6 +176,7 @@ def monitor_fleet(hosts: list[Host], connector: Connector, run: Run, interval: f
                 lambda conn: watch(conn, run, interval, duration, stop=stop, source=source),
                 connector=connector,
                 forks=max(1, len(hosts)),  # every host streams for the whole run: none may wait for a slot
+                events=events,
                 label="monitor",
             ))
         except BaseException as err:  # handed to the caller's thread

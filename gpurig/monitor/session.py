@@ -78,6 +78,19 @@ class Run:
             state = self._hosts.get(host)
             return list(state.samples) if state else []
 
+    def recent(self, host: str, after: float | None = None, limit: int | None = None) -> list[Sample]:
+        """A host's newest samples, oldest first: those later than ``after``, at most ``limit`` of them; read from the end, so a
+        reader that asks each second for what is new (the dashboard) costs what is new, not the day kept in memory."""
+        out: list[Sample] = []
+        with self._lock:
+            state = self._hosts.get(host)
+            for sample in reversed(state.samples) if state else ():
+                if (after is not None and sample.t <= after) or (limit is not None and len(out) >= limit):
+                    break
+                out.append(sample)
+        out.reverse()
+        return out
+
     def latest(self) -> dict[str, Sample]:
         """The newest sample of every host that has one."""
         with self._lock:

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpurig.slurm",),
     ("gpurig.report",),
     ("gpurig.flows",),
+    ("gpurig.dashboard",),
     ("gpurig.cli",),
 ]
 TOP_LEVEL_MODULES = {"__init__.py", "errors.py", "status.py", "files.py", "process.py", "config.py", "skeleton.py", "results.py"}

@@ -1,0 +1,226 @@
+"""The dashboard's readers, each in a thread of its own, each through the call its CLI task makes.
+
+- facts: gpurig.facts.gather_complete with the summary probes (as ``gpurig facts``), at start and every few minutes;
+- live: one monitor session, gpurig.monitor.agent.monitor_fleet into a Run (as ``gpurig monitor``: the same agent, the
+  same samples, no second collector), for as long as the dashboard runs;
+- jobs: gpurig.flows.jobfind.jobs_work over the fleet (as ``gpurig jobs``) every few seconds;
+- history: gpurig.dashboard.history.read_history (rollouts, builds, promotions) every few seconds.
+
+``stop`` ends them all: the monitor's agents stop at their next sample (a local one is killed, a remote one dies with its
+channel), as they do when ``gpurig monitor`` is stopped, and the connections are closed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpurig.dashboard import snapshot
+from gpurig.dashboard.history import History, read_history
+from gpurig.errors import GpurigError
+from gpurig.monitor.idle import IdleTracker
+from gpurig.monitor.session import Run
+from gpurig.results import FleetEvents, FleetReport, HostResult
+
+if TYPE_CHECKING:
+    from gpurig.connect.connector import Connector
+    from gpurig.flows.fleettask import HostOptions
+    from gpurig.inventory import Host
+    from gpurig.jobs.views import JobView
+
+SECTIONS = ("fleet", "jobs", "history")
+
+
+class _LiveFailures(FleetEvents):
+    """Hears the monitor session's hosts end (a sampler that died, a host that went away) while the others go on."""
+
+    def __init__(self, feeds: Feeds) -> None:
+        self.feeds = feeds
+
+    def finished(self, result: HostResult) -> None:
+        if not result.succeeded and not self.feeds.stopping.is_set():
+            with self.feeds.lock:
+                self.feeds.live_failed[result.host] = f"{result.status}: {result.reason}"
+                self.feeds.versions["fleet"] += 1
+
+
+class Feeds:
+    """What the page shows, kept fresh by background readers; ``document`` and ``delta`` read it under one lock."""
+
+    def __init__(self, opts: HostOptions, hosts: list[Host], interval: float = 1.0, *, jobs_every: float = 3.0,
+                 facts_every: float = 300.0, history_every: float = 10.0, idle_after: float = snapshot.IDLE_AFTER,
+                 connector: Callable[[], Connector] | None = None) -> None:
+        from gpurig.flows.fleettask import make_connector
+
+        self.opts = opts
+        self.hosts = hosts
+        self.names = [h.name for h in hosts]
+        self.interval = interval
+        self.every = {"jobs": jobs_every, "fleet": facts_every, "history": history_every}
+        self._connector = connector or (lambda: make_connector(opts))
+        self.idle = IdleTracker()
+        self.idle_after = idle_after
+        self.run = Run(listeners=(self.idle,))
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.versions = dict.fromkeys(SECTIONS, 0)
+        self.live_state, self.live_why = "starting", "the monitor session is starting"
+        self.live_failed: dict[str, str] = {}
+        self.facts: FleetReport | None = None
+        self.facts_why = "facts are being read"
+        self.jobs_report: FleetReport | None = None
+        self.jobs: list[JobView] = []
+        self.jobs_why = "the job queue is being read"
+        self.jobs_at: float | None = None
+        self.history: History | None = None
+        self.history_why = "the records are being read"
+        self._threads: list[threading.Thread] = []
+        self._connectors: list[Connector] = []
+
+    # --- the readers -------------------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every reader. The monitor's agent is looked up first: a gpurig without it refuses here, before any host."""
+        from gpurig.monitor.agent import agent_source
+
+        source = agent_source()
+        for name, target in (("live", lambda: self._live(source)), ("fleet", self._facts_loop), ("jobs", self._jobs_loop),
+                             ("history", self._history_loop)):
+            thread = threading.Thread(target=target, name=f"gpurig-dashboard-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 15.0) -> list[str]:
+        """Stop the readers and close their connections; the names of any that did not end within ``timeout``."""
+        self.stopping.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self.lock:
+            connectors, self._connectors = self._connectors, []
+        for c in connectors:
+            c.close()
+        return [t.name for t in self._threads if t.is_alive()]
+
+    def _open(self) -> Connector:
+        """The monitor session's connector, kept to be closed by ``stop`` (a read's own is closed when the read ends)."""
+        connector = self._connector()
+        with self.lock:
+            self._connectors.append(connector)
+        return connector
+
+    def _live(self, source: str) -> None:
+        from gpurig.monitor.agent import monitor_fleet
+
+        with self.lock:
+            self.live_state, self.live_why = "running", ""
+        try:
+            report = monitor_fleet(self.hosts, self._open(), self.run, self.interval, 0.0, source, stop=self.stopping,
+                                   events=_LiveFailures(self))
+            ended = ", ".join(f"{n} {status}" for status, n in report.summary.items() if n)
+            state, why = "ended", f"the monitor session ended ({ended or 'no host'})"
+        except GpurigError as err:
+            state, why = "unknown", err.problem
+        except Exception as err:  # a reader's bug must show on the page, not end the dashboard
+            state, why = "unknown", f"the monitor session failed: {type(err).__name__}: {err}"
+        with self.lock:
+            self.live_state, self.live_why = state, why
+
+    def _loop(self, section: str, read: Callable[[], None], failed: Callable[[str], None]) -> None:
+        while not self.stopping.is_set():
+            try:
+                read()
+            except GpurigError as err:
+                failed(err.problem)
+            except Exception as err:  # said on the page, and read again next time
+                failed(f"{type(err).__name__}: {err}")
+            with self.lock:
+                self.versions[section] += 1
+            self.stopping.wait(self.every[section])
+
+    def _facts_loop(self) -> None:
+        from gpurig.connect.fleet import run_fleet
+        from gpurig.facts import SUMMARY_PROBES, gather_complete
+
+        def read() -> None:
+            connector = self._connector()
+            try:
+                report = run_fleet(self.hosts, lambda conn: gather_complete(conn, probes=SUMMARY_PROBES), connector=connector,
+                                   forks=self.opts.settings.forks, label="facts")
+            finally:
+                connector.close()
+            with self.lock:
+                self.facts, self.facts_why = report, ""
+
+        self._loop("fleet", read, lambda why: self._set(facts_why=f"facts could not be read: {why}"))
+
+    def _jobs_loop(self) -> None:
+        from gpurig.connect.fleet import run_fleet
+        from gpurig.flows.jobfind import jobs_work, views_of
+
+        work = None
+
+        def read() -> None:
+            nonlocal work
+            work = work or jobs_work(self.opts)
+            connector = self._connector()
+            try:
+                report = run_fleet(self.hosts, work, connector=connector, forks=self.opts.settings.forks, label="jobs")
+            finally:
+                connector.close()
+            with self.lock:
+                self.jobs_report, self.jobs, self.jobs_why, self.jobs_at = report, views_of(report), "", time.time()
+
+        self._loop("jobs", read, lambda why: self._set(jobs_why=f"the job queue could not be read: {why}"))
+
+    def _history_loop(self) -> None:
+        root = self.opts.settings.root
+
+        def read() -> None:
+            if root is None:
+                self._set(history_why="not in a gpurig project (no gpurig.yaml, images/ or tasks.py found upwards): no records to read")
+                return
+            found = read_history(root)
+            with self.lock:
+                self.history, self.history_why = found, ""
+
+        self._loop("history", read, lambda why: self._set(history_why=f"the records could not be read: {why}"))
+
+    def _set(self, **values: Any) -> None:
+        with self.lock:
+            for key, value in values.items():
+                setattr(self, key, value)
+
+    # --- what the page reads -----------------------------------------------------------------------------------------------------
+
+    def _section(self, name: str) -> dict[str, Any]:
+        if name == "fleet":
+            verdicts = self.history.verdicts if self.history is not None else {}
+            verdicts_why = "" if self.history is not None else self.history_why
+            rows = snapshot.fleet_rows(self.names, self.facts, self.facts_why, verdicts, verdicts_why, self.live_failed)
+            return {"state": "known" if self.facts is not None else "unknown", "why": self.facts_why, "hosts": rows}
+        if name == "jobs":
+            return snapshot.jobs_section(self.jobs_report, self.jobs, self.jobs_why, self.jobs_at)
+        return snapshot.history_section(self.history, self.history_why)
+
+    def document(self) -> tuple[dict[str, Any], dict[str, float], dict[str, int]]:
+        """The whole page as JSON, with the live cursor and the section versions it was made at (where the next delta starts)."""
+        with self.lock:
+            versions = dict(self.versions)
+            sections = {name: self._section(name) for name in SECTIONS}
+            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), idle=self.idle,
+                                         idle_after=self.idle_after)
+        doc = snapshot.document(selection=self.names, inventory=str(self.opts.settings.inventory), live=live, **sections)
+        return doc, snapshot.cursor_of(live), versions
+
+    def delta(self, cursor: dict[str, float], versions: dict[str, int]) -> tuple[dict[str, Any], dict[str, float], dict[str, int]]:
+        """What changed since ``cursor`` and ``versions``: the live samples newer than the cursor, and each section whose version moved."""
+        with self.lock:
+            now = dict(self.versions)
+            changed = {name: self._section(name) for name in SECTIONS if now[name] != versions.get(name)}
+            live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), after=cursor,
+                                         idle=self.idle, idle_after=self.idle_after)
+        live["hosts"] = {h: found for h, found in live["hosts"].items() if found["points"]}
+        return {"now": time.time(), "live": live, **changed}, snapshot.cursor_of(live, cursor), now

@@ -1,0 +1,122 @@
+"""What gpurig already keeps on disk, as the dashboard's History and each host's last verify verdict.
+
+Rollouts' state files (``.gpurig/rollouts/*.json``, gpurig.deploy.rollplan:
+per host what it runs, whether verify passed, at which level, when, why not)
+and build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
+built, when, and the promotions appended to them). Each file is read by the
+same reader its writer's other readers use; a file that cannot be read is
+named with why, never passed over as if there were nothing to say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpurig.deploy.rollplan import STATE_DIR, read_state
+from gpurig.errors import GpurigError
+from gpurig.flows.imagebuild import REPORTS_DIR
+from gpurig.image.build import read_report
+
+# The newest entries the page lists; the rest stay in the files.
+MAX_ENTRIES = 200
+
+
+@dataclass
+class History:
+    """Entries newest first, each host's last verify verdict, and the files that could not be read (path, why)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unread: list[dict[str, str]] = field(default_factory=list)
+    rollout_files: int = 0
+    build_files: int = 0
+
+
+def read_history(root: Path) -> History:
+    """Every rollout state and build report under the project ``root``."""
+    found = History()
+    rollouts = sorted((root / STATE_DIR).glob("*.json"))
+    found.rollout_files = len(rollouts)
+    for path in rollouts:
+        try:
+            hosts = read_state(path, "remove it, or run the rollout again") or {}
+        except GpurigError as err:
+            found.unread.append({"path": str(path), "why": err.problem})
+            continue
+        for entry in hosts.values():
+            found.entries.append(_rollout_entry(path, entry))
+    builds = sorted((root / REPORTS_DIR / "builds").glob("*/*.json"))
+    found.build_files = len(builds)
+    for path in builds:
+        try:
+            report = read_report(path)
+        except GpurigError as err:
+            found.unread.append({"path": str(path), "why": err.problem})
+            continue
+        if not isinstance(report, dict):
+            found.unread.append({"path": str(path), "why": "not a build report (not a mapping)"})
+            continue
+        found.entries += _build_entries(report)
+    found.verdicts = last_verdicts(found.entries)
+    found.entries.sort(key=lambda e: e.get("time") or "", reverse=True)
+    del found.entries[MAX_ENTRIES:]
+    return found
+
+
+def _rollout_entry(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "rollout",
+        "time": entry.get("time") or "",
+        "host": entry.get("host") or "",
+        "state": entry.get("state") or "",
+        "verify": entry.get("verify") or "not run",
+        "level": entry.get("level") or "",
+        "image": entry.get("image_ref") or "",
+        "reason": entry.get("reason") or "",
+        "file": path.name,
+    }
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _build_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
+    image = _text(report.get("image"))
+    out = [{
+        "kind": "build",
+        "time": _text(report.get("built_at")),
+        "image": image,
+        "variant": _text(report.get("variant")),
+        "torch": _text(report.get("torch")),
+        "cuda": _text(report.get("cuda")),
+        "image_id": _text(report.get("image_id"))[:19],
+        "duration_s": report.get("duration_s") if isinstance(report.get("duration_s"), (int, float)) else None,
+    }]
+    promotions = report.get("promotions")
+    for p in promotions if isinstance(promotions, list) else ():
+        if isinstance(p, dict):
+            proved = p.get("verified_on")
+            out.append({
+                "kind": "promotion",
+                "time": _text(p.get("at")),
+                "image": image,
+                "alias": _text(p.get("alias")),
+                "hosts": len(proved) if isinstance(proved, list) else 0,
+                "pushed": _text(p.get("pushed_digest")),
+            })
+    return out
+
+
+def last_verdicts(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each host's newest rollout entry that ran verify (passed or failed): its verdict, level, time, image and why not."""
+    latest: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e["kind"] != "rollout" or e["verify"] not in ("passed", "failed") or not e["host"]:
+            continue
+        if e["host"] not in latest or e["time"] > latest[e["host"]]["time"]:
+            latest[e["host"]] = {"verdict": e["verify"], "level": e["level"], "time": e["time"], "image": e["image"],
+                                 "reason": e["reason"], "source": f"rollout {e['file']}"}
+    return latest

@@ -1,0 +1,223 @@
+// gpurig's dashboard page: one EventSource (/api/events), a "snapshot" then "delta" events; every value goes in as text, never as HTML.
+"use strict";
+
+const KEEP = 300; // points kept per series in the page
+const state = { doc: null, live: {} };
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) node.setAttribute(k, String(v));
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+  return node;
+}
+
+function svgEl(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function num(v, unit, digits) {
+  return v === null || v === undefined ? "-" : `${Number(v).toFixed(digits || 0)}${unit || ""}`;
+}
+
+function when(t) {
+  if (!t) return "-";
+  const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
+  return isNaN(d) ? String(t) : d.toLocaleString();
+}
+
+function duration(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.round(s);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+  return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(s % 60).padStart(2, "0")}s` : `${s}s`;
+}
+
+function setWhy(id, section) {
+  const node = document.getElementById(id);
+  if (!section) { node.textContent = ""; return; }
+  const why = section.why ? `: ${section.why}` : "";
+  node.textContent = section.state === "known" || section.state === "running" ? why.slice(2) : `${section.state}${why}`;
+  node.className = `why ${section.state}`;
+}
+
+function fill(tbodyId, rows) {
+  const body = document.getElementById(tbodyId);
+  body.replaceChildren(...rows);
+}
+
+// --- fleet -----------------------------------------------------------------------------------------------------------------------
+
+function verifyCell(v) {
+  if (!v || v.state !== "known") return el("td", { class: "unknown", title: v ? v.why : "" }, "unknown");
+  const cell = el("td", { class: v.verdict }, `${v.verdict} (${v.level || "?"})`, el("div", { class: "sub" }, when(v.time)));
+  if (v.reason) cell.append(el("div", { class: "sub wrap" }, v.reason));
+  return cell;
+}
+
+function renderFleet(fleet) {
+  setWhy("fleet-why", fleet);
+  fill("fleet-rows", fleet.hosts.map((h) => {
+    const gpus = h.gpus ? (h.gpus.length ? `${h.gpus.length}x ${[...new Set(h.gpus)].join(", ")}` : h.gpu_note || "none") : "-";
+    const sampler = h.sampler.state === "failed" ? el("td", { class: "failed wrap" }, h.sampler.why) : el("td", { class: "running" }, "sampling");
+    const reach = el("td", { class: `state ${h.reach}` }, h.reach);
+    if (h.reason) reach.append(el("div", { class: "sub wrap" }, h.reason));
+    return el("tr", { "data-host": h.host, "data-reach": h.reach, "data-verify": h.verify.state === "known" ? h.verify.verdict : "unknown" },
+      el("td", {}, h.host), reach, verifyCell(h.verify), el("td", { class: "wrap" }, gpus), el("td", {}, h.driver || "-"),
+      el("td", {}, h.cuda ? `≤ ${h.cuda}` : "-"), el("td", {}, h.os || "-"), sampler);
+  }));
+}
+
+// --- live ------------------------------------------------------------------------------------------------------------------------
+
+function spark(id, points, a, b) {
+  // points: [[t, ...values]]; a, b: the value positions drawn (percent, 0..100)
+  const svg = svgEl("svg", { class: "spark", viewBox: "0 0 100 28", preserveAspectRatio: "none", "data-series": id, "data-count": "0" });
+  svg.append(svgEl("polyline", { class: "util" }), svgEl("polyline", { class: "mem" }));
+  drawSpark(svg, points, a, b);
+  return svg;
+}
+
+function line(points, at) {
+  const span = Math.max(points.length - 1, 1);
+  return points.map((p, i) => (p[at] === null || p[at] === undefined ? null : `${(100 * i / span).toFixed(2)},${(28 - 27 * Math.min(p[at], 100) / 100).toFixed(2)}`))
+    .filter((x) => x !== null).join(" ");
+}
+
+function drawSpark(svg, points, a, b) {
+  const shown = points.slice(-120);
+  svg.children[0].setAttribute("points", line(shown, a));
+  svg.children[1].setAttribute("points", line(shown, b));
+  svg.setAttribute("data-count", String(points.length));
+  if (points.length) svg.setAttribute("data-last-t", String(points[points.length - 1][0]));
+}
+
+function owners(g) {
+  const who = [];
+  for (const j of g.jobs || []) who.push(`slurm job ${j.id}${j.user ? ` (${j.user})` : ""}`);
+  for (const p of g.processes || []) who.push(`${p.name || "pid " + p.pid}${p.user ? ` (${p.user})` : ""}${p.used_mib != null ? ` ${p.used_mib} MiB` : ""}`);
+  return who.join(", ");
+}
+
+function hostCard(name) {
+  const card = el("div", { class: "card", "data-live-host": name });
+  card.append(el("h3", {}, el("span", {}, name), el("span", { class: "sub", "data-part": "source" }), el("span", { class: "sub", "data-part": "note" })));
+  const row = el("div", { class: "row" }, el("span", { class: "label" }, "host"), el("span", { class: "figs", "data-part": "cpu" }),
+    spark(`${name}:host`, [], 1, 2));
+  card.append(row, el("div", { "data-part": "gpus" }));
+  return card;
+}
+
+function gpuRow(host, label) {
+  return el("div", { class: "row", "data-gpu": `${host}:${label}` }, el("span", { class: "label" }, `GPU ${label}`),
+    el("span", { class: "figs" }), spark(`${host}:gpu${label}`, [], 1, 2), el("span", { class: "owner" }));
+}
+
+function renderLive(live) {
+  setWhy("live-why", live);
+  const box = document.getElementById("live-hosts");
+  for (const name of Object.keys(state.live).sort()) {
+    const h = state.live[name];
+    let card = box.querySelector(`[data-live-host="${CSS.escape(name)}"]`);
+    if (!card) { card = hostCard(name); box.append(card); }
+    card.querySelector('[data-part="source"]').textContent = h.source && h.source !== "none" ? `gpus: ${h.source}` : "no GPU source";
+    card.querySelector('[data-part="note"]').textContent = h.failed ? `failed: ${h.failed}` : (h.notes || []).join("; ");
+    const last = h.points[h.points.length - 1];
+    card.querySelector('[data-part="cpu"]').textContent = last ? `cpu ${num(last[1], "%")} mem ${num(last[2], "%")}` : "no sample yet";
+    drawSpark(card.querySelector(`svg[data-series="${CSS.escape(name + ":host")}"]`), h.points, 1, 2);
+    const gpus = card.querySelector('[data-part="gpus"]');
+    for (const label of Object.keys(h.gpus).sort((x, y) => parseFloat(x) - parseFloat(y) || x.localeCompare(y))) {
+      const g = h.gpus[label];
+      let row = gpus.querySelector(`[data-gpu="${CSS.escape(name + ":" + label)}"]`);
+      if (!row) { row = gpuRow(name, label); gpus.append(row); }
+      const p = g.points[g.points.length - 1] || [];
+      row.children[1].textContent = `${num(p[1], "%")} ${num(p[3], "°C")} ${num(p[4], "W")}${p[5] != null ? ` sm ${num(p[5], "%")}` : ""}`;
+      row.children[1].title = `${g.name || ""}, memory ${num(p[2], "%")} of ${num(g.mem_total_mib)} MiB`;
+      drawSpark(row.children[2], g.points, 1, 2);
+      const idleFor = g.idle_since != null && p[0] != null ? p[0] - g.idle_since : 0;
+      const flagged = g.idle_since != null && idleFor >= live.idle_after;
+      row.setAttribute("data-idle", flagged ? "yes" : "no");
+      row.children[3].textContent = flagged ? `idle ${duration(idleFor)} under 5%, held by ${owners(g)}` : owners(g);
+      row.children[3].className = flagged ? "owner idle" : "owner";
+    }
+  }
+}
+
+function mergeLive(live, replace) {
+  if (replace) state.live = {};
+  for (const [name, h] of Object.entries(live.hosts || {})) {
+    const have = state.live[name] || (state.live[name] = { points: [], gpus: {} });
+    have.points = have.points.concat(h.points).slice(-KEEP);
+    for (const [label, g] of Object.entries(h.gpus || {})) {
+      const old = have.gpus[label] || { points: [] };
+      have.gpus[label] = { ...old, ...g, points: old.points.concat(g.points).slice(-KEEP) };  // a delta names what changed only
+    }
+    Object.assign(have, { source: h.source, notes: h.notes, failed: h.failed });
+  }
+}
+
+// --- jobs and history ------------------------------------------------------------------------------------------------------------
+
+function renderJobs(jobs) {
+  setWhy("jobs-why", jobs);
+  const rows = jobs.jobs.map((j) => el("tr", { "data-job": j.id, "data-state": j.state, "data-exit": j.exit_code },
+    el("td", {}, j.host), el("td", {}, j.id, el("div", { class: "sub" }, j.scheduler === "slurm" ? "slurm" : j.name || "")),
+    el("td", { class: `state ${j.state} wrap` }, j.state_text), el("td", {}, j.exit_code === null ? "-" : String(j.exit_code)),
+    el("td", {}, j.gpus), el("td", {}, duration(j.runtime_s)), el("td", {}, when(j.submitted_at)), el("td", { class: "wrap" }, j.command)));
+  for (const u of jobs.unread || []) rows.push(el("tr", { "data-unread": u.host }, el("td", {}, u.host), el("td", {}, "-"),
+    el("td", { class: `state ${u.status} wrap`, colspan: 6 }, `${u.status}: ${u.why}`)));
+  if (!rows.length && jobs.state === "known") rows.push(el("tr", {}, el("td", { colspan: 8, class: "sub" }, "no jobs on these hosts")));
+  fill("jobs-rows", rows);
+}
+
+function historyWhat(e) {
+  if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
+  if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${e.hosts} host(s)`];
+  return [`build ${e.variant}`, e.image, `torch ${e.torch} cuda ${e.cuda}${e.duration_s != null ? `, ${duration(e.duration_s)}` : ""}`];
+}
+
+function renderHistory(history) {
+  setWhy("history-why", history);
+  const rows = history.entries.map((e) => {
+    const [what, image, result] = historyWhat(e);
+    return el("tr", { "data-kind": e.kind }, el("td", {}, when(e.time)), el("td", {}, what), el("td", { class: "wrap" }, image),
+      el("td", { class: `wrap ${e.verify === "failed" ? "failed" : ""}` }, result));
+  });
+  for (const u of history.unread || []) rows.push(el("tr", {}, el("td", {}, "-"), el("td", { class: "bad" }, "unreadable"),
+    el("td", { class: "wrap" }, u.path), el("td", { class: "wrap" }, u.why)));
+  if (!rows.length && history.state === "known") rows.push(el("tr", {}, el("td", { colspan: 4, class: "sub" }, "no rollouts, builds or promotions recorded in this project")));
+  fill("history-rows", rows);
+}
+
+// --- the stream ------------------------------------------------------------------------------------------------------------------
+
+function apply(doc, whole) {
+  if (whole) {
+    state.doc = doc;
+    document.getElementById("selection").textContent = `${doc.selection.length} host(s) from ${doc.inventory}`;
+  }
+  mergeLive(doc.live, whole);
+  renderLive(doc.live);
+  if (doc.fleet) renderFleet(doc.fleet);
+  if (doc.jobs) renderJobs(doc.jobs);
+  if (doc.history) renderHistory(doc.history);
+}
+
+function connectionState(word, cls) {
+  const node = document.getElementById("conn");
+  node.textContent = word;
+  node.className = `state ${cls}`;
+  node.setAttribute("data-state", word);
+}
+
+function start() {
+  const events = new EventSource("/api/events");
+  events.addEventListener("snapshot", (e) => { apply(JSON.parse(e.data), true); connectionState("live", "ok"); });
+  events.addEventListener("delta", (e) => apply(JSON.parse(e.data), false));
+  events.onerror = () => connectionState(events.readyState === EventSource.CLOSED ? "closed: reload with the URL from the terminal" : "reconnecting", "bad");
+}
+
+document.addEventListener("DOMContentLoaded", start);
