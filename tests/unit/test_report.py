@@ -195,6 +195,9 @@ def test_no_message_counts_with_a_parenthesised_plural():
     package = Path(__file__).resolve().parents[2] / "gpurig"
     found = [f"{p.relative_to(package)}:{node.lineno}" for p in package.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"[a-z]\(s\)", node.value.replace("http(s)", ""))]
+    js_strings = re.compile(r"`[^`]*`|\"[^\"\n]*\"|'[^'\n]*'")  # the page's text is in its script's string literals
+    found += [f"{p.relative_to(package)}: {text}" for p in (package / "dashboard" / "static").glob("*.js")
+              for text in js_strings.findall(p.read_text()) if re.search(r"[a-z]\(s\)", text)]
     assert not found, found
 
 

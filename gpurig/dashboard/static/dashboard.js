@@ -29,6 +29,11 @@ function when(t) {
   return isNaN(d) ? String(t) : d.toLocaleString();
 }
 
+// A count and its noun in one grammar, as gpurig.errors.counted writes it: 1 host, 2 hosts, 1,500 hosts.
+function counted(n, noun) {
+  return `${Number(n).toLocaleString("en-US")} ${n === 1 ? noun : noun + "s"}`;
+}
+
 function duration(s) {
   if (s === null || s === undefined) return "-";
   s = Math.round(s);
@@ -175,7 +180,7 @@ function renderJobs(jobs) {
 
 function historyWhat(e) {
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
-  if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${e.hosts} host(s)`];
+  if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${counted(e.hosts, "host")}`];
   return [`build ${e.variant}`, e.image, `torch ${e.torch} cuda ${e.cuda}${e.duration_s != null ? `, ${duration(e.duration_s)}` : ""}`];
 }
 
@@ -197,7 +202,7 @@ function renderHistory(history) {
 function apply(doc, whole) {
   if (whole) {
     state.doc = doc;
-    document.getElementById("selection").textContent = `${doc.selection.length} host(s) from ${doc.inventory}`;
+    document.getElementById("selection").textContent = `${counted(doc.selection.length, "host")} from ${doc.inventory}`;
   }
   mergeLive(doc.live, whole);
   renderLive(doc.live);
