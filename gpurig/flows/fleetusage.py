@@ -95,7 +95,7 @@ def present(opts: HostOptions, found: UsageReport, unasked: list[dict[str, str]]
     for u in unasked:
         err_console.print(f"{u['status']}: {u['host']}: {u['why']}", highlight=False)
     if opts.format == "table":
-        window = f"{_when(found.start)[:16]} to {_when(found.end)[:16]} UTC".replace("T", " ")
+        window = f"{_when(found.start)[:16].replace('T', ' ')} to {_when(found.end)[:16].replace('T', ' ')} UTC"
         console.print(f"{counted(found.jobs, 'job record')} and {counted(found.samples, 'sample')} from {window}", highlight=False)
 
 

@@ -150,7 +150,7 @@ def test_usage_of_a_recorded_run_through_the_cli(here):
     assert header.split() == ["user", "allocated", "h", "used", "h", "efficiency"]
     alice = next(line for line in lines if line.startswith("alice"))
     assert alice.split() == ["alice", "0.0083", "0.0002", "2%"]
-    assert "slurm job 42" in proc.stdout and "30 samples" in proc.stdout
+    assert "slurm job 42" in proc.stdout and "0 job records and 30 samples from " in proc.stdout and proc.stdout.rstrip().endswith("UTC")
     doc = json.loads((here / "usage.json").read_text())
     assert doc["schema"] == "gpurig.usage/1" and doc["passed"] is True and doc["unasked"] == []
     users = {u["user"]: u for u in doc["users"]}
