@@ -48,6 +48,7 @@ TASK_MODULES = {
     "monitor": "monitor", "dashboard": "dashboard",
     "run": "run", "jobs": "jobqueue", "attach": "jobqueue", "cancel": "jobqueue", "fetch": "jobqueue",
     "ci": "ci",
+    "usage": "usage",
 }
 # Words people type for something that is not a task of its own, and where it lives.
 ELSEWHERE = {

@@ -2,8 +2,11 @@
 
 Rollouts' state files (``.gpurig/rollouts/*.json``, gpurig.deploy.rollplan:
 per host what it runs, whether verify passed, at which level, when, why not)
-and build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
-built, when, and the promotions appended to them). Each file is read by the
+build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
+built, when, and the promotions appended to them) and the verify history
+(``.gpurig/history/verify.jsonl``, gpurig.verify.verdictlog: every
+``gpurig verify`` run, per host). A host's last verdict is the newest of its
+verify runs and its rollouts' verify gates. Each file is read by the
 same reader its writer's other readers use; a file that cannot be read is
 named with why, never passed over as if there were nothing to say.
 """
@@ -18,6 +21,7 @@ from gpurig.deploy.rollplan import STATE_DIR, read_state
 from gpurig.errors import GpurigError
 from gpurig.flows.imagebuild import REPORTS_DIR
 from gpurig.image.build import read_report
+from gpurig.verify.verdictlog import FLEET, VERIFY_LOG, read_verify_history
 
 # The newest entries the page lists; the rest stay in the files.
 MAX_ENTRIES = 200
@@ -32,6 +36,7 @@ class History:
     unread: list[dict[str, str]] = field(default_factory=list)
     rollout_files: int = 0
     build_files: int = 0
+    verify_files: int = 0
 
 
 def read_history(root: Path) -> History:
@@ -59,6 +64,10 @@ def read_history(root: Path) -> History:
             found.unread.append({"path": str(path), "why": "not a build report (not a mapping)"})
             continue
         found.entries += _build_entries(report)
+    verified = read_verify_history(root)
+    found.verify_files = verified.files
+    found.unread += verified.unread
+    found.entries += [_verify_entry(e) for e in verified.entries]
     found.verdicts = last_verdicts(found.entries)
     found.entries.sort(key=lambda e: e.get("time") or "", reverse=True)
     del found.entries[MAX_ENTRIES:]
@@ -76,6 +85,29 @@ def _rollout_entry(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
         "image": entry.get("image_ref") or "",
         "reason": entry.get("reason") or "",
         "file": path.name,
+    }
+
+
+def _verify_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    kept = entry.get("records")
+    records = kept if isinstance(kept, list) else []
+    first = next((r for r in records if isinstance(r, dict) and r.get("status") == "fail"), None)
+    reason = f"{first.get('id')}: {first.get('detail')}" if first else _text(entry.get("reason"))
+    named = entry.get("hosts")
+    hosts = named if entry["host"] == FLEET and isinstance(named, list) else None
+    return {
+        "kind": "verify",
+        "time": entry["time"],
+        "host": entry["host"] if hosts is None else "",
+        "hosts": [str(h) for h in hosts] if hosts is not None else None,
+        "worst": entry["worst"],
+        "verify": "passed" if entry.get("passed") is True else "failed",
+        "level": _text(entry.get("level")),
+        "image": _text(entry.get("target")),
+        "reason": reason,
+        "fix": _text(first.get("fix")) if first else _text(entry.get("fix")),
+        "figures": _text(entry.get("figures")),
+        "file": Path(VERIFY_LOG).name,
     }
 
 
@@ -111,12 +143,14 @@ def _build_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def last_verdicts(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each host's newest rollout entry that ran verify (passed or failed): its verdict, level, time, image and why not."""
+    """Each host's newest verify, from a rollout's gate or a ``gpurig verify`` run (passed or failed): its verdict, level, time,
+    image and why not."""
     latest: dict[str, dict[str, Any]] = {}
     for e in entries:
-        if e["kind"] != "rollout" or e["verify"] not in ("passed", "failed") or not e["host"]:
+        if e["kind"] not in ("rollout", "verify") or e["verify"] not in ("passed", "failed") or not e["host"]:
             continue
         if e["host"] not in latest or e["time"] > latest[e["host"]]["time"]:
+            source = f"rollout {e['file']}" if e["kind"] == "rollout" else f"verify run ({e['file']})"
             latest[e["host"]] = {"verdict": e["verify"], "level": e["level"], "time": e["time"], "image": e["image"],
-                                 "reason": e["reason"], "source": f"rollout {e['file']}"}
+                                 "reason": e["reason"], "source": source}
     return latest

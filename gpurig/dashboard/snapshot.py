@@ -73,7 +73,7 @@ def _fleet_row(host: str, result: HostResult | None, facts_why: str, verdict: di
     if verdict is not None:
         row["verify"] = {"state": "known", **verdict}
     else:
-        row["verify"] = unknown(verdicts_why or "no verify result recorded for this host (gpurig records verify results of rollouts)")
+        row["verify"] = unknown(verdicts_why or "no verify result recorded for this host (gpurig records every verify run and rollout in the project)")
     row["sampler"] = {"state": "failed", "why": live_failed} if live_failed else {"state": "running"}
     return row
 
@@ -189,7 +189,8 @@ def history_section(found: History | None, why: str) -> dict[str, Any]:
     if found is None:
         return {**unknown(why or "the records have not been read yet"), "entries": [], "unread": []}
     return {"state": "partial" if found.unread else "known", "why": why, "entries": found.entries, "unread": found.unread,
-            "rollout_files": found.rollout_files, "build_files": found.build_files}
+            "rollout_files": found.rollout_files, "build_files": found.build_files,
+            "verify_files": found.verify_files}
 
 
 def document(**sections: Any) -> dict[str, Any]:

@@ -68,12 +68,33 @@ def verify_fleet(opts: HostOptions, chosen: Sequence[Host], plan: VerifyPlan, *,
         return {"level": plan.level, "target": plan.target or None, "passed": fleet_passed(report)}
 
     report = run_hosts(opts, chosen, work, label="verify", schema=SCHEMA, annotate=annotate, connector=early)
+    keep_history(opts, report, plan)
     if junit:
         write_text_report(junit, junit_xml(report), "--junit")
     columns, rows = (record_rows(report) if opts.verbose else host_rows(report))
     if junit != "-":  # stdout already holds the XML
         opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
     exit_for(report)
+
+
+def keep_history(opts: HostOptions, report: FleetReport, plan: VerifyPlan) -> None:
+    """One line per host in the project's verify history (gpurig.verify.verdictlog); nothing under --check/--dry. A history
+    that cannot be written is said on stderr: the verdicts stand, the run's exit is theirs."""
+    from gpurig.report import err_console
+    from gpurig.verify.gate import verdict_of
+    from gpurig.verify.verdictlog import append_entries, unverified_entry, verdict_entry
+
+    if opts.check:
+        return
+    entries = []
+    for r in report.results:
+        v = verdict_of(r.data)
+        entries.append(verdict_entry(v) if v is not None else
+                       unverified_entry(r.host, plan.level, plan.target, str(r.status), r.reason, r.fix))
+    try:
+        append_entries(opts.settings.project, entries)
+    except OSError as err:
+        err_console.print(f"verify: the history was not kept: {err}", highlight=False)
 
 
 def host_rows(report: FleetReport) -> tuple[list[Column], list[list[str]]]:

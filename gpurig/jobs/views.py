@@ -45,6 +45,7 @@ class JobView:
     queue_position: int | None = None
     artifacts: tuple[str, ...] = ()
     workdir: str = ""
+    user: str = ""  # who submitted it: the job agent's meta (the submitting shell's $USER, as the client said it), Slurm's user_name
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -94,6 +95,8 @@ def job_view(host: str, doc: dict) -> JobView:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     code = doc.get("exit_code")
+    slurm = doc.get("slurm")
+    user = doc.get("user") or (slurm.get("user") if isinstance(slurm, dict) else None)
     return JobView(
         host=host, id=str(doc.get("id", "")), name=str(doc.get("name") or ""), state=str(doc.get("state") or "?"),
         reason=str(doc.get("reason") or ""), argv=tuple(str(a) for a in doc.get("argv") or ()), image=str(doc.get("image") or ""),
@@ -102,7 +105,8 @@ def job_view(host: str, doc: dict) -> JobView:
         submitted_at=number("submitted_at"), started_at=number("started_at"), ended_at=number("ended_at"),
         exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None, attempt=int(doc.get("attempt") or 0),
         attempts=tuple(a for a in doc.get("attempts") or () if isinstance(a, dict)), queue_position=doc.get("queue_position"),
-        artifacts=tuple(str(a) for a in doc.get("artifacts") or ()), workdir=str(doc.get("workdir") or ""), raw=doc,
+        artifacts=tuple(str(a) for a in doc.get("artifacts") or ()), workdir=str(doc.get("workdir") or ""),
+        user=user if isinstance(user, str) else "", raw=doc,
     )
 
 

@@ -180,6 +180,7 @@ function renderJobs(jobs) {
 
 function historyWhat(e) {
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
+  if (e.kind === "verify") return [`verify ${e.host || (e.hosts || []).join(",")}`, e.image, `${e.worst}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${counted(e.hosts, "host")}`];
   return [`build ${e.variant}`, e.image, `torch ${e.torch} cuda ${e.cuda}${e.duration_s != null ? `, ${duration(e.duration_s)}` : ""}`];
 }

@@ -99,3 +99,11 @@ def test_fetch_puts_artifacts_where_run_wait_does_when_run_from_inside_the_jobs_
     assert default_into("d23e", "", "laptop", cwd=elsewhere, here="laptop") == elsewhere / "gpurig-runs" / "d23e"
     # the record is the host's word: a folder that is neither the current one nor above it is never written on it
     assert default_into("d23e", "/etc", "laptop", cwd=work, here="laptop") == work / "gpurig-runs" / "d23e"
+
+
+def test_a_job_says_who_submitted_it_from_the_agent_meta_or_slurm():
+    from gpurig.jobs.views import job_view
+
+    assert job_view("h", {"id": "abc", "state": "running", "user": "alice"}).user == "alice"
+    assert job_view("c", {"id": "42", "state": "running", "mode": "slurm", "slurm": {"user": "bob"}}).user == "bob"
+    assert job_view("h", {"id": "abc", "state": "running", "user": 7}).user == ""  # not text: no one

@@ -1,0 +1,171 @@
+"""Every verify run kept in the project: one JSON line per host (or one for the fleet's fabric) in ``.gpurig/history/verify.jsonl``.
+
+Beside the rollouts' state (``.gpurig/rollouts``), under the project root. A
+line holds when, which host (or ``FLEET`` with ``hosts``), the level, the
+target, the worst status, the records that failed or warned with their fixes,
+the key figures and gpurig's version: what the records say, never the
+environment, a token or a key. Each line is one ``write`` to a file opened
+with O_APPEND, so two runs appending at once never interleave within a line;
+a run killed mid-write leaves a torn line, which the next run ends with a
+newline and the reader skips. The
+file is bounded: past ``MAX_BYTES`` it becomes ``verify.jsonl.1`` (the one
+before is dropped) and a new file starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpurig import __version__
+from gpurig.verify.records import HostVerdict, Record
+
+HISTORY_DIR = ".gpurig/history"
+VERIFY_LOG = f"{HISTORY_DIR}/verify.jsonl"
+SCHEMA = "gpurig.verify-history/1"
+FLEET = "*fabric*"  # the host of an entry for the whole fleet (a fabric run), which names its hosts in ``hosts``
+MAX_BYTES = 4 * 2**20  # one file; with the rotated one, at most twice this on disk
+MAX_LINE = 64 * 2**10  # a line is a few hundred bytes; one over this is not gpurig's
+MAX_RECORDS = 40  # failing/warning records kept per line
+MAX_TEXT = 400  # characters kept of a record's detail, fix and measured values
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _short(value: Any) -> Any:
+    """A record's value as kept: text and lists cut to MAX_TEXT, numbers and None as they are."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def record_entry(r: Record) -> dict[str, Any]:
+    return {"id": r.id, "probe": r.probe, "status": r.status, "measured": _short(r.measured), "expected": _short(r.expected),
+            "unit": r.unit, "detail": _short(r.detail), "fix": _short(r.fix)}
+
+
+def verdict_entry(verdict: HostVerdict, *, time: str | None = None) -> dict[str, Any]:
+    """One host's verify run as a history line: worst status, the failing and warning records with their fixes, the figures."""
+    bad = [r for r in verdict.records if r.status in ("fail", "warn")]
+    return {"schema": SCHEMA, "time": time or now(), "host": verdict.host, "level": verdict.level, "target": verdict.target or None,
+            "worst": verdict.worst, "passed": verdict.passed, "records": [record_entry(r) for r in bad[:MAX_RECORDS]],
+            "more_records": max(0, len(bad) - MAX_RECORDS), "figures": verdict.figures(), "gpurig": __version__}
+
+
+def unverified_entry(host: str, level: str, target: str, status: str, reason: str, fix: str = "", *, time: str | None = None) -> dict[str, Any]:
+    """A host verify could not check (unreachable, the run failed before any record): its status and why, never a pass."""
+    return {"schema": SCHEMA, "time": time or now(), "host": host, "level": level, "target": target or None, "worst": status,
+            "passed": False, "records": [], "more_records": 0, "figures": "", "reason": _short(reason), "fix": _short(fix),
+            "gpurig": __version__}
+
+
+def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, figures: str = "", time: str | None = None) -> dict[str, Any]:
+    """A check of the fleet as a whole (``verify --level fabric``: one all-reduce over these hosts) as one line naming its hosts."""
+    verdict = HostVerdict(FLEET, tuple(records), level)
+    return {**verdict_entry(verdict, time=time), "hosts": list(hosts), "figures": figures or verdict.figures(),
+            "passed": bool(records) and not verdict.failures and any(r.status != "skip" for r in records)}
+
+
+def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
+    """Append each entry as one line (one write each, O_APPEND), rotating the file first when it has grown past MAX_BYTES."""
+    path = Path(root) / VERIFY_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _rotate(path)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":  # a run killed mid-line: end that torn line so ours reads whole
+            os.write(fd, b"\n")
+        for entry in entries:
+            line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+            if len(line) > MAX_LINE:  # a line never lost to the reader's bound: the records go, the verdict stays
+                line = (json.dumps({**entry, "records": [], "more_records": len(entry.get("records") or ())}, separators=(",", ":"),
+                                   default=str) + "\n").encode()[:MAX_LINE]
+            os.write(fd, line)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _rotate(path: Path) -> None:
+    try:
+        size = os.lstat(path).st_size
+    except FileNotFoundError:
+        return
+    if size > MAX_BYTES:
+        os.replace(path, path.with_name(path.name + ".1"))
+
+
+@dataclass
+class VerifyHistory:
+    """The entries read, oldest first, and the files that could not be read (path, why)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    unread: list[dict[str, str]] = field(default_factory=list)
+    files: int = 0
+
+
+def read_verify_history(root: Path, host: str | None = None, since: str | None = None) -> VerifyHistory:
+    """The verify history under ``root`` (the rotated file first): every entry, or ``host``'s (a fleet entry naming it counts),
+    from ``since`` (an ISO time) on. A torn or foreign line is skipped; a file that cannot be read is named with why."""
+    found = VerifyHistory()
+    base = Path(root) / VERIFY_LOG
+    for path in (base.with_name(base.name + ".1"), base):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            found.unread.append({"path": str(path), "why": "not a regular file (a link or a device is not gpurig's history)"})
+            continue
+        if st.st_size > 2 * MAX_BYTES + MAX_LINE:
+            found.unread.append({"path": str(path), "why": f"{st.st_size} bytes, over gpurig's bound of {2 * MAX_BYTES + MAX_LINE}"})
+            continue
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(2 * MAX_BYTES + MAX_LINE + 1)
+        except OSError as err:
+            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
+            continue
+        found.files += 1
+        for raw in data.splitlines():
+            entry = _entry(raw)
+            if entry is not None and _wanted(entry, host, since):
+                found.entries.append(entry)
+    return found
+
+
+def _entry(raw: bytes) -> dict[str, Any] | None:
+    """A line as an entry; None for a torn line (a run killed mid-write) or one that is not gpurig's."""
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        entry = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or entry.get("schema") != SCHEMA or not isinstance(entry.get("host"), str):
+        return None
+    if not isinstance(entry.get("time"), str) or not isinstance(entry.get("worst"), str):
+        return None
+    return entry
+
+
+def _wanted(entry: dict[str, Any], host: str | None, since: str | None) -> bool:
+    if since is not None and entry["time"] < since:
+        return False
+    hosts = entry.get("hosts")
+    return host is None or entry["host"] == host or (isinstance(hosts, list) and host in hosts)
