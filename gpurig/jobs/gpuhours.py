@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from gpurig.errors import ConfigError
+from gpurig.errors import ConfigError, counted
 from gpurig.jobs.views import JobView
 from gpurig.monitor.idle import IdleTracker, utilisation
 from gpurig.monitor.samples import GpuSample, Sample
@@ -170,7 +170,8 @@ def usage(views: Iterable[JobView], runs: Sequence[Run], start: float, end: floa
     report.rows = sorted(rows.values(), key=lambda u: (u.user, u.host, u.job))
     no_count = sorted(r.job for r in rows.values() if not r.recorded and r.held_s == 0)
     if no_count:
-        report.notes.append(f"no GPU count recorded and no samples for job(s) {', '.join(no_count[:8])}: their allocation is not counted")
+        report.notes.append(f"no GPU count recorded and no samples for {counted(len(no_count), 'job')} ({', '.join(no_count[:8])}): "
+                            "their allocation is not counted")
     return report
 
 
