@@ -298,6 +298,13 @@ class Connection:
         """
         return None
 
+    def host_key(self) -> str | None:
+        """The host key this connection checked, as an OpenSSH public key ("ssh-ed25519 AAAA..."); None where no SSH was used.
+
+        What another machine pins to reach the same sshd (a host serving layers to its peers, say).
+        """
+        return None
+
     def open_channel(self, host: str, port: int, timeout: float = 30) -> Any:
         """A socket-like byte stream to ``host:port`` as the host sees it (its own loopback, say); the caller closes it.
 

@@ -151,6 +151,10 @@ class SSHConnection(Connection):
             raise ConnectionLost("connection was closed", "open a new connection", host=self.name)
         return transport
 
+    def host_key(self) -> str:
+        key = self._live_transport().get_remote_server_key()  # checked against known_hosts when the connection opened
+        return f"{key.get_name()} {key.get_base64()}"
+
     def open_channel(self, host: str, port: int, timeout: float = 30) -> paramiko.Channel:
         try:
             return self._live_transport().open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import http.server
 import os
 import secrets
 import shutil
@@ -349,3 +350,29 @@ def sudo_user(client_key):
     finally:
         sudoers.unlink(missing_ok=True)
         subprocess.run(["userdel", "-r", "-f", name], check=False, capture_output=True)
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the path it was asked for."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = f"asked for {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def web_on_loopback():
+    """An HTTP server on 127.0.0.1, the host's loopback as sshd (on this machine) sees it; its port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    serving.join(timeout=10)

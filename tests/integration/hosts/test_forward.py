@@ -7,7 +7,6 @@ once and leave the SSH connection working.
 
 from __future__ import annotations
 
-import http.server
 import socket
 import threading
 import time
@@ -68,32 +67,6 @@ def test_connections_opened_while_the_forward_is_cancelled_leave_the_ssh_connect
             assert results and getattr(results[0], "exited", results) == 0  # refused once the forward was gone
             assert conn._live_transport().is_active()
         assert conn.run("echo still here").stdout == "still here\n"
-
-
-class _Answer(http.server.BaseHTTPRequestHandler):
-    """Answers every GET with the path it was asked for."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = f"asked for {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def web_on_loopback():
-    """An HTTP server on 127.0.0.1, the host's loopback as sshd (on this machine) sees it; its port."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
-    serving.join(timeout=10)
 
 
 def test_http_rides_a_channel_to_a_port_on_the_hosts_loopback(connector, sshd, make_host, web_on_loopback):

@@ -1,0 +1,203 @@
+"""A host passing layers to another: an SSH local forward on the pulling host to the serving host's loopback, for one run.
+
+Made from the build machine, which holds a verified SSH connection to both hosts, so that the bytes go host to host
+and never through the build machine's link:
+
+- a one-time Ed25519 key, made here for this link alone;
+- its public half appended to the serving host's authorized_keys (the first file sshd reads that its login user may
+  write, from ``sshd -T``), restricted to this one forward: ``restrict,port-forwarding,permitopen="127.0.0.1:N",
+  command="/bin/false"``, so the key opens no shell, no other port, no agent or X11;
+- its private half sent to the pulling host on a channel's stdin to checks/peer_tunnel.py (never in a command line,
+  a process list or a log), which runs ``ssh -N -L`` with the serving host's key pinned from the build machine's own
+  verified connection (strict checking, no agent, no other identity);
+- ``close`` (on every way out: the run's end, a failure, Ctrl-C) ends the tunnel by closing its channel (the script
+  stops ssh and removes its folder) and takes the key's line out of authorized_keys.
+
+No daemon.json change, nothing listening beyond each host's loopback, and no credential left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpurig.connect.connection import Connection
+from gpurig.connect.launcher import embedded_line
+from gpurig.errors import HostError, last_line
+from gpurig.skeleton import shipped_text
+
+log = logging.getLogger(__name__)
+
+TUNNEL = "checks/peer_tunnel.py"
+DEFAULT_KEY_FILES = ".ssh/authorized_keys .ssh/authorized_keys2"  # sshd's default when sshd -T cannot be asked
+READY_TIMEOUT_S = 45
+
+
+class PeerLinkError(HostError):
+    """A link between two hosts that could not be made; the caller falls back to the build machine and says why."""
+
+
+def one_time_key(comment: str) -> tuple[bytes, str]:
+    """(private key in OpenSSH format, public key line "ssh-ed25519 AAAA... comment"), made now for one link."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return private, f"{public} {comment}"
+
+
+def restricted_line(public: str, target_port: int) -> str:
+    """The authorized_keys line that lets ``public`` open one forward to the host's 127.0.0.1:``target_port`` and nothing else."""
+    return f'restrict,port-forwarding,permitopen="127.0.0.1:{int(target_port)}",command="/bin/false" {public}'
+
+
+def key_files(sshd_t: str, login: str) -> list[str]:
+    """The authorized_keys files ``sshd -T`` says it reads for ``login`` (relative ones are under its home), %u and %% expanded."""
+    for line in sshd_t.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name.lower() == "authorizedkeysfile":
+            words = value.split()
+            break
+    else:
+        words = DEFAULT_KEY_FILES.split()
+    expanded = []
+    for word in words:
+        if word.lower() == "none":
+            continue
+        text = word.replace("%%", "\0").replace("%u", login).replace("%h", "~").replace("\0", "%")
+        expanded.append(text[2:] if text.startswith("~/") else text)
+    return expanded
+
+
+# Run as the serving host's login user: the first file it may write (made with 0600 where it is missing), the line appended.
+_ADD = r"""set -eu
+cd
+umask 077
+for f in {files}; do
+  d=$(dirname -- "$f")
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; : > "$f"; fi
+  printf '%s\n' {line} >> "$f"
+  echo "$(cd -- "$d" && pwd)/$(basename -- "$f")"
+  exit 0
+done
+exit 4
+"""
+# The line out again, the file kept (its inode, owner and mode): only the lines without the marker are written back.
+_REMOVE = r"""set -u
+f={path}
+[ -f "$f" ] || exit 0
+t=$(mktemp) || exit 1
+grep -vF -- {marker} "$f" > "$t" || true
+cat "$t" > "$f"
+rm -f -- "$t"
+"""
+
+
+@dataclass
+class PeerLink:
+    """A made link: ``port`` on the pulling host's loopback reaches the serving host's 127.0.0.1:``target_port``."""
+
+    server: Connection
+    puller: Connection
+    target_port: int
+    port: int = 0
+    key_file: str = ""  # the serving host's authorized_keys file holding the line
+    marker: str = ""
+    _stream: Any = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """End the tunnel and take the key's line out; safe twice, and what cannot be undone is logged, not raised."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()  # stdin ends: peer_tunnel.py stops ssh and removes its folder
+            except OSError as err:
+                log.info("%s: closing the tunnel's channel: %s", self.puller.name, err)
+        if self.key_file:
+            path, self.key_file = self.key_file, ""
+            remove_key(self.server, path, self.marker)
+
+
+def remove_key(server: Connection, path: str, marker: str) -> None:
+    script = _REMOVE.format(path=shlex.quote(path), marker=shlex.quote(marker))
+    try:
+        result = server.run(f"sh -c {shlex.quote(script)}", warn=True, timeout=30)
+        if result.exited != 0:
+            log.warning("%s: the one-time key stays in %s: %s", server.name, path, last_line(result.stderr))
+    except HostError as err:
+        log.warning("%s: the one-time key stays in %s: %s", server.name, path, err)
+
+
+def open_peer_link(server: Connection, puller: Connection, address: str, target_port: int, ssh_port: int = 22) -> PeerLink:
+    """A tunnel from ``puller``'s loopback to ``server``'s 127.0.0.1:``target_port``, through ``server``'s sshd at ``address``:``ssh_port``
+    as ``puller`` reaches it; PeerLinkError (nothing left behind) when it cannot be made, with why."""
+    host_key = server.host_key()
+    if host_key is None:
+        raise PeerLinkError("the serving host is reached without SSH: it has no host key to pin", "", host=server.name)
+    login = server.user or ""
+    marker = f"gpurig-peer-{secrets.token_hex(8)}"
+    private, public = one_time_key(marker)
+    link = PeerLink(server, puller, target_port, marker=marker)
+    try:
+        link.key_file = add_key(server, login, restricted_line(public, target_port))
+        source = shipped_text(TUNNEL)
+        args = ["--address", address, "--ssh-port", str(ssh_port), "--login", login, "--target-port", str(target_port), "--host-key", host_key]
+        opener = puller.stream_opener(embedded_line(source, "peer_tunnel.py", args))
+        if opener is None:
+            raise PeerLinkError("the pulling host is this machine: it needs no peer", "", host=puller.name)
+        stream: Any = opener(READY_TIMEOUT_S)
+        link._stream = stream
+        stream.sendall(private)
+        said = _first_line(stream)
+        if said.get("event") != "ready":
+            why = said.get("why") or "the tunnel script said nothing"
+            raise PeerLinkError(f"cannot reach {server.name} at {address}:{ssh_port} over SSH: {why}", "", host=puller.name)
+        link.port = int(said["port"])
+        stream.settimeout(None)
+        return link
+    except BaseException:
+        link.close()
+        raise
+
+
+def add_key(server: Connection, login: str, line: str) -> str:
+    """Append ``line`` to the first authorized_keys file sshd reads for ``login`` that it may write; that file's path."""
+    spec = shlex.quote(f"user={login},host=gpurig-peer,addr=127.0.0.1")
+    asked = server.admin(f'PATH="$PATH:/usr/sbin:/sbin" sshd -T -C {spec}', warn=True, timeout=30)  # root's to read; else the defaults
+    files = key_files(asked.stdout if asked.exited == 0 else "", login)
+    script = _ADD.format(files=" ".join(shlex.quote(f) for f in files), line=shlex.quote(line))
+    result = server.run(f"sh -c {shlex.quote(script)}", warn=True, timeout=30)
+    if result.exited != 0 or not result.stdout.strip():
+        raise PeerLinkError(f"sshd reads keys for {login} only from files it may not write ({', '.join(files) or 'none'})",
+                            "", host=server.name)
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _first_line(stream: Any) -> dict[str, Any]:
+    """The tunnel script's first JSON line (ready, or failed with why); a stream that ended says so."""
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = stream.recv(4096)
+        except OSError as err:
+            return {"event": "failed", "why": f"no answer from the tunnel script: {err or type(err).__name__}"}
+        if not chunk:
+            break
+        data += chunk
+    try:
+        said = json.loads(data.decode(errors="replace").strip().splitlines()[0]) if data.strip() else {}
+    except ValueError:
+        said = {}
+    if not said:
+        stderr = ""
+        recv_stderr = getattr(stream, "recv_stderr", None)
+        if recv_stderr is not None and getattr(stream, "recv_stderr_ready", lambda: False)():
+            stderr = recv_stderr(4096).decode(errors="replace")
+        return {"event": "failed", "why": last_line(stderr) or "the tunnel script ended without a word (is python3 on the host?)"}
+    return said
