@@ -1,0 +1,102 @@
+"""`gpurig verify --level fabric` over three SSH hosts, with a real gloo all-reduce in the CPU torch image built by gpurig.
+
+The three hosts are sshd containers whose `docker` is this machine's engine
+(tests/integration/verify/conftest.py's ``sshd_docker_host``): the 1 GB torch
+image is built once and present on all three without a copy, and each rank
+is a container of it started through that host's SSH connection and engine,
+with host networking. So the ranks share this machine's network stack: the
+all-reduce, its rendezvous and the records are real (TCP through eth0), a
+link slower on one host is not something this fleet can have. The fault
+injected is a host whose ``gpurig_fabric.interface`` does not exist: its
+rank fails and the fabric's record names it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from contextlib import ExitStack
+
+import pytest
+import yaml
+
+from tests.integration.verify.conftest import REPO, gpurig, sshd_docker_host
+
+pytestmark = pytest.mark.integration
+SIZES = 9  # fabric_allreduce.py's default: 4 kB .. 256 MB, x4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def fabric_hosts(docker_engine, container_kit, host_image, host_key, tmp_path_factory):
+    """Three hosts' (name, inventory vars), removed at the end of the module."""
+    folder = tmp_path_factory.mktemp("fabric-hosts")
+    with ExitStack() as stack:
+        yield [stack.enter_context(sshd_docker_host(docker_engine, container_kit, host_image, host_key, folder)) [::2]
+               for _ in range(3)]
+
+
+def inventory(tmp_path, hosts, per_host: dict[str, dict] | None = None):
+    port = free_port()
+    data = {name: {**hostvars, "gpurig_fabric": {"interface": "eth0", "port": port, "timeout": 15, **(per_host or {}).get(name, {})}}
+            for name, hostvars in hosts}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"all": {"children": {"fabric": {"hosts": data}}}}, sort_keys=False))
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    if not (project / "checks").exists():
+        (project / "checks").symlink_to(REPO / "checks")
+    return path, project
+
+
+def fabric_records(doc: dict) -> dict[str, dict]:
+    [entry] = doc["hosts"]
+    return {r["id"]: r for r in entry["data"]["records"]}
+
+
+def leftovers(docker_engine) -> list[str]:
+    return docker_engine("ps", "-aq", "--filter", "label=io.gpurig.fabric").stdout.split()
+
+
+def test_three_hosts_all_reduce_together_with_busbw_per_size(fabric_hosts, torch_image, tmp_path, docker_engine):
+    path, project = inventory(tmp_path, fabric_hosts)
+    report, junit = tmp_path / "fabric.json", tmp_path / "fabric.xml"
+    proc = gpurig("verify", "-i", str(path), "-l", "fabric", "--level", "fabric", "--image", torch_image,
+                  "--json", str(report), "--junit", str(junit), cwd=project)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == "gpurig.verify/1" and doc["level"] == "fabric" and doc["passed"] is True
+    assert doc["hosts"][0]["host"] == "fabric (3 hosts)" and doc["excluded"] == {}
+    assert doc["ranked"] == [name for name, _ in fabric_hosts]
+    assert doc["master"] and not doc["master"].startswith("127.")  # rank 0's eth0 address, not loopback
+    got = fabric_records(doc)
+    sized = [r for rid, r in got.items() if rid.startswith("fabric.allreduce.") and rid != "fabric.allreduce.correct"]
+    assert len(sized) == SIZES and all(r["measured"] > 0 and r["unit"] == "GB/s" for r in sized), sized
+    assert got["fabric.latency"]["measured"] > 0
+    assert got["fabric.interface"]["status"] == "pass" and got["fabric.rendezvous"]["status"] == "pass"
+    assert got["fabric.busbw"]["status"] in ("pass", "skip")  # eth0 of a VM reports no speed: no promise, no verdict
+    assert "fabric.checked" not in got and not any(r["status"] == "fail" for r in got.values())
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("fabric"))
+    assert " pass " in row and "busbw" in row
+    assert 'name="fabric (3 hosts)"' in junit.read_text()
+    assert not leftovers(docker_engine)
+
+
+def test_a_host_with_a_missing_interface_is_named_by_its_failing_record(fabric_hosts, torch_image, tmp_path, docker_engine):
+    bad = fabric_hosts[2][0]
+    path, project = inventory(tmp_path, fabric_hosts, {bad: {"interface": "nosuch0"}})
+    report = tmp_path / "fabric.json"
+    proc = gpurig("verify", "-i", str(path), "-l", "fabric", "--level", "fabric", "--image", torch_image, "--json", str(report), cwd=project)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(report.read_text())
+    assert doc["passed"] is False
+    got = fabric_records(doc)
+    failing = [r for r in got.values() if r["status"] == "fail"]
+    assert any(bad in r["detail"] and "nosuch0" in r["detail"] for r in failing), failing
+    assert all(r["fix"] for r in failing)
+    assert not leftovers(docker_engine)
