@@ -296,7 +296,8 @@ def fabric_fleet(opts: HostOptions, chosen: Sequence[Host], plan: VerifyPlan, *,
     ranked = [n for n in names if n not in excluded]
     connector = make_connector(opts)
     ranks = Ranks(plan.image or "", {h.name: connector.open(h) for h in chosen if h.name in ranked}, gpus, probes[0][0] or "", probes[1][0] or "")
-    run = FabricRun(tuple(names), excluded=excluded, interface=settings[ranked[0]].interface if ranked else None)
+    run = FabricRun(tuple(names), excluded=excluded, interface=settings[ranked[0]].interface if ranked else None,
+                    interfaces={h: settings[h].interface for h in ranked})
     try:
         run = gather(ranks, run, settings)
         records = fabric_records_with_culprit(ranks, run, settings)
@@ -331,8 +332,12 @@ def gather(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings])
     return replace(run, ranks=run_ranks(ranks, run.ranked, master, settings, own.port, DEFAULT_SIZES))
 
 
-def fabric_records_with_culprit(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings]) -> list[Record]:
-    """fabric_records, and where the busbw falls short the pairwise culprit search's record after it."""
+def fabric_records_with_culprit(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings],
+                                runner: Callable[..., Mapping[str, Mapping[str, Any]]] = run_ranks) -> list[Record]:
+    """fabric_records, and where the busbw falls short the pairwise culprit search's record after it.
+
+    Each pair is ``runner`` (``run_ranks``) on those two hosts at the largest size, rendezvous at the first one's address.
+    """
     from gpurig.verify import culprit
     from gpurig.verify.fabric import PASS_FRACTION, promise, sizes
     from gpurig.verify.fabric_checks import fabric_records
@@ -348,7 +353,7 @@ def fabric_records_with_culprit(ranks: Ranks, run: FabricRun, settings: Mapping[
         master, _ = master_address(run, subset[0], settings[subset[0]])
         if master is None:
             return None
-        docs = run_ranks(ranks, subset, master, settings, port, largest)
+        docs = runner(ranks, subset, master, settings, port, largest)
         return largest_busbw(docs.get(subset[0]))
 
     expected, _ = promise(run.as_ran())

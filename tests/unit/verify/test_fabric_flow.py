@@ -156,3 +156,62 @@ def test_gpurig_fabric_mistakes_are_one_error_naming_the_key(value, said):
     with pytest.raises(InventoryError, match="hosts.yaml: host n1: ") as err:
         profile(value)
     assert said in err.value.problem
+
+
+# ---- the culprit search's measurements (a slow host cannot exist here: the pairs' runs are a stand-in) ----
+
+
+def test_a_short_busbw_reruns_pairs_at_the_largest_size_and_names_the_host_slow_with_every_partner():
+    hosts = ("a", "b", "c", "d")
+    run = FabricRun(hosts, {h: facts(h) for h in hosts}, {"a": rank0(busbw_gbs=3.0)}, master="10.0.0.1", backend="nccl")
+    settings = {h: FabricSettings(interface="eth1") for h in hosts}
+    asked = []
+
+    def pairs(ranks, subset, master, settings, port, sizes):
+        asked.append((subset, master, port, sizes))
+        return {subset[0]: rank0(busbw_gbs=2.0 if "c" in subset else 11.0, world=len(subset))}
+
+    ranks = fv.Ranks("img:1", {}, {}, "", "")
+    got = {r.id: r for r in fv.fabric_records_with_culprit(ranks, run, settings, runner=pairs)}
+    assert got["fabric.busbw"].status == "fail"
+    assert got["fabric.culprit"].status == "fail" and got["fabric.culprit"].measured == ["c"]
+    assert "c is slow with every partner" in got["fabric.culprit"].detail
+    assert [a[0] for a in asked] == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"), ("b", "d"), ("c", "d")]
+    assert {(a[1], a[2], a[3]) for a in asked} == {("10.0.0.1", 29500, (256 << 20,))}
+
+
+def test_a_pair_whose_run_failed_counts_as_slow_and_a_busbw_that_passes_runs_no_pair():
+    hosts = ("a", "b", "c")
+    run = FabricRun(hosts, {h: facts(h) for h in hosts}, {"a": rank0(busbw_gbs=3.0, world=3)}, master="10.0.0.1")
+    settings = {h: FabricSettings() for h in hosts}
+    failed = {"probe": "fabric", "sizes": [], "records": [{"id": "fabric.rendezvous", "status": "fail", "detail": "timed out"}]}
+
+    def pairs(ranks, subset, master, settings, port, sizes):
+        return {subset[0]: failed if "b" in subset else rank0(busbw_gbs=11.0, world=2)}
+
+    got = {r.id: r for r in fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), run, settings, runner=pairs)}
+    assert got["fabric.culprit"].measured == ["b"] and "failed" in got["fabric.culprit"].detail
+    fine = FabricRun(hosts, {h: facts(h) for h in hosts}, {"a": rank0(busbw_gbs=11.0, world=3)}, master="10.0.0.1")
+    none = fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), fine, settings, runner=lambda *a: pytest.fail("no pair"))
+    assert "fabric.culprit" not in {r.id for r in none}
+
+
+def test_each_hosts_own_interface_is_judged_against_its_own_facts():
+    run = FabricRun(("a", "b"), {h: facts(h) for h in "ab"}, {"a": rank0(world=2)}, master="10.0.0.1",
+                    interface="eth1", interfaces={"a": "eth1", "b": "nosuch0"})
+    got = {r.id: r for r in fabric_records(run)}["fabric.interface"]
+    assert got.status == "fail" and got.detail == "b: b has no usable interface by gpurig_fabric.interface nosuch0 (up, with an address)"
+    assert run.interface_of("a") == "eth1" and run.interface_of("c") == "eth1"  # a host the run has no setting of: the run's
+    assert FabricRun(("a",), interface="eth1", interfaces={"a": None}).interface_of("a") is None
+
+
+def test_the_fabric_level_needs_the_image_the_hosts_train_in():
+    from gpurig.errors import ConfigError
+    from gpurig.verify.gate import make_plan
+
+    with pytest.raises(ConfigError, match="--level fabric needs --image"):
+        make_plan(None, None, "fabric")
+    with pytest.raises(ConfigError, match="--level fabric needs --image"):
+        make_plan("train", None, "fabric")
+    plan = make_plan(None, "registry.example.com/ml/pytorch:2.9.1-cu128-slim", "fabric")
+    assert plan.level == "fabric" and plan.image.endswith("-slim") and plan.torch_probe
