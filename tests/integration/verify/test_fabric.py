@@ -14,11 +14,15 @@ rank fails and the fabric's record names it.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from contextlib import ExitStack
 
 import pytest
 import yaml
+from systemd_kit import interrupt_when
 
 from tests.integration.verify.conftest import REPO, gpurig, sshd_docker_host
 
@@ -41,9 +45,10 @@ def fabric_hosts(docker_engine, container_kit, host_image, host_key, tmp_path_fa
                for _ in range(3)]
 
 
-def inventory(tmp_path, hosts, per_host: dict[str, dict] | None = None):
+def inventory(tmp_path, hosts, per_host: dict[str, dict] | None = None, timeout: int = 15):
+    """Every host on eth0 (this VM's hostname resolves to 127.0.0.1: gloo's own choice would be lo), a free port, ``timeout``."""
     port = free_port()
-    data = {name: {**hostvars, "gpurig_fabric": {"interface": "eth0", "port": port, "timeout": 15, **(per_host or {}).get(name, {})}}
+    data = {name: {**hostvars, "gpurig_fabric": {"interface": "eth0", "port": port, "timeout": timeout, **(per_host or {}).get(name, {})}}
             for name, hostvars in hosts}
     path = tmp_path / "hosts.yaml"
     path.write_text(yaml.safe_dump({"all": {"children": {"fabric": {"hosts": data}}}}, sort_keys=False))
@@ -89,7 +94,7 @@ def test_three_hosts_all_reduce_together_with_busbw_per_size(fabric_hosts, torch
 
 def test_a_host_with_a_missing_interface_is_named_by_its_failing_record(fabric_hosts, torch_image, tmp_path, docker_engine):
     bad = fabric_hosts[2][0]
-    path, project = inventory(tmp_path, fabric_hosts, {bad: {"interface": "nosuch0"}})
+    path, project = inventory(tmp_path, fabric_hosts, {bad: {"interface": "nosuch0"}}, timeout=5)  # the others wait it out
     report = tmp_path / "fabric.json"
     proc = gpurig("verify", "-i", str(path), "-l", "fabric", "--level", "fabric", "--image", torch_image, "--json", str(report), cwd=project)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -97,6 +102,29 @@ def test_a_host_with_a_missing_interface_is_named_by_its_failing_record(fabric_h
     assert doc["passed"] is False
     got = fabric_records(doc)
     failing = [r for r in got.values() if r["status"] == "fail"]
-    assert any(bad in r["detail"] and "nosuch0" in r["detail"] for r in failing), failing
+    # its own record, from its facts: the interface it was told to use is not there
+    assert got["fabric.interface"]["status"] == "fail", failing
+    assert got["fabric.interface"]["detail"] == f"{bad}: {bad} has no usable interface by gpurig_fabric.interface nosuch0 (up, with an address)"
+    # and its rank's own word, in the rendezvous' record: gloo found no such interface
+    assert f"from {bad}: rank 2 could not meet" in got["fabric.rendezvous"]["detail"] and "nosuch0" in got["fabric.rendezvous"]["detail"]
     assert all(r["fix"] for r in failing)
     assert not leftovers(docker_engine)
+
+
+def test_ctrl_c_while_the_ranks_wait_removes_every_rank_container_and_says_so(fabric_hosts, torch_image, tmp_path, docker_engine):
+    # rank 0's address answers nothing (TEST-NET-1, on eth0's own subnet): every rank waits at the rendezvous for its timeout
+    first = fabric_hosts[0][0]
+    path, project = inventory(tmp_path, fabric_hosts, {first: {"address": "192.0.2.254", "timeout": 120}})
+    code = "import sys; from gpurig.cli import main; main(['gpurig', *sys.argv[1:]])"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-c", code, "verify", "-i", str(path), "-l", "fabric", "--level", "fabric",
+                             "--image", torch_image], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ranks_running() -> bool:
+        return len(docker_engine("ps", "-q", "--filter", "label=io.gpurig.fabric", "--filter", "name=-rank-").stdout.split()) == 3
+
+    out, err, took = interrupt_when(proc, ranks_running, "the three ranks running", deadline_s=180)
+    assert proc.returncode == 130, out + err
+    assert "gpurig: interrupted; removed 3 fabric containers (io.gpurig.fabric=" in err, err
+    assert not leftovers(docker_engine)
+    assert took < 60, f"Ctrl-C took {took:.0f}s to end the run"
