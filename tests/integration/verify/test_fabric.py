@@ -128,3 +128,19 @@ def test_ctrl_c_while_the_ranks_wait_removes_every_rank_container_and_says_so(fa
     assert "gpurig: interrupted; removed 3 fabric containers (io.gpurig.fabric=" in err, err
     assert not leftovers(docker_engine)
     assert took < 60, f"Ctrl-C took {took:.0f}s to end the run"
+
+
+def test_an_image_not_on_the_hosts_is_one_line_per_host_naming_gpurig_deploy(fabric_hosts, tmp_path, docker_engine):
+    path, project = inventory(tmp_path, fabric_hosts)
+    report = tmp_path / "fabric.json"
+    missing = "gpurig-fabric-absent:never-built"
+    proc = gpurig("verify", "-i", str(path), "-l", "fabric", "--level", "fabric", "--image", missing, "--json", str(report), cwd=project)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "is left out of the fabric run" in line]
+    assert len(lines) == 3 and all(f"image {missing} is not on this host" in line and "gpurig deploy" in line for line in lines), lines
+    assert {line.split()[0] for line in lines} == {name for name, _ in fabric_hosts}
+    doc = json.loads(report.read_text())
+    got = fabric_records(doc)
+    assert doc["passed"] is False and set(doc["excluded"]) == {name for name, _ in fabric_hosts}
+    assert got["fabric.checked"]["status"] == "fail" and "0 hosts left" in got["fabric.checked"]["detail"]
+    assert not leftovers(docker_engine)
