@@ -29,6 +29,8 @@ DOCKER_SOURCES = ("distro", "docker")  # docker.io from the OS, or Docker's own 
 _SHM = re.compile(r"[0-9]+(?:\.[0-9]+)?[bkmgBKMG]?")
 _RUNTIME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _CLUSTER = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # slurm.conf's ClusterName: lower case (Slurm folds it), no spaces
+_INTERFACES = re.compile(r"\^?=?[A-Za-z0-9_.:-]{1,15}(?:,[A-Za-z0-9_.:-]{1,15})*")  # NCCL_SOCKET_IFNAME's grammar
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")  # an IPv4/IPv6 address or a host name, nothing a shell reads
 _BRANCH = re.compile(r"[0-9]{3}")
 _TOOLKIT_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.~]+)?")
 
@@ -74,6 +76,16 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class FabricSettings:
+    """``gpurig_fabric``: how verify --level fabric reaches this host's rank (the first host's address and port are the rendezvous')."""
+
+    interface: str | None = None  # NCCL_SOCKET_IFNAME's grammar (eth0, ib, ^docker,lo): becomes NCCL_ and GLOO_SOCKET_IFNAME
+    address: str | None = None  # the rendezvous address when this host is rank 0; else its address on the interface
+    port: int = 29500  # the rendezvous' TCP port on rank 0
+    timeout: int = 60  # seconds the rendezvous, and each all-reduce, may take
+
+
+@dataclass(frozen=True)
 class HostProfile:
     """Everything the inventory asks of one host, typed. Steps plan from this and the host's facts."""
 
@@ -90,6 +102,7 @@ class HostProfile:
     containers: tuple[Mapping[str, Any], ...] = ()  # validated by deploy
     slurm: SlurmSettings = SlurmSettings()
     slurm_expect_drained: bool = False  # a Slurm node meant to stay drained: provision warns of its drain instead of failing
+    fabric: FabricSettings = FabricSettings()
 
 
 class _Reader:
@@ -120,6 +133,15 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(path, f"must be a whole number >= 0, not {excerpt(value)}", "write e.g. 8 (unquoted)")
         return value
+
+    def bounded(self, parent: str, m: Mapping[str, Any], key: str, limits: tuple[int, int], default: int) -> int:
+        """``m[key]`` as a whole number within ``limits`` (inclusive), ``default`` when absent."""
+        if key not in m:
+            return default
+        number, (low, high) = self.count(f"{parent}.{key}", m[key]), limits
+        if not low <= number <= high:
+            raise self.fail(f"{parent}.{key}", f"must be from {low} to {high}, not {number}", f"write e.g. {key}: {default}")
+        return number
 
     def text(self, path: str, value: Any, pattern: re.Pattern | None = None, example: str = "") -> str:
         if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)):
@@ -246,16 +268,22 @@ def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
     return tuple(value)
 
 
+def _fabric(r: _Reader, value: Any) -> FabricSettings:
+    m = r.mapping("gpurig_fabric", value, ("interface", "address", "port", "timeout"))
+
+    return FabricSettings(
+        interface=r.text("gpurig_fabric.interface", m["interface"], _INTERFACES, "eth0") if "interface" in m else None,
+        address=r.text("gpurig_fabric.address", m["address"], _ADDRESS, "10.0.0.11") if "address" in m else None,
+        port=r.bounded("gpurig_fabric", m, "port", (1024, 65535), 29500),
+        timeout=r.bounded("gpurig_fabric", m, "timeout", (5, 3600), 60),
+    )
+
+
 def _slurm(r: _Reader, value: Any) -> SlurmSettings:
     m = r.mapping("gpurig_slurm", value, ("cluster", "def_mem_per_cpu", "health_interval", "min_job_age", "rest"))
 
     def bounded(key: str, low: int, high: int, default: int) -> int:
-        if key not in m:
-            return default
-        number = r.count(f"gpurig_slurm.{key}", m[key])
-        if not low <= number <= high:
-            raise r.fail(f"gpurig_slurm.{key}", f"must be from {low} to {high}, not {number}", f"write e.g. {key}: {default}")
-        return number
+        return r.bounded("gpurig_slurm", m, key, (low, high), default)
 
     return SlurmSettings(
         cluster=r.text("gpurig_slurm.cluster", m["cluster"], _CLUSTER, "gpurig") if "cluster" in m else "gpurig",
@@ -280,6 +308,7 @@ _READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
     "gpurig_daemon": _daemon,
     "gpurig_containers": _containers,
     "gpurig_slurm": _slurm,
+    "gpurig_fabric": _fabric,
     "gpurig_slurm_expect_drained": lambda r, v: r.boolean("gpurig_slurm_expect_drained", v),
 }
 PROFILE_KEYS = tuple(_READERS)

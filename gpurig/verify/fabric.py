@@ -105,6 +105,11 @@ class FabricRun:
     backend: str = "nccl"  # nccl | gloo: what the ranks were to run; as_ran() takes rank 0's word for it
     interface: str | None = None  # gpurig_fabric.interface, else NCCL_SOCKET_IFNAME
     excluded: Mapping[str, str] = field(default_factory=dict)  # host -> why its single-host verify kept it out
+    interfaces: Mapping[str, str | None] = field(default_factory=dict)  # host -> its own gpurig_fabric.interface (None: unset)
+
+    def interface_of(self, host: str) -> str | None:
+        """The interface ``host``'s rank was told to use: its own setting where the run has one for it, else the run's."""
+        return self.interfaces[host] if host in self.interfaces else self.interface
 
     @property
     def ranked(self) -> tuple[str, ...]:
@@ -163,8 +168,9 @@ def chosen_link(host: str, facts: Mapping[str, Any] | None, run: FabricRun) -> L
     interfaces = list(facts.get("interfaces") or ())
     env = facts.get("env") or {}
     name: str | None
-    if run.interface:  # NCCL_SOCKET_IFNAME's grammar: an exact name, a prefix ("eth") or an exclusion ("^docker,lo")
-        name, how = default_interface(interfaces, run.interface), f"gpurig_fabric.interface {run.interface}"
+    wanted = run.interface_of(host)
+    if wanted:  # NCCL_SOCKET_IFNAME's grammar: an exact name, a prefix ("eth") or an exclusion ("^docker,lo")
+        name, how = default_interface(interfaces, wanted), f"gpurig_fabric.interface {wanted}"
     elif run.backend == "gloo" and env.get("GLOO_SOCKET_IFNAME"):
         name, how = str(env["GLOO_SOCKET_IFNAME"]).split(",")[0], "GLOO_SOCKET_IFNAME in the image"
     elif run.backend == "gloo":

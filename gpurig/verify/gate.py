@@ -7,6 +7,7 @@ verify gate is this plan and this outcome, not the verify task.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from gpurig.config import choice
@@ -14,6 +15,8 @@ from gpurig.errors import ConfigError
 from gpurig.results import Outcome
 from gpurig.status import Status
 from gpurig.strict import validate
+
+FABRIC_LEVEL = "fabric"  # gpurig/flows/fabricverify.py: the hosts together, after each one's quick verify
 
 if TYPE_CHECKING:
     from gpurig.results import FleetReport
@@ -50,7 +53,12 @@ def make_plan(container: str | None, image: str | None, level: str | None) -> Ve
         rule = problem(value) if value is not None else None
         if rule:
             raise ConfigError(f"{flag} {validate.excerpt(value)} {rule}", f"give {flag} {fix}")
-    return VerifyPlan.from_checks(choice(level or "quick", LEVELS, "--level"), container, image)
+    chosen = choice(level or "quick", (*LEVELS, FABRIC_LEVEL), "--level")
+    if chosen == FABRIC_LEVEL:  # the ranks run in the image the hosts train in; its quick verify comes first
+        if not image:
+            raise ConfigError("--level fabric needs --image", "give the image the hosts train in: --image TAG (gpurig deploy puts it there)")
+        return dataclasses.replace(VerifyPlan.from_checks("quick", None, image), level=FABRIC_LEVEL)
+    return VerifyPlan.from_checks(chosen, container, image)
 
 
 def verdict_of(data) -> HostVerdict | None:

@@ -9,7 +9,7 @@ from typing import Any
 STATUSES = ("pass", "warn", "fail", "skip")
 STATUS_ORDER = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
 # The key figures a fleet row shows: record id -> short label.
-FIGURES = (("matmul.bf16", "bf16"), ("matmul.tf32", "tf32"), ("membw", "mem"), ("nccl.allreduce", "nccl"), ("training", "train"))
+FIGURES = (("matmul.bf16", "bf16"), ("matmul.tf32", "tf32"), ("membw", "mem"), ("nccl.allreduce", "nccl"), ("training", "train"), ("fabric.busbw", "busbw"))
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,11 @@ class HostVerdict:
 
     @property
     def passed(self) -> bool:
-        """Proven: the host-level records ran (not every one skipped) and none failed. Nothing checked is never a pass."""
-        return ran(self.records, "host") and not self.failures
+        """Proven: the host-level records (the fabric level: its own) ran, not every one skipped, and none failed.
+
+        Nothing checked is never a pass.
+        """
+        return ran(self.records, "fabric" if self.level == "fabric" else "host") and not self.failures
 
     def figures(self) -> str:
         """'bf16 780 TFLOP/s (79%), mem 4300 GB/s (90%), train 812 samples/s': what the full level measured."""

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,10 +94,11 @@ class DockerHost:
         self.docker("exec", "-i", self.cid, "sh", "-c", f"cat > {path} && chmod {mode} {path}", input=content)
 
 
-@pytest.fixture
-def docker_host(docker_engine, container_kit, host_image, host_key, tmp_path) -> DockerHost:
-    name = f"gpurig-verify-{container_kit.session[:6]}-{uuid.uuid4().hex[:6]}"
-    keys = tmp_path / "authorized_keys"
+@contextmanager
+def sshd_docker_host(docker_engine, container_kit, host_image, host_key, folder: Path, name: str | None = None):
+    """(name, cid, inventory vars) of an sshd container whose `docker` is this machine's engine; removed on the way out."""
+    name = name or f"gpurig-verify-{container_kit.session[:6]}-{uuid.uuid4().hex[:6]}"
+    keys = folder / f"authorized_keys-{name}"
     keys.mkdir(mode=0o755)
     (keys / container_kit.login).write_text(host_key.with_suffix(".pub").read_text())
     (keys / container_kit.login).chmod(0o644)
@@ -111,17 +113,21 @@ def docker_host(docker_engine, container_kit, host_image, host_key, tmp_path) ->
         while not container_kit.banner(port):
             assert time.monotonic() < end, f"sshd in {name} did not answer"
             time.sleep(0.1)  # polling interval while waiting for the banner
+        yield name, cid, {"ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": container_kit.login,
+                          "ansible_ssh_private_key_file": str(host_key), "ansible_become": True}
+    finally:
+        docker_engine("rm", "-f", "-v", cid, check=False)
+
+
+@pytest.fixture
+def docker_host(docker_engine, container_kit, host_image, host_key, tmp_path) -> DockerHost:
+    with sshd_docker_host(docker_engine, container_kit, host_image, host_key, tmp_path) as (name, cid, hostvars):
         inventory = tmp_path / "hosts.yaml"
-        inventory.write_text(yaml.safe_dump({"all": {"hosts": {name: {
-            "ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": container_kit.login,
-            "ansible_ssh_private_key_file": str(host_key), "ansible_become": True,
-        }}}}))
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": {name: hostvars}}}))
         project = tmp_path / "project"
         project.mkdir()
         (project / "checks").symlink_to(REPO / "checks")
         yield DockerHost(name, inventory, project, cid, docker_engine)
-    finally:
-        docker_engine("rm", "-f", "-v", cid, check=False)
 
 
 @pytest.fixture
