@@ -385,4 +385,18 @@ def present(opts: HostOptions, verdict: HostVerdict, run: FabricRun, seconds: fl
     columns, rows = record_rows(report) if opts.verbose else host_rows(report)
     if junit != "-":
         opts.show(columns, rows, doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
+    keep_fabric_history(opts, verdict, run)
     exit_for(report)
+
+
+def keep_fabric_history(opts: HostOptions, verdict: HostVerdict, run: FabricRun) -> None:
+    """One line for the fleet in the project's verify history, naming the hosts it ran on (and those left out, in its
+    records); nothing under --check/--dry. One that cannot be written is said: the verdict stands."""
+    from gpurig.verify.verdictlog import append_entries, fleet_entry
+
+    if opts.check:
+        return
+    try:
+        append_entries(opts.settings.project, [fleet_entry(run.ranked, LEVEL, verdict.records, target=verdict.target)])
+    except OSError as err:
+        err_console.print(f"verify: the history was not kept: {err}", highlight=False)

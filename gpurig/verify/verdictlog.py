@@ -68,9 +68,10 @@ def unverified_entry(host: str, level: str, target: str, status: str, reason: st
             "gpurig": __version__}
 
 
-def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, figures: str = "", time: str | None = None) -> dict[str, Any]:
+def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, target: str = "", figures: str = "",
+                time: str | None = None) -> dict[str, Any]:
     """A check of the fleet as a whole (``verify --level fabric``: one all-reduce over these hosts) as one line naming its hosts."""
-    verdict = HostVerdict(FLEET, tuple(records), level)
+    verdict = HostVerdict(FLEET, tuple(records), level, target)
     return {**verdict_entry(verdict, time=time), "hosts": list(hosts), "figures": figures or verdict.figures(),
             "passed": bool(records) and not verdict.failures and any(r.status != "skip" for r in records)}
 

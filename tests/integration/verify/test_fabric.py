@@ -89,6 +89,8 @@ def test_three_hosts_all_reduce_together_with_busbw_per_size(fabric_hosts, torch
     row = next(line for line in proc.stdout.splitlines() if line.startswith("fabric"))
     assert " pass " in row and "busbw" in row
     assert 'name="fabric (3 hosts)"' in junit.read_text()
+    kept = [json.loads(line) for line in (project / ".gpurig" / "history" / "verify.jsonl").read_text().splitlines()]
+    assert [(e["host"], e["hosts"], e["level"], e["passed"]) for e in kept] == [("*fabric*", doc["ranked"], "fabric", True)]
     assert not leftovers(docker_engine)
 
 
