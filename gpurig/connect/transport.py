@@ -97,9 +97,12 @@ class _KeyLogin(AuthHandler):
         key = self.private_key
         assert key is not None  # auth_publickey set it
         asked, transport.userauth_asked = transport.userauth_asked, True
+        # Decided before the service request goes out: the server's accept can arrive (on paramiko's thread) before the
+        # next line here runs, and a handler that did not yet know would sign and send the key a second time; the
+        # server's second refusal of it would then be read as the answer to the next key offered.
+        self._signed_sent = asked or "rsa" not in key.get_name()
         if not asked:
             super()._request_auth()  # type: ignore[misc]  # paramiko's private API, absent from its stubs
-        self._signed_sent = asked or "rsa" not in key.get_name()
         if self._signed_sent:
             accept = paramiko.Message()
             accept.add_string("ssh-userauth")
