@@ -53,7 +53,7 @@ def usage_fleet(opts: HostOptions, start: float, records: Sequence[str], idle_af
         write_output(csv_path, usage_csv(found), "--csv")
     present(opts, found, unasked, doc)
     if unasked:
-        raise Finished(1, f"usage: {counted(len(unasked), 'host')} could not be asked for its jobs; the figures leave them out")
+        raise Finished(1, f"usage: {counted(len(unasked), 'host')} could not be asked for jobs; the figures leave them out")
     if not found.jobs and not found.samples:
         raise Finished(1, f"usage: no job ran and no sample was recorded between {_when(start)} and {_when(end)}: nothing to count")
 
