@@ -24,6 +24,11 @@ def records(doc: dict, host: str) -> dict[str, dict]:
     return {r["id"]: r for r in entry["data"]["records"]}
 
 
+def verify_containers_of(docker_engine, image: str) -> list[str]:
+    """This test's probe containers: by image, as another worker's verify (the fabric module's) shares the engine and label."""
+    return docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify", "--filter", f"ancestor={image}").stdout.split()
+
+
 def test_quick_verify_of_an_image_over_ssh(docker_host, torch_image, tmp_path, docker_engine):
     report, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
     # the floor under a quick verify, measured now, under whatever load the machine has now: a container start and torch's import
@@ -56,8 +61,7 @@ def test_quick_verify_of_an_image_over_ssh(docker_host, torch_image, tmp_path, d
     [suite] = root.findall("testsuite")
     assert suite.get("name") == docker_host.name and int(suite.get("tests")) == len(got)
     assert int(suite.get("failures")) == sum(1 for r in got.values() if r["status"] == "fail")
-    leftovers = docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
-    assert not leftovers  # the throwaway container went with --rm
+    assert not verify_containers_of(docker_engine, torch_image)  # the throwaway container went with --rm
 
 
 def test_deployed_container_with_docker_default_shm(docker_host, workload):
@@ -127,7 +131,7 @@ def test_a_probe_past_its_timeout_leaves_no_container(docker_engine, torch_image
     verdict = verify_host(LocalConnection("here"), plan)
     probe = next(r for r in verdict.records if r.id == "container.probe")
     assert probe.status == "fail" and "did not finish within 0.5 s" in probe.detail
-    assert not docker_engine("ps", "-aq", "--filter", "label=io.gpurig.verify").stdout.split()
+    assert not verify_containers_of(docker_engine, torch_image)
 
 
 def test_hostile_names_are_refused_before_any_host_is_contacted(docker_host):
