@@ -68,8 +68,9 @@ class Bench:
         session = "bench" + uuid.uuid4().hex[:7]
         client = find_client()
         self.docker = root.Docker(client.path, local_engine())
-        self.kit = types.SimpleNamespace(session=session, label=root.TEST_LABEL, login=root.LOGIN, mirror=root.MIRROR,
-                                         host=root.ContainerHost, banner=root._banner)
+        # the tests' container_kit, as one session that is its own run (no xdist workers to share the host images with)
+        self.kit = types.SimpleNamespace(session=session, run=session, run_label=root.RUN_LABEL, label=root.TEST_LABEL,
+                                         login=root.LOGIN, mirror=root.MIRROR, host=root.ContainerHost, banner=root._banner)
         self.work = work
         self.cuda = cuda
         key = work / "id_ed25519"
