@@ -151,8 +151,8 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = MAX_BODY + 1
-        if length > MAX_BODY or length < 0:
-            self.close_connection = True
+        if length > MAX_BODY or length < 0 or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # a body not read to its end: this connection carries nothing more
         elif length:
             self.rfile.read(length)
 

@@ -284,3 +284,33 @@ def test_a_job_on_a_host_that_cannot_be_reached_is_one_line_not_an_empty_log(tmp
             call()
         assert not isinstance(caught.value, NoSuchJob)  # not "no such job": the host was never asked
         assert "could not be asked" in str(caught.value) and "gpu-01" in str(caught.value)
+
+
+def test_a_log_tail_keeps_its_last_mib_and_a_slurm_log_its_last_lines(monkeypatch):
+    from gpurig.flows import jobact, jobfind
+
+    view = job_view("gpu-01", {"id": "abc123", "state": "running"})
+    monkeypatch.setattr(jobfind, "find_job", lambda opts, wanted: view)
+    said: dict[str, object] = {}
+
+    def on_host(opts, found, work, label):
+        said.update(found=found, label=label)
+        work(SimpleNamespace())  # the agent's logs verb, stood in for below
+        return None
+
+    big = "x" * 1023 + "\n"
+    monkeypatch.setattr(jobact, "on_host_quietly", on_host)
+    monkeypatch.setattr(jobact, "log_work", lambda v, on_text, follow, tail: lambda conn: on_text(big * 1100 + "the end\n"))
+    tail = jobact.log_tail(SimpleNamespace(), "abc123", 200)  # type: ignore[arg-type]
+    assert tail.cut and len(tail.text.encode()) == jobact.MAX_LOG_BYTES and tail.text.endswith("the end\n")
+    assert said == {"found": view, "label": "logs"} and tail.view is view
+
+    slurm = job_view("ctl", {"id": "42", "state": "running", "mode": "slurm"})
+    monkeypatch.setattr(jobfind, "find_job", lambda opts, wanted: slurm)
+    from gpurig.slurm import scheduler
+
+    monkeypatch.setattr(scheduler, "the_cluster", lambda inventory: None)
+    monkeypatch.setattr(jobact, "slurm_reach", lambda opts: None)
+    monkeypatch.setattr(scheduler, "follow", lambda reach, cluster, v, out, follow_it: out(b"".join(b"%d\n" % i for i in range(500))))
+    tail = jobact.log_tail(SimpleNamespace(settings=SimpleNamespace(inventory=None)), "42", 3)  # type: ignore[arg-type]
+    assert tail.text == "497\n498\n499\n" and not tail.cut

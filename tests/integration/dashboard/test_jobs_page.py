@@ -4,8 +4,9 @@ its own Docker engine, no GPU), a real `gpurig dashboard --allow-actions` and re
 A job appears running, its log link shows its output in the page as text (the HTML it prints stays text), and once it ends
 the page shows it failed with its exit code. A second, long-running job is cancelled from the page: the confirmation names
 the job and its host (dismissed once: nothing happens), the page then shows it cancelled, and History shows the action,
-which the project's .gpurig/history/actions.jsonl holds without the token. Every wait is on the page or on the job's state,
-bounded; the jobs' containers, supervisors and folders, and the image tag the test made, are removed at the end.
+which the project's .gpurig/history/actions.jsonl holds without the token. A job no host has is 404 with one line. Every
+wait is on the page or on the job's state, bounded; the jobs' containers, supervisors and folders, and the image tag the
+test made, are removed at the end.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -158,7 +161,11 @@ def test_a_job_shows_running_its_log_then_its_exit_code_and_another_is_cancelled
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors  # under the CSP, with no inline script, and no request refused
 
-        token = url.partition("?token=")[2]
+        base, _, token = url.partition("?token=")
+        request = urllib.request.Request(base + "api/jobs/zzz999/log", headers={"Authorization": f"Bearer {token}"})
+        with pytest.raises(urllib.error.HTTPError) as unknown:
+            urllib.request.urlopen(request, timeout=30)
+        assert unknown.value.code == 404 and unknown.value.read() == b"no job zzz999 on the 1 host searched\n"
     [line] = (project / ".gpurig" / "history" / "actions.jsonl").read_text().splitlines()
     entry = json.loads(line)
     assert (entry["action"], entry["job"], entry["host"], entry["result"]) == ("cancel", second, "this-machine", "cancelled")
