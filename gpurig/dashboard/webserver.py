@@ -10,8 +10,9 @@
 
 Every request passes the Gate first (webauth: Host, token, method, and for a
 POST the same-origin and anti-CSRF checks); what it refuses gets its status
-and an empty body (a refused action: one line saying why). Every answer carries the security
-headers. Nothing is logged: a request line can hold the token.
+and an empty body (a refused action: one line saying why). Every answer
+carries the security headers. Nothing is logged: a request line can hold the
+token.
 """
 
 from __future__ import annotations
