@@ -239,7 +239,8 @@ async function cancelJob(id, host) {
     const body = await answer.text();
     if (answer.ok) {
       const done = JSON.parse(body);
-      tell(`job ${done.job} on ${done.host}: ${done.result}${done.detail ? ` (${done.detail})` : ""}`, "ok", "done");
+      const more = done.result === "cancelled" || !done.detail ? "" : ` (${done.detail})`;  // "ended already" says how it ended
+      tell(`job ${done.job} on ${done.host}: ${done.result}${more}`, "ok", "done");
     } else {
       tell(body.trim() || `HTTP ${answer.status}`, "bad", "refused");
     }
@@ -273,7 +274,7 @@ function wireJobs() {
 
 function historyWhat(e) {
   if (e.kind === "action") return [`${e.action} job ${e.job}${e.host ? ` on ${e.host}` : ""}`, `from the dashboard (${e.client || "?"})`,
-    `${e.result}${e.detail ? `: ${e.detail}` : ""}`];
+    `${e.result}${e.detail && e.result !== "cancelled" ? `: ${e.detail}` : ""}`];
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "verify") return [`verify ${e.host || (e.hosts || []).join(",")}`, e.image, `${e.worst}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${counted(e.hosts, "host")}`];
