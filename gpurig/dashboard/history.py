@@ -5,7 +5,9 @@ per host what it runs, whether verify passed, at which level, when, why not)
 build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
 built, when, and the promotions appended to them) and the verify history
 (``.gpurig/history/verify.jsonl``, gpurig.verify.verdictlog: every
-``gpurig verify`` run, per host). A host's last verdict is the newest of its
+``gpurig verify`` run, per host) and the actions taken from a dashboard
+(``.gpurig/history/actions.jsonl``, gpurig.dashboard.actions: a job
+cancelled from the page). A host's last verdict is the newest of its
 verify runs and its rollouts' verify gates. Each file is read by the
 same reader its writer's other readers use; a file that cannot be read is
 named with why, never passed over as if there were nothing to say.
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpurig.dashboard.actions import ACTIONS_LOG, read_actions
 from gpurig.deploy.rollplan import STATE_DIR, read_state
 from gpurig.errors import GpurigError
 from gpurig.flows.imagebuild import REPORTS_DIR
@@ -37,10 +40,11 @@ class History:
     rollout_files: int = 0
     build_files: int = 0
     verify_files: int = 0
+    action_files: int = 0
 
 
 def read_history(root: Path) -> History:
-    """Every rollout state and build report under the project ``root``."""
+    """Every rollout state, build report, verify run and dashboard action under the project ``root``."""
     found = History()
     rollouts = sorted((root / STATE_DIR).glob("*.json"))
     found.rollout_files = len(rollouts)
@@ -68,6 +72,10 @@ def read_history(root: Path) -> History:
     found.verify_files = verified.files
     found.unread += verified.unread
     found.entries += [_verify_entry(e) for e in verified.entries]
+    acted = read_actions(root)
+    found.action_files = acted.files
+    found.unread += acted.unread
+    found.entries += [_action_entry(e) for e in acted.entries]
     found.verdicts = last_verdicts(found.entries)
     found.entries.sort(key=lambda e: e.get("time") or "", reverse=True)
     del found.entries[MAX_ENTRIES:]
@@ -109,6 +117,12 @@ def _verify_entry(entry: dict[str, Any]) -> dict[str, Any]:
         "figures": _text(entry.get("figures")),
         "file": Path(VERIFY_LOG).name,
     }
+
+
+def _action_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "action", "time": entry["time"], "action": entry["action"], "job": _text(entry.get("job")),
+            "host": _text(entry.get("host")), "result": _text(entry.get("result")), "detail": _text(entry.get("detail")),
+            "client": _text(entry.get("client")), "file": Path(ACTIONS_LOG).name}
 
 
 def _text(value: Any) -> str:

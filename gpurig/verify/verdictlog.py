@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,7 +78,13 @@ def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, 
 
 def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
     """Append each entry as one line (one write each, O_APPEND), rotating the file first when it has grown past MAX_BYTES."""
-    path = Path(root) / VERIFY_LOG
+    return append_lines(Path(root) / VERIFY_LOG, entries,
+                        shrink=lambda entry: {**entry, "records": [], "more_records": len(entry.get("records") or ())})
+
+
+def append_lines(path: Path, entries: Iterable[dict[str, Any]], shrink: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Path:
+    """Any history of the project kept as this one is (the dashboard's actions too): each entry one line, one write, O_APPEND,
+    the file rotated past MAX_BYTES; a line over MAX_LINE is written as ``shrink(entry)`` (what it can lose), cut to the bound."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _rotate(path)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -90,9 +96,8 @@ def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
             os.write(fd, b"\n")
         for entry in entries:
             line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
-            if len(line) > MAX_LINE:  # a line never lost to the reader's bound: the records go, the verdict stays
-                line = (json.dumps({**entry, "records": [], "more_records": len(entry.get("records") or ())}, separators=(",", ":"),
-                                   default=str) + "\n").encode()[:MAX_LINE]
+            if len(line) > MAX_LINE:  # a line never lost to the reader's bound: what it can lose goes, the rest stays
+                line = (json.dumps(shrink(entry), separators=(",", ":"), default=str) + "\n").encode()[:MAX_LINE]
             os.write(fd, line)
     finally:
         os.close(fd)
@@ -120,8 +125,12 @@ class VerifyHistory:
 def read_verify_history(root: Path, host: str | None = None, since: str | None = None) -> VerifyHistory:
     """The verify history under ``root`` (the rotated file first): every entry, or ``host``'s (a fleet entry naming it counts),
     from ``since`` (an ISO time) on. A torn or foreign line is skipped; a file that cannot be read is named with why."""
+    return read_lines(Path(root) / VERIFY_LOG, lambda entry: _is_verify(entry) and _wanted(entry, host, since))
+
+
+def read_lines(base: Path, accept: Callable[[dict[str, Any]], bool]) -> VerifyHistory:
+    """A history kept by ``append_lines`` (its rotated file first): the lines that are JSON objects ``accept`` takes."""
     found = VerifyHistory()
-    base = Path(root) / VERIFY_LOG
     for path in (base.with_name(base.name + ".1"), base):
         try:
             st = os.lstat(path)
@@ -145,24 +154,26 @@ def read_verify_history(root: Path, host: str | None = None, since: str | None =
         found.files += 1
         for raw in data.splitlines():
             entry = _entry(raw)
-            if entry is not None and _wanted(entry, host, since):
+            if entry is not None and accept(entry):
                 found.entries.append(entry)
     return found
 
 
 def _entry(raw: bytes) -> dict[str, Any] | None:
-    """A line as an entry; None for a torn line (a run killed mid-write) or one that is not gpurig's."""
+    """A line as a JSON object; None for a torn line (a run killed mid-write) or one that is not one."""
     if len(raw) > MAX_LINE:
         return None
     try:
         entry = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(entry, dict) or entry.get("schema") != SCHEMA or not isinstance(entry.get("host"), str):
-        return None
-    if not isinstance(entry.get("time"), str) or not isinstance(entry.get("worst"), str):
-        return None
-    return entry
+    return entry if isinstance(entry, dict) else None
+
+
+def _is_verify(entry: dict[str, Any]) -> bool:
+    """Whether a line is a verify run's: its schema, and the fields every reader relies on."""
+    return (entry.get("schema") == SCHEMA and isinstance(entry.get("host"), str) and isinstance(entry.get("time"), str)
+            and isinstance(entry.get("worst"), str))
 
 
 def _wanted(entry: dict[str, Any], host: str | None, since: str | None) -> bool:
