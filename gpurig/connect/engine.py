@@ -37,7 +37,7 @@ from gpurig.connect.enginewire import close_hijacked, demux, read_to_end
 from gpurig.errors import HostError, last_line
 
 # Everything a request can fail with: the engine's refusal (docker.errors) or a broken connection.
-_FAILURES = (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError, OSError)
+ENGINE_FAILURES = (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 _LOST = (requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
@@ -153,7 +153,7 @@ class Engine:
             return self._api.wait(ref, timeout=timeout).get("StatusCode")
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             return None  # still running after the timeout
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(f"wait for {ref}", err) from None
 
     def logs(self, ref: str, tail: int | str = "all") -> str:
@@ -230,7 +230,7 @@ class Engine:
             self._api.remove_image(ref, noprune=False)
         except docker.errors.NotFound:
             pass
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(f"untag {ref}", err) from None
 
     def push(self, ref: str, on_event: Callable[[dict], None] = lambda event: None, timeout: float | None = None) -> str:
@@ -300,7 +300,7 @@ class Engine:
         try:
             api._raise_for_status(response)
             yield from response.iter_content(1 << 20, False)
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(what, err) from None
         finally:
             response.close()
@@ -354,7 +354,7 @@ class Engine:
                     raise EngineError(f"the Docker engine refused to {what}: {reason}", "see the engine's message", reason, host=self.name)
                 if isinstance(event, dict):
                     yield event
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             if deadline is not None and time.monotonic() > deadline:
                 raise self._overrun(what, timeout) from None
             raise self._error(what, err) from None
@@ -389,19 +389,19 @@ class Engine:
             if err.status_code == 404:
                 return None
             raise self._error(what, err) from None
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(what, err) from None
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(what, err) from None
 
     def _stream(self, what: str, items: Iterable) -> Iterator:
         try:
             yield from items
-        except _FAILURES as err:
+        except ENGINE_FAILURES as err:
             raise self._error(what, err) from None
 
     def _error(self, what: str, err: BaseException) -> EngineError:

@@ -17,7 +17,7 @@ import docker.context.config
 import docker.errors
 
 from gpurig.connect.connection import Connection
-from gpurig.connect.engine import _FAILURES, Engine, EngineError
+from gpurig.connect.engine import ENGINE_FAILURES, Engine, EngineError
 from gpurig.connect.enginewire import api_client
 from gpurig.errors import HostError, last_line, permission_denied
 
@@ -36,7 +36,7 @@ def open_engine(conn: Connection, timeout: float = 120) -> Engine:
     api = api_client(opener, host, timeout, tls)
     try:
         api.ping()
-    except _FAILURES as err:
+    except ENGINE_FAILURES as err:
         api.close()
         raise diagnose(conn, err) from None
     return Engine(conn.name, api, local=opener is None)
