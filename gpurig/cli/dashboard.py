@@ -25,11 +25,13 @@ _HELP = {
     "idle_after": "flag a GPU that a process or job holds at under 5% utilisation for this many seconds, naming its holder (default 600)",
     "json": "when the dashboard stops, write the page's last snapshot as JSON to this file (- = stdout); never the token",
     "format": "table (default); the dashboard's data is its page and /api/snapshot",
+    "check": "at start, run provision's check mode on the selected hosts (what `gpurig provision --check` would change; nothing is "
+             "changed) and show each host's drift in the fleet table: in step, N steps would change, or unknown with why",
 }
 
 
 @host_task(help=_HELP)
-def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None):
+def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, check=False):
     """Serve the team's web page on this machine: fleet, live GPUs, jobs and history of the selected hosts (token in the URL)."""
     from gpurig.dashboard.feeds import Feeds
     from gpurig.dashboard.webauth import bind_address, is_loopback, new_token
@@ -47,7 +49,7 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
     token = new_token()
     address = bind_address(str(bind), token)
     hosts = select_hosts(opts)
-    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s)
+    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check)
     server = Dashboard(feeds, token, address, number)  # the port is taken before any host is contacted
     url_file = None
     try:
