@@ -14,9 +14,6 @@ before is dropped) and a new file starts.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurig import __version__
+from gpurig.files import append_jsonl, read_jsonl
 from gpurig.verify.records import HostVerdict, Record
 
 HISTORY_DIR = ".gpurig/history"
@@ -78,34 +76,10 @@ def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, 
 
 def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
     """Append each entry as one line (one write each, O_APPEND), rotating the file first when it has grown past MAX_BYTES."""
-    path = Path(root) / VERIFY_LOG
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _rotate(path)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":  # a run killed mid-line: end that torn line so ours reads whole
-            os.write(fd, b"\n")
-        for entry in entries:
-            line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
-            if len(line) > MAX_LINE:  # a line never lost to the reader's bound: the records go, the verdict stays
-                line = (json.dumps({**entry, "records": [], "more_records": len(entry.get("records") or ())}, separators=(",", ":"),
-                                   default=str) + "\n").encode()[:MAX_LINE]
-            os.write(fd, line)
-    finally:
-        os.close(fd)
-    return path
+    def shrink(entry: dict[str, Any]) -> dict[str, Any]:  # a line never lost to the reader's bound: the records go, the verdict stays
+        return {**entry, "records": [], "more_records": len(entry.get("records") or ())}
 
-
-def _rotate(path: Path) -> None:
-    try:
-        size = os.lstat(path).st_size
-    except FileNotFoundError:
-        return
-    if size > MAX_BYTES:
-        os.replace(path, path.with_name(path.name + ".1"))
+    return append_jsonl(Path(root) / VERIFY_LOG, entries, max_bytes=MAX_BYTES, max_line=MAX_LINE, shrink=shrink)
 
 
 @dataclass
@@ -121,44 +95,14 @@ def read_verify_history(root: Path, host: str | None = None, since: str | None =
     """The verify history under ``root`` (the rotated file first): every entry, or ``host``'s (a fleet entry naming it counts),
     from ``since`` (an ISO time) on. A torn or foreign line is skipped; a file that cannot be read is named with why."""
     found = VerifyHistory()
-    base = Path(root) / VERIFY_LOG
-    for path in (base.with_name(base.name + ".1"), base):
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            found.unread.append({"path": str(path), "why": "not a regular file (a link or a device is not gpurig's history)"})
-            continue
-        if st.st_size > 2 * MAX_BYTES + MAX_LINE:
-            found.unread.append({"path": str(path), "why": f"{st.st_size} bytes, over gpurig's bound of {2 * MAX_BYTES + MAX_LINE}"})
-            continue
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(2 * MAX_BYTES + MAX_LINE + 1)
-        except OSError as err:
-            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
-            continue
-        found.files += 1
-        for raw in data.splitlines():
-            entry = _entry(raw)
-            if entry is not None and _wanted(entry, host, since):
-                found.entries.append(entry)
+    lines, found.unread, found.files = read_jsonl(Path(root) / VERIFY_LOG, max_bytes=MAX_BYTES, max_line=MAX_LINE)
+    found.entries = [e for e in map(_entry, lines) if e is not None and _wanted(e, host, since)]
     return found
 
 
-def _entry(raw: bytes) -> dict[str, Any] | None:
-    """A line as an entry; None for a torn line (a run killed mid-write) or one that is not gpurig's."""
-    if len(raw) > MAX_LINE:
-        return None
-    try:
-        entry = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(entry, dict) or entry.get("schema") != SCHEMA or not isinstance(entry.get("host"), str):
+def _entry(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """A line's object as an entry; None for one that is not gpurig's verify history."""
+    if entry.get("schema") != SCHEMA or not isinstance(entry.get("host"), str):
         return None
     if not isinstance(entry.get("time"), str) or not isinstance(entry.get("worst"), str):
         return None
