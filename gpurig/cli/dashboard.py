@@ -49,7 +49,8 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
     token = new_token()
     address = bind_address(str(bind), token)
     hosts = select_hosts(opts)
-    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check)
+    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check,
+                  say=lambda line: err_console.print(f"idle_stop: {outside(line)}", highlight=False, soft_wrap=True))
     server = Dashboard(feeds, token, address, number)  # the port is taken before any host is contacted
     url_file = None
     try:

@@ -58,7 +58,7 @@ class Feeds:
 
     def __init__(self, opts: HostOptions, hosts: list[Host], interval: float = 1.0, *, jobs_every: float = 3.0,
                  facts_every: float = 300.0, history_every: float = 10.0, idle_after: float = snapshot.IDLE_AFTER,
-                 connector: Callable[[], Connector] | None = None, check: bool = False) -> None:
+                 connector: Callable[[], Connector] | None = None, check: bool = False, say: Callable[[str], None] | None = None) -> None:
         from gpurig.flows.fleettask import make_connector
 
         self.opts = opts
@@ -82,6 +82,7 @@ class Feeds:
         self.slurm_why = "the nodes' Slurm state is being read"
         self.slurm_at: float | None = None
         self.check = check
+        self.say = say or (lambda line: None)
         self.drift: FleetReport | None = None
         self.drift_why = "provision's check is running" if check else ""
         self.drift_at: float | None = None
@@ -132,12 +133,14 @@ class Feeds:
 
     def _live(self, source: str) -> None:
         from gpurig.monitor.agent import monitor_fleet
+        from gpurig.monitor.idlestop import enforcer
 
         with self.lock:
             self.live_state, self.live_why = "running", ""
         try:
+            stopper = enforcer(self.hosts, self.opts.settings.inventory, self._connector, self.say, self.opts.settings.project, self.interval)
             report = monitor_fleet(self.hosts, self._open(), self.run, self.interval, 0.0, source, stop=self.stopping,
-                                   events=_LiveFailures(self))
+                                   events=_LiveFailures(self), idle_stop=stopper)
             ended = ", ".join(f"{n} {status}" for status, n in report.summary.items() if n)
             state, why = "ended", f"the monitor session ended ({ended or 'no host'})"
         except GpurigError as err:

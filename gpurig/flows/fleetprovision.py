@@ -99,7 +99,8 @@ def plan_provision(opts: HostOptions, chosen: Sequence[Host], names: Sequence[st
     from gpurig.steps.plan import outcome
 
     profiles = {h.name: host_profile(h, opts.settings.inventory) for h in chosen}
-    cluster, left = None, []
+    cluster: Any = None
+    left: list[str] = []
     if SLURM in names:
         from gpurig.slurm.cluster import touched_cluster
 

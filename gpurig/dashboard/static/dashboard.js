@@ -199,6 +199,10 @@ function renderJobs(jobs) {
 function historyWhat(e) {
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "verify") return [`verify ${e.host || (e.hosts || []).join(",")}`, e.image, `${e.worst}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
+  if (e.kind === "idle-stop") {
+    const idle = `GPU${e.gpus.length === 1 ? "" : "s"} ${e.gpus.join(",")} idle ${e.idle_s != null ? duration(e.idle_s) : "?"} (idle_stop ${e.idle_stop_s != null ? duration(e.idle_stop_s) : "?"})`;
+    return [`idle stop ${e.host} ${e.container}`, e.image, e.stopped ? `stopped: ${idle}` : `not stopped: ${idle}: ${e.reason}`];
+  }
   if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${counted(e.hosts, "host")}`];
   return [`build ${e.variant}`, e.image, `torch ${e.torch} cuda ${e.cuda}${e.duration_s != null ? `, ${duration(e.duration_s)}` : ""}`];
 }
