@@ -32,7 +32,11 @@ _HELP = {
 
 @host_task(help=_HELP)
 def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, check=False):
-    """Serve the team's web page on this machine: fleet, live GPUs, jobs and history of the selected hosts (token in the URL)."""
+    """Serve the team's web page on this machine: fleet, live GPUs, jobs and history of the selected hosts (token in the URL).
+
+    The fleet rows show a Slurm node's state and drain reason, and with --check what provision would change. Its monitor session
+    stops containers deployed with idle_stop once their GPUs sat idle that long, as gpurig monitor does.
+    """
     from gpurig.dashboard.feeds import Feeds
     from gpurig.dashboard.webauth import bind_address, is_loopback, new_token
     from gpurig.dashboard.webserver import Dashboard

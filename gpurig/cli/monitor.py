@@ -56,7 +56,11 @@ SCHEMA = "gpurig.monitor/1"
 
 @host_task(help=_HELP)
 def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, prometheus=None, plot=None, record=None, replay=None):
-    """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle."""
+    """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle.
+
+    While it watches, a container deployed with idle_stop (gpurig_containers) is stopped once every GPU it holds sat under 5%
+    that long; each stop is said on stderr first and kept in .gpurig/history/idle-stop.jsonl.
+    """
     from gpurig.monitor.csvfile import write_csv
     from gpurig.monitor.diagnose import diagnose
     from gpurig.monitor.record import load_run

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from gpurig.cli.base import project_spec_files
 from gpurig.cli.options import host_task, select_hosts
 from gpurig.errors import GpurigError
-from gpurig.flows.fleetprovision import STEP_NAMES, pick_steps
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import Column
 from gpurig.status import STATUS_STYLE
@@ -27,6 +26,13 @@ __all__ = ["provision"]
 SCHEMA = "gpurig.provision/1"
 
 
+SLURM = "slurm"  # the cluster's steps (gpurig.slurm.cluster), run where the inventory has slurm_controller / slurm_nodes groups
+# The steps by name, in the order they run: gpurig.flows.fleetprovision.step_names() (a unit test keeps them equal), written
+# out so that reading provision's flags does not import every step.
+STEP_NAMES = ("gpus", "nouveau", "driver", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold", "fabric-manager", "mig",
+              "persistence", "python3", "reboot", SLURM)
+
+
 HELP = {
     "only": "run only these steps, comma-separated (" + ", ".join(STEP_NAMES) + ")",
     "skip": "leave out these steps, comma-separated",
@@ -37,7 +43,7 @@ HELP = {
 @host_task(help=HELP, changes=True)
 def provision(c, opts: HostOptions, only=None, skip=None, reboot=False):
     """Bring hosts to a ready GPU container host: gpus, nouveau, driver, docker, container-toolkit, daemon, persistence, python3, reboot."""
-    from gpurig.flows.fleetprovision import plan_provision
+    from gpurig.flows.fleetprovision import pick_steps, plan_provision
     from gpurig.flows.fleettask import exit_for, finish, fleet_document, make_connector, run_hosts
     from gpurig.report.changes import host_documents, print_diffs, reason_text, result_rows
     from gpurig.steps.plan import host_results

@@ -24,25 +24,30 @@ if TYPE_CHECKING:
     from gpurig.steps import Step
 
 SLURM = "slurm"  # the cluster's steps (gpurig.slurm.cluster), run where the inventory has slurm_controller / slurm_nodes groups
-# The steps by name, in the order they run: gpurig.steps.STEPS's names (a unit test keeps them equal), written out
-# so that reading provision's flags does not import every step.
-STEP_NAMES = ("gpus", "nouveau", "driver", "docker", "container-toolkit", "daemon", "gpu-devices", "driver-hold", "fabric-manager", "mig",
-              "persistence", "python3", "reboot", SLURM)
+
+
+def step_names() -> tuple[str, ...]:
+    """The steps by name, in the order they run: every host step of gpurig.steps, then the cluster's."""
+    from gpurig.steps import STEPS
+
+    return (*STEPS, SLURM)
 
 
 def pick_steps(only: str | None, skip: str | None) -> list[str]:
     """Step names in run order, narrowed by --only and --skip; an unknown name is a usage error."""
+    known = step_names()
+
     def names(flag: str, value: str | None) -> list[str]:
         given = [n.strip() for n in (value or "").split(",") if n.strip()]
         for n in given:
-            if n not in STEP_NAMES:
-                raise ConfigError(f"{flag} {n}: no such step{did_you_mean(n, STEP_NAMES)}", f"steps: {', '.join(STEP_NAMES)}")
+            if n not in known:
+                raise ConfigError(f"{flag} {n}: no such step{did_you_mean(n, known)}", f"steps: {', '.join(known)}")
         return given
 
     wanted, left_out = names("--only", only), names("--skip", skip)
-    picked = [n for n in STEP_NAMES if (not wanted or n in wanted) and n not in left_out]
+    picked = [n for n in known if (not wanted or n in wanted) and n not in left_out]
     if not picked:
-        raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(STEP_NAMES)}")
+        raise ConfigError("--only/--skip leave no step to run", f"steps: {', '.join(known)}")
     return picked
 
 

@@ -27,10 +27,11 @@ def facts(name: str):
 
 
 def test_the_step_names_provision_offers_are_the_steps_in_their_order():
-    from gpurig.flows.fleetprovision import SLURM, STEP_NAMES
+    from gpurig.cli.provision import SLURM, STEP_NAMES
+    from gpurig.flows.fleetprovision import step_names
     from gpurig.steps import STEPS
 
-    assert STEP_NAMES == (*STEPS, SLURM)
+    assert STEP_NAMES == (*STEPS, SLURM) == step_names()
 
 
 def test_only_and_skip_keep_the_run_order():
