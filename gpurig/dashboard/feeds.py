@@ -173,9 +173,9 @@ class Feeds:
                                    forks=self.opts.settings.forks, label="facts")
             finally:
                 connector.close()
+                self._read_slurm()
             with self.lock:
                 self.facts, self.facts_why = report, ""
-            self._read_slurm()
 
         self._loop("fleet", read, lambda why: self._set(facts_why=f"facts could not be read: {why}"))
 
@@ -194,14 +194,18 @@ class Feeds:
                 raise HostError(found, "check munge and slurmd on the node and slurmctld on the controller (gpurig provision)", host=conn.name)
             return Outcome(data=found)
 
-        connector = self._connector()
         try:
-            report = run_fleet(self.slurm_nodes, work, connector=connector, forks=self.opts.settings.forks, label="slurm")
+            connector = self._connector()
+            try:
+                report = run_fleet(self.slurm_nodes, work, connector=connector, forks=self.opts.settings.forks, label="slurm")
+            finally:
+                connector.close()
         except GpurigError as err:
             self._set(slurm=None, slurm_why=f"the nodes' Slurm state could not be read: {err.problem}")
             return
-        finally:
-            connector.close()
+        except Exception as err:  # said in the rows, read again with the next facts
+            self._set(slurm=None, slurm_why=f"the nodes' Slurm state could not be read: {type(err).__name__}: {err}")
+            return
         self._set(slurm=report, slurm_why="", slurm_at=time.time())
 
     def _jobs_loop(self) -> None:

@@ -120,3 +120,31 @@ def test_the_drift_cell_goes_into_the_row_beside_the_facts():
     report = FleetReport(results=(HostResult("a", Status.UNREACHABLE, "connection refused"),), started="", duration_s=0.0)
     row = fleet_rows(["a"], report, "", {}, "", {}, {"a": {"drift": drift(checked(status=Status.OK))}})[0]
     assert row["reach"] == "unreachable" and row["drift"]["state"] == "in step"
+
+
+def test_the_feeds_ask_only_the_slurm_nodes_and_put_each_state_in_its_row():
+    from types import SimpleNamespace
+
+    from gpurig.dashboard.feeds import Feeds
+    from gpurig.inventory import Host
+
+    state, reason = recorded("sinfo-drained.txt")
+    asked: list[str] = []
+
+    def script(line: str):
+        return (0, f"{state}|{reason}|2026-12-04T10:31:12\n", "") if "sinfo" in line else (1, "", "unexpected")
+
+    def open_conn(host):
+        asked.append(host.name)
+        return ScriptedConnection(host.name, script)
+
+    connector = SimpleNamespace(open=open_conn, close=lambda: None)
+    opts = SimpleNamespace(settings=SimpleNamespace(forks=4, inventory="inventory/hosts.yaml", root=None))
+    feeds = Feeds(opts, [Host("n1", ("slurm_nodes", "a100"), {}), Host("web", ("all",), {})], connector=lambda: connector)  # type: ignore[arg-type]
+    rows = {r["host"]: r for r in feeds._section("fleet")["hosts"]}
+    assert rows["n1"]["slurm"] == {"state": "unknown", "why": "the nodes' Slurm state is being read"} and "slurm" not in rows["web"]
+    feeds._read_slurm()
+    rows = {r["host"]: r for r in feeds._section("fleet")["hosts"]}
+    assert asked == ["n1"]
+    assert rows["n1"]["slurm"]["node"] == "drained" and rows["n1"]["slurm"]["since"] == "2026-12-04T10:31:12"
+    assert rows["n1"]["slurm"]["read_at"] is not None and "slurm" not in rows["web"] and "drift" not in rows["n1"]
