@@ -148,3 +148,14 @@ def test_the_feeds_ask_only_the_slurm_nodes_and_put_each_state_in_its_row():
     assert asked == ["n1"]
     assert rows["n1"]["slurm"]["node"] == "drained" and rows["n1"]["slurm"]["since"] == "2026-12-04T10:31:12"
     assert rows["n1"]["slurm"]["read_at"] is not None and "slurm" not in rows["web"] and "drift" not in rows["n1"]
+
+
+def test_verify_reads_the_same_line_and_still_fails_a_drained_node_with_its_reason():
+    from gpurig.slurm.health import node_record
+
+    state, reason = recorded("sinfo-drained.txt")
+    record = node_record(ScriptedConnection("n1", [(0, f"{state}|{reason}|2026-12-04T10:31:12\n", "")]))
+    assert record.status == "fail" and record.measured == "drained"
+    assert record.detail.startswith("Slurm does not schedule on it: drained (gpurig: host.driver:") and "2026-12-04" not in record.detail
+    idle = node_record(ScriptedConnection("n1", [(0, "idle|none|Unknown\n", "")]))
+    assert (idle.status, idle.measured) == ("pass", "idle")
