@@ -225,27 +225,39 @@ class IdleStop:
             self.say(line)
 
     def _host(self, host: Host, quiet: HostQuiet) -> list[dict[str, Any]]:
+        """The host's engine is opened only to list its idle_stop containers again (every ``list_every``) or to stop one."""
         from gpurig.connect.engineopen import open_engine
 
+        listed_at, listed = self._listed.get(host.name, (float("-inf"), []))
+        fresh = self.clock() - listed_at < self.list_every
+        if fresh and not self._due(host.name, listed):
+            return []
         connector = self.connect()
         try:
             with open_engine(connector.open(host)) as engine:
-                listed_at, listed = self._listed.get(host.name, (float("-inf"), []))
-                if self.clock() - listed_at >= self.list_every:
+                if not fresh:
                     listed = [c for c in engine.containers(IDLE_STOP_LABEL) if c.running and idle_stop_of(c)]
                     self._listed[host.name] = (self.clock(), listed)
                 done = []
-                for info in listed:
-                    seconds = idle_stop_of(info)
-                    assert seconds is not None
-                    verdict = decide(info.device_ids, seconds, self.quiet.of(host.name), self.clock(), self.max_gap)
-                    if verdict.state == "stop" and self.clock() - self._failed.get(info.id, float("-inf")) >= self.list_every:
-                        entry = self._stop(engine, host.name, info, verdict, seconds)
-                        done += [entry] if entry else []
+                for info, verdict, seconds in self._due(host.name, listed):
+                    entry = self._stop(engine, host.name, info, verdict, seconds)
+                    done += [entry] if entry else []
                 self._said.pop(host.name, None)
                 return done
         finally:
             connector.close()
+
+    def _due(self, host: str, listed: list[ContainerInfo]) -> list[tuple[ContainerInfo, Verdict, int]]:
+        """The listed containers whose GPUs have sat idle for their idle_stop (one whose stop failed waits ``list_every``)."""
+        due = []
+        for info in listed:
+            seconds = idle_stop_of(info)
+            if seconds is None or self.clock() - self._failed.get(info.id, float("-inf")) < self.list_every:
+                continue
+            verdict = decide(info.device_ids, seconds, self.quiet.of(host), self.clock(), self.max_gap)
+            if verdict.state == "stop":
+                due.append((info, verdict, seconds))
+        return due
 
     def _stop(self, engine: Any, host: str, info: ContainerInfo, verdict: Verdict, seconds: int) -> dict[str, Any] | None:
         """Say it, stop it, keep it; None when the container is no longer running as it was listed (nothing to stop)."""

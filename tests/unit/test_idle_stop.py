@@ -245,3 +245,16 @@ def test_the_monitor_run_hands_every_sample_to_the_enforcer_and_ends_it_with_the
     run.add("h", {"type": "hello"})
     assert started.is_set() and seen[0].is_set() and seen[1] == "joined" and seen[2] == "h"
     assert idlestop.enforcer([Host("c", (), {})], "inventory/hosts.yaml", lambda: None, print, None, 1.0) is None
+
+
+def test_an_idle_host_is_logged_in_to_only_to_list_again_or_to_stop(monkeypatch, tmp_path):
+    engine = Engine(container("c2", "busy", ("1",), idle_stop=60))
+    opened = []
+    stopper, said = enforce(monkeypatch, tmp_path, engine)
+    monkeypatch.setattr("gpurig.connect.engineopen.open_engine", lambda conn: opened.append(conn) or engine)
+    stopper.list_every = 300
+    assert stopper.check() == [] and stopper.check() == [] and len(opened) == 1  # listed once; nothing due: no second login
+    now = [0.0]
+    stopper.clock = lambda: now[0]
+    now[0] = 301.0  # the list is stale: read again; GPU 1 is still busy: nothing stopped
+    assert stopper.check() == [] and len(opened) == 2 and said == []
