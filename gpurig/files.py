@@ -178,8 +178,8 @@ def append_jsonl(path: Path, entries: Iterable[dict[str, Any]], *, max_bytes: in
             os.write(fd, b"\n")
         for entry in entries:
             line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
-            if len(line) > max_line and shrink is not None:
-                line = (json.dumps(shrink(entry), separators=(",", ":"), default=str) + "\n").encode()[:max_line]
+            if len(line) > max_line:
+                line = (json.dumps((shrink or dict)(entry), separators=(",", ":"), default=str) + "\n").encode()[:max_line]
             os.write(fd, line)
     finally:
         os.close(fd)

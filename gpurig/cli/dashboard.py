@@ -25,18 +25,23 @@ _HELP = {
     "idle_after": "flag a GPU that a process or job holds at under 5% utilisation for this many seconds, naming its holder (default 600)",
     "json": "when the dashboard stops, write the page's last snapshot as JSON to this file (- = stdout); never the token",
     "format": "table (default); the dashboard's data is its page and /api/snapshot",
+    "allow_actions": "let the page cancel a running or queued job (as `gpurig cancel`), after a confirmation; each action is "
+                     "recorded in .gpurig/history/actions.jsonl and shown in History. Off by default: the page is read-only and "
+                     "refuses every POST (403). Actions need the page's cookie, its own origin and its anti-CSRF header",
     "check": "at start, run provision's check mode on the selected hosts (what `gpurig provision --check` would change; nothing is "
              "changed) and show each host's drift in the fleet table: in step, N steps would change, or unknown with why",
 }
 
 
 @host_task(help=_HELP)
-def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, check=False):
-    """Serve the team's web page on this machine: fleet, live GPUs, jobs and history of the selected hosts (token in the URL).
+def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, allow_actions=False, check=False):
+    """Serve the team's web page on this machine: fleet, live GPUs, jobs (with their logs) and history of the selected hosts
+    (token in the URL); read-only unless --allow-actions.
 
     The fleet rows show a Slurm node's state and drain reason, and with --check what provision would change. Its monitor session
     stops containers deployed with idle_stop once their GPUs sat idle that long, as gpurig monitor does.
     """
+    from gpurig.dashboard.actions import desk_for
     from gpurig.dashboard.feeds import Feeds
     from gpurig.dashboard.webauth import bind_address, is_loopback, new_token
     from gpurig.dashboard.webserver import Dashboard
@@ -55,7 +60,8 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
     hosts = select_hosts(opts)
     feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check,
                   say=lambda line: err_console.print(f"idle_stop: {outside(line)}", highlight=False, soft_wrap=True))
-    server = Dashboard(feeds, token, address, number)  # the port is taken before any host is contacted
+    desk = desk_for(opts, bool(allow_actions), changed=lambda: feeds.poke("jobs", "history"))
+    server = Dashboard(feeds, token, address, number, desk=desk)  # the port is taken before any host is contacted
     url_file = None
     try:
         feeds.start()
@@ -64,7 +70,8 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
             err_console.print(f"[yellow]note[/] serving on {outside(address)}: whoever has the URL below sees the page; "
                               "plain HTTP, so use it on a network you trust")
         url_file = _tell_url(server.url(token), server.url(), opts)
-        err_console.print(f"dashboard of {len(hosts)} host{'s' if len(hosts) != 1 else ''}: Ctrl-C stops it")
+        mode = "actions allowed (cancel), each recorded in the history" if allow_actions else "read-only"
+        err_console.print(f"dashboard of {len(hosts)} host{'s' if len(hosts) != 1 else ''}, {mode}: Ctrl-C stops it")
         import threading
 
         threading.Event().wait()

@@ -61,20 +61,10 @@ def on_job_host(opts: HostOptions, view: JobView, label: str, work, interrupt_re
 
 def stream_log(opts: HostOptions, view: JobView, *, follow: bool, tail: int, label: str) -> FleetReport:
     """The job's log to stdout; Ctrl-C (or SIGTERM) while following ends it with one line: following stopped, the job goes on."""
-    from gpurig.connect.connection import CommandInterrupted
     from gpurig.flows.fleettask import WaitLines
-    from gpurig.jobs.remote import JobAgent
-    from gpurig.results import Outcome
+    from gpurig.flows.jobact import log_work
 
-    def work(conn: Connection) -> Outcome:
-        try:
-            end = JobAgent(conn).logs(view.id, print_now, follow=follow, tail=tail, on_wait=WaitLines(view.id) if follow else None)
-        except CommandInterrupted:
-            if not conn.interrupted:
-                raise
-            return Outcome(detail="stopped following the log")  # what was stopped was the reading, not the job
-        return Outcome(data=end)
-
+    work = log_work(view, print_now, follow=follow, tail=tail, on_wait=WaitLines(view.id) if follow else None)
     try:
         return on_job_host(opts, view, label, work, interrupt_recap=False)
     except KeyboardInterrupt as stop:  # the fleet's FleetInterrupted, or a second Ctrl-C that cut its stopping short
@@ -188,10 +178,9 @@ def attach(c, opts: HostOptions, job=None, tail=20):
 def cancel(c, opts: HostOptions, job=None, grace=10):
     """Stop a job (TERM to its processes, KILL after --grace) or take it out of its host's queue; a deployed container it ran in stays up."""
     from gpurig.flows.fleettask import exit_for, fleet_document
+    from gpurig.flows.jobact import cancel_work
     from gpurig.flows.jobfind import find_job
-    from gpurig.jobs.remote import JobAgent
     from gpurig.jobs.views import check_job_id
-    from gpurig.results import Outcome
 
     view = find_job(opts, check_job_id(job))
     seconds = float(grace)
@@ -205,15 +194,7 @@ def cancel(c, opts: HostOptions, job=None, grace=10):
         opts.show([Column("job"), Column("state")], [[after.id, after.state_text]])
         return
 
-    def work(conn: Connection) -> Outcome:
-        if opts.check:
-            return Outcome(status=Status.SKIPPED, detail=f"would cancel job {view.id} ({view.state_text})")
-        said = JobAgent(conn).cancel(view.id, seconds)
-        changed = bool(said.get("changed"))
-        detail = f"job {view.id}: {said.get('state')}" + ("" if changed else f" already ({said.get('reason') or 'ended'})")
-        return Outcome(status=Status.CHANGED if changed else Status.OK, detail=detail, data=said)
-
-    report = on_job_host(opts, view, "cancel", work)
+    report = on_job_host(opts, view, "cancel", cancel_work(view, seconds, check=opts.check))
     rows = [[r.host, view.id, r.status, r.reason] for r in report.results]
     opts.show([Column("host"), Column("job"), Column("status", styles=STATUS_STYLE), Column("reason")], rows,
               doc=fleet_document(opts, report, "gpurig.cancel/1"))

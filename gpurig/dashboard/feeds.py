@@ -72,6 +72,7 @@ class Feeds:
         self.run = Run(listeners=(self.idle,))
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self._wake = {name: threading.Event() for name in SECTIONS}
         self.versions = dict.fromkeys(SECTIONS, 0)
         self.live_state, self.live_why = "starting", "the monitor session is starting"
         self.live_failed: dict[str, str] = {}
@@ -115,6 +116,8 @@ class Feeds:
     def stop(self, timeout: float = 15.0) -> list[str]:
         """Stop the readers and close their connections; the names of any that did not end within ``timeout``."""
         self.stopping.set()
+        for wake in self._wake.values():
+            wake.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -160,7 +163,13 @@ class Feeds:
                 failed(f"{type(err).__name__}: {err}")
             with self.lock:
                 self.versions[section] += 1
-            self.stopping.wait(self.every[section])
+            self._wake[section].wait(self.every[section])
+            self._wake[section].clear()
+
+    def poke(self, *sections: str) -> None:
+        """Read these sections again now, not at their next turn (after an action changed what they show)."""
+        for name in sections:
+            self._wake[name].set()
 
     def _facts_loop(self) -> None:
         from gpurig.connect.fleet import run_fleet

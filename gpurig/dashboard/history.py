@@ -5,9 +5,11 @@ per host what it runs, whether verify passed, at which level, when, why not)
 build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
 built, when, and the promotions appended to them), the verify history
 (``.gpurig/history/verify.jsonl``, gpurig.verify.verdictlog: every
-``gpurig verify`` run, per host) and the idle stops
-(``.gpurig/history/idle-stop.jsonl``, gpurig.monitor.idlestop: each container
-the monitor stopped for its idle GPUs). A host's last verdict is the newest of its
+``gpurig verify`` run, per host), the actions taken from a dashboard
+(``.gpurig/history/actions.jsonl``, gpurig.dashboard.actions: a job
+cancelled from the page) and the idle stops (``.gpurig/history/idle-stop.jsonl``,
+gpurig.monitor.idlestop: each container the monitor stopped for its idle
+GPUs). A host's last verdict is the newest of its
 verify runs and its rollouts' verify gates. Each file is read by the
 same reader its writer's other readers use; a file that cannot be read is
 named with why, never passed over as if there were nothing to say.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpurig.dashboard.actions import ACTIONS_LOG, read_actions
 from gpurig.deploy.rollplan import STATE_DIR, read_state
 from gpurig.errors import GpurigError
 from gpurig.flows.imagebuild import REPORTS_DIR
@@ -40,11 +43,12 @@ class History:
     rollout_files: int = 0
     build_files: int = 0
     verify_files: int = 0
+    action_files: int = 0
     idle_stop_files: int = 0
 
 
 def read_history(root: Path) -> History:
-    """Every rollout state and build report under the project ``root``."""
+    """Every rollout state, build report, verify run and dashboard action under the project ``root``."""
     found = History()
     rollouts = sorted((root / STATE_DIR).glob("*.json"))
     found.rollout_files = len(rollouts)
@@ -72,6 +76,10 @@ def read_history(root: Path) -> History:
     found.verify_files = verified.files
     found.unread += verified.unread
     found.entries += [_verify_entry(e) for e in verified.entries]
+    acted = read_actions(root)
+    found.action_files = acted.files
+    found.unread += acted.unread
+    found.entries += [_action_entry(e) for e in acted.entries]
     stops, unread, found.idle_stop_files = read_idle_stops(root)
     found.unread += unread
     found.entries += [_idle_stop_entry(e) for e in stops]
@@ -118,6 +126,10 @@ def _verify_entry(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _action_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "action", "time": entry["time"], "action": entry["action"], "job": _text(entry.get("job")),
+            "host": _text(entry.get("host")), "result": _text(entry.get("result")), "detail": _text(entry.get("detail")),
+            "client": _text(entry.get("client")), "file": Path(ACTIONS_LOG).name}
 def _idle_stop_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """A container the monitor stopped (or tried to) for its idle GPUs (gpurig.monitor.idlestop)."""
     gpus = entry.get("gpus")

@@ -207,7 +207,7 @@ def history_section(found: History | None, why: str) -> dict[str, Any]:
         return {**unknown(why or "the records have not been read yet"), "entries": [], "unread": []}
     return {"state": "partial" if found.unread else "known", "why": why, "entries": found.entries, "unread": found.unread,
             "rollout_files": found.rollout_files, "build_files": found.build_files,
-            "verify_files": found.verify_files, "idle_stop_files": found.idle_stop_files}
+            "verify_files": found.verify_files, "action_files": found.action_files, "idle_stop_files": found.idle_stop_files}
 
 
 def document(**sections: Any) -> dict[str, Any]:

@@ -7,6 +7,15 @@ cookie; a script may send ``Authorization: Bearer TOKEN``. Anything else is
 401 with an empty body. The Host header must name the address the server is
 bound to (or, on loopback, localhost): a page of another site whose name
 was rebound to 127.0.0.1 is refused even before the token is looked at.
+
+Reads are GET and HEAD. A POST (an action: cancelling a job) is refused with
+403 unless the dashboard was started with ``--allow-actions``; with it, a
+POST must carry the token in the cookie (not only a header), an Origin
+header equal to the dashboard's own origin (``http://`` and the Host it was
+asked by, itself one of the allowed ones), ``Sec-Fetch-Site: same-origin``
+where the browser sends that header, and the per-session anti-CSRF value
+(``X-Gpurig-CSRF``) that only the page's own script can read from
+``/api/session``. Anything else is 405.
 Pure functions and one small class: the server asks, they decide.
 """
 
@@ -37,6 +46,9 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 READ_METHODS = ("GET", "HEAD")
+ACTION_METHOD = "POST"
+CSRF_HEADER = "X-Gpurig-CSRF"
+READ_ONLY = "read-only: start the dashboard with --allow-actions"
 
 
 def new_token() -> str:
@@ -89,16 +101,19 @@ class Answer:
     status: int | None = None
     set_cookie: str | None = None
     location: str | None = None
+    text: str = ""  # the one line a refused action is told (an empty body otherwise)
 
 
 class Gate:
-    """The token and the Host headers one server accepts."""
+    """The token and the Host headers one server accepts; with ``actions``, the anti-CSRF value its POSTs must carry."""
 
-    def __init__(self, token: str, hosts: frozenset[str]) -> None:
+    def __init__(self, token: str, hosts: frozenset[str], actions: bool = False) -> None:
         if not token:
             raise DashboardError("the dashboard needs a token", "this is a bug: the CLI always makes one")
         self._token = token.encode()
         self.hosts = hosts
+        self.actions = actions
+        self.csrf = secrets.token_urlsafe(32) if actions else None
 
     def matches(self, presented: str | None) -> bool:
         """Whether ``presented`` is the token, in constant time (hmac.compare_digest)."""
@@ -127,10 +142,33 @@ class Gate:
                 return Answer(405)
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             return Answer(303, set_cookie=self.cookie(), location=(url.path or "/") + (f"?{rest}" if rest else ""))
-        if not (self.matches(_bearer(lower.get("authorization"))) or self.matches(_cookie(lower.get("cookie")))):
+        by_cookie = self.matches(_cookie(lower.get("cookie")))
+        if not (by_cookie or self.matches(_bearer(lower.get("authorization")))):
             return Answer(401)
+        if method == ACTION_METHOD:
+            return self._action(lower, by_cookie)
         if method not in READ_METHODS:
-            return Answer(405)  # read-only: actions come with --allow-actions and a same-origin check
+            return Answer(405)
+        return Answer()
+
+    def _action(self, lower: Mapping[str, str], by_cookie: bool) -> Answer:
+        """A POST from a holder of the token: served only with actions on, from the page itself (cookie, origin, anti-CSRF)."""
+        if not self.actions or self.csrf is None:
+            return Answer(403, text=READ_ONLY)
+        if not by_cookie:
+            return Answer(403, text="an action needs the page's cookie: open the dashboard's URL in the browser")
+        own = f"http://{(lower.get('host') or '').lower()}"
+        if (lower.get("origin") or "").lower() != own:
+            return Answer(403, text=f"cross-origin: an action is taken only from the dashboard's own page ({own})")
+        if lower.get("sec-fetch-site", "same-origin").lower() != "same-origin":
+            return Answer(403, text="cross-site: an action is taken only from the dashboard's own page")
+        presented = lower.get(CSRF_HEADER.lower()) or ""
+        try:
+            fits = hmac.compare_digest(presented.encode(), self.csrf.encode())
+        except UnicodeEncodeError:
+            fits = False
+        if not fits:
+            return Answer(403, text=f"no valid {CSRF_HEADER}: reload the dashboard's page and try again")
         return Answer()
 
 

@@ -4,10 +4,15 @@
     GET /static/NAME      its CSS and JS, shipped in the package (no CDN)
     GET /api/snapshot     everything the page shows, as JSON (gpurig.dashboard.snapshot)
     GET /api/events       text/event-stream: a "snapshot" event, then a "delta" each interval (new samples, sections that changed)
+    GET /api/session      whether actions are on and, when they are, the anti-CSRF value the page's POSTs carry (never in a snapshot)
+    GET /api/jobs/ID/log  the last ?lines=N (default 200) lines of a job's log, text/plain (gpurig.dashboard.actions)
+    POST /api/jobs/ID/cancel   with --allow-actions: cancel the job as `gpurig cancel` does, recorded in the history
 
-Every request passes the Gate first (webauth: Host, token, method); what it
-refuses gets its status and an empty body. Every answer carries the security
-headers. Nothing is logged: a request line can hold the token.
+Every request passes the Gate first (webauth: Host, token, method, and for a
+POST the same-origin and anti-CSRF checks); what it refuses gets its status
+and an empty body (a refused action: one line saying why). Every answer
+carries the security headers. Nothing is logged: a request line can hold the
+token.
 """
 
 from __future__ import annotations
@@ -18,17 +23,21 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gpurig.dashboard import DashboardError
+from gpurig.dashboard.actions import Desk, Reply
 from gpurig.dashboard.feeds import Feeds
 from gpurig.dashboard.webauth import SECURITY_HEADERS, Gate, allowed_hosts
+from gpurig.flows.jobact import LOG_TAIL as LOG_LINES
 
 STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".svg": "image/svg+xml", ".png": "image/png"}
 MAX_STREAMS = 32  # open event streams at once (a thread each); one more is told 503
 KEEPALIVE_S = 15.0
+MAX_BODY = 64 * 1024  # a POST's body is not read for anything; more than this closes the connection
+JOB_ROUTE = "/api/jobs/"
 
 
 def _assets() -> dict[str, tuple[bytes, str]]:
@@ -56,8 +65,9 @@ class _Server(ThreadingHTTPServer):
 class Dashboard:
     """One server: its gate, its feeds, its assets; ``serve`` in a thread of its own, ``close`` to end it and its streams."""
 
-    def __init__(self, feeds: Feeds, token: str, address: str, port: int = 0, names: tuple[str, ...] = ()) -> None:
+    def __init__(self, feeds: Feeds, token: str, address: str, port: int = 0, names: tuple[str, ...] = (), desk: Desk | None = None) -> None:
         self.feeds = feeds
+        self.desk = desk
         self.assets = _assets()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         try:
@@ -69,7 +79,7 @@ class Dashboard:
         self.address = address
         self.port = int(self.server.server_address[1])
         self.names = names or _own_names()
-        self.gate = Gate(token, allowed_hosts(address, self.port, self.names))
+        self.gate = Gate(token, allowed_hosts(address, self.port, self.names), actions=desk is not None and desk.allow)
         self.closing = threading.Event()
         self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._thread: threading.Thread | None = None
@@ -127,10 +137,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._answer(head=True)
 
+    def do_POST(self) -> None:
+        self._drain()
+        self._answer(head=False)
+
     def _refuse(self) -> None:
         self._answer(head=False)
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+
+    def _drain(self) -> None:
+        """Read a POST's body (nothing is taken from it), so that the connection can carry the next request."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = MAX_BODY + 1
+        if length > MAX_BODY or length < 0 or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # a body not read to its end: this connection carries nothing more
+        elif length:
+            self.rfile.read(length)
 
     def _answer(self, head: bool) -> None:
         dash = self.server.dashboard
@@ -138,8 +163,17 @@ class _Handler(BaseHTTPRequestHandler):
         verdict = dash.gate.admit(self.command, self.path, dict(self.headers.items()))
         if verdict.status is not None:
             extra = {"Set-Cookie": verdict.set_cookie, "Location": verdict.location}
-            return self._send(verdict.status, b"", "text/plain", head, {k: v for k, v in extra.items() if v})
-        path = urlsplit(self.path).path
+            body = (verdict.text + "\n").encode() if verdict.text else b""
+            return self._send(verdict.status, body, "text/plain; charset=utf-8", head, {k: v for k, v in extra.items() if v})
+        url = urlsplit(self.path)
+        path = url.path
+        if self.command == "POST":
+            return self._reply(self._action(dash, path), head)
+        if path.startswith(JOB_ROUTE) and path.endswith("/log"):
+            return self._reply(self._log(dash, path[len(JOB_ROUTE):-len("/log")], url.query), head)
+        if path == "/api/session":
+            csrf = dash.gate.csrf if dash.gate.actions else None
+            return self._reply(Reply.json({"actions": dash.gate.actions, "csrf": csrf, "log_lines": LOG_LINES}), head)
         if path == "/":
             body, kind = dash.assets["index.html"]
             return self._send(200, body, kind, head)
@@ -152,6 +186,22 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/events" and not head:
             return self._events(dash)
         return self._send(404, b"", "text/plain", head)
+
+    def _action(self, dash: Dashboard, path: str) -> Reply:
+        if dash.desk is None or not (path.startswith(JOB_ROUTE) and path.endswith("/cancel")):
+            return Reply.line(404, "no such action (POST /api/jobs/ID/cancel is the one there is)")
+        return dash.desk.cancel(unquote(path[len(JOB_ROUTE):-len("/cancel")]), self.client_address[0])
+
+    def _log(self, dash: Dashboard, job: str, query: str) -> Reply:
+        if dash.desk is None:
+            return Reply.line(404, "this dashboard reads no job logs")
+        asked = dict(parse_qsl(query)).get("lines", str(LOG_LINES))
+        if not asked.isdecimal():
+            return Reply.line(400, f"lines={asked[:20]!r} is not a number of lines (0 = the whole log)")
+        return dash.desk.log(unquote(job), int(asked[:6]))
+
+    def _reply(self, reply: Reply, head: bool) -> None:
+        self._send(reply.status, reply.body, reply.kind, head)
 
     def _send(self, status: int, body: bytes, kind: str, head: bool, extra: dict[str, str] | None = None) -> None:
         self.send_response(status)

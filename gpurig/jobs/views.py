@@ -23,6 +23,10 @@ STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 FINAL = ("succeeded", "failed", "cancelled")
 
 
+class NoSuchJob(ConfigError):
+    """No job has the id asked for on the hosts searched (a reader that answers "not found", as the dashboard's 404, tells it apart)."""
+
+
 @dataclass(frozen=True)
 class JobView:
     host: str
@@ -141,7 +145,7 @@ def pick(found: list[JobView], wanted: str, searched: int) -> JobView:
     exact = [j for j in found if j.id == wanted]
     matches = exact or [j for j in found if j.id.startswith(wanted)]
     if not matches:
-        raise ConfigError(f"no job {wanted} on the {counted(searched, 'host')} searched",
+        raise NoSuchJob(f"no job {wanted} on the {counted(searched, 'host')} searched",
                           "see the jobs with `gpurig jobs` (and select the host with -l if it is not in the inventory's default)")
     if len(matches) > 1:
         listed = ", ".join(f"{j.id} ({j.host})" for j in matches[:6])

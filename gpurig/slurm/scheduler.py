@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpurig.errors import ConfigError, HostError, InventoryError, counted
+from gpurig.jobs.views import NoSuchJob
 from gpurig.slurm import health
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ class Controller:
     def find(self, job: str, explain: bool = False) -> JobView:
         found = [v for v in slurm_jobs(self.conn, explain) if v.id == job]
         if not found:
-            raise ConfigError(f"no gpurig job {job} in Slurm on {self.cluster.controller.name}",
+            raise NoSuchJob(f"no gpurig job {job} in Slurm on {self.cluster.controller.name}",
                               f"see the jobs with `gpurig jobs` (an ended job stays {self.cluster.settings.min_job_age} s: gpurig_slurm.min_job_age)")
         return found[0]
 

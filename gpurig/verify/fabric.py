@@ -106,6 +106,7 @@ class FabricRun:
     interface: str | None = None  # gpurig_fabric.interface, else NCCL_SOCKET_IFNAME
     excluded: Mapping[str, str] = field(default_factory=dict)  # host -> why its single-host verify kept it out
     interfaces: Mapping[str, str | None] = field(default_factory=dict)  # host -> its own gpurig_fabric.interface (None: unset)
+    not_started: str = ""  # why the ranks were not started although the facts were read (a host with no usable interface)
 
     def interface_of(self, host: str) -> str | None:
         """The interface ``host``'s rank was told to use: its own setting where the run has one for it, else the run's."""

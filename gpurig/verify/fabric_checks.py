@@ -231,6 +231,9 @@ def checked_record(run: FabricRun) -> Record | None:
     if len(hosts) < 2:
         return rec("fabric.checked", "fail", len(hosts), ">= 2", "hosts", f"nothing was checked: {counted(len(hosts), 'host')} left to "
                    "all-reduce across", "select at least two hosts whose single-host verify passes")
+    if run.not_started:
+        return rec("fabric.checked", "fail", None, None, "", f"nothing was measured: the ranks were not started, as {run.not_started}",
+                   "fix what fabric.interface names, then rerun verify --level fabric")
     rank0 = run.rank0
     if not rank0 or not sizes(rank0):
         failed = next((r for r in (rank0 or {}).get("records") or () if r.get("status") == "fail"), None)

@@ -14,7 +14,7 @@ before is dropped) and a new file starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,10 +76,15 @@ def fleet_entry(hosts: Sequence[str], level: str, records: Sequence[Record], *, 
 
 def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
     """Append each entry as one line (one write each, O_APPEND), rotating the file first when it has grown past MAX_BYTES."""
-    def shrink(entry: dict[str, Any]) -> dict[str, Any]:  # a line never lost to the reader's bound: the records go, the verdict stays
-        return {**entry, "records": [], "more_records": len(entry.get("records") or ())}
+    return append_lines(Path(root) / VERIFY_LOG, entries,
+                        shrink=lambda entry: {**entry, "records": [], "more_records": len(entry.get("records") or ())})
 
-    return append_jsonl(Path(root) / VERIFY_LOG, entries, max_bytes=MAX_BYTES, max_line=MAX_LINE, shrink=shrink)
+
+def append_lines(path: Path, entries: Iterable[dict[str, Any]], shrink: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Path:
+    """Any history of the project kept as this one is (the dashboard's actions too): each entry one line, one write, O_APPEND,
+    the file rotated past MAX_BYTES; a line over MAX_LINE is written as ``shrink(entry)`` (what it can lose), cut to the bound
+    (gpurig.files.append_jsonl, which the monitor's idle stops use too)."""
+    return append_jsonl(path, entries, max_bytes=MAX_BYTES, max_line=MAX_LINE, shrink=shrink)
 
 
 @dataclass
@@ -94,19 +99,19 @@ class VerifyHistory:
 def read_verify_history(root: Path, host: str | None = None, since: str | None = None) -> VerifyHistory:
     """The verify history under ``root`` (the rotated file first): every entry, or ``host``'s (a fleet entry naming it counts),
     from ``since`` (an ISO time) on. A torn or foreign line is skipped; a file that cannot be read is named with why."""
-    found = VerifyHistory()
-    lines, found.unread, found.files = read_jsonl(Path(root) / VERIFY_LOG, max_bytes=MAX_BYTES, max_line=MAX_LINE)
-    found.entries = [e for e in map(_entry, lines) if e is not None and _wanted(e, host, since)]
-    return found
+    return read_lines(Path(root) / VERIFY_LOG, lambda entry: _is_verify(entry) and _wanted(entry, host, since))
 
 
-def _entry(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """A line's object as an entry; None for one that is not gpurig's verify history."""
-    if entry.get("schema") != SCHEMA or not isinstance(entry.get("host"), str):
-        return None
-    if not isinstance(entry.get("time"), str) or not isinstance(entry.get("worst"), str):
-        return None
-    return entry
+def read_lines(base: Path, accept: Callable[[dict[str, Any]], bool]) -> VerifyHistory:
+    """A history kept by ``append_lines`` (its rotated file first): the lines that are JSON objects ``accept`` takes."""
+    lines, unread, files = read_jsonl(base, max_bytes=MAX_BYTES, max_line=MAX_LINE)
+    return VerifyHistory([e for e in lines if accept(e)], unread, files)
+
+
+def _is_verify(entry: dict[str, Any]) -> bool:
+    """Whether a line is a verify run's: its schema, and the fields every reader relies on."""
+    return (entry.get("schema") == SCHEMA and isinstance(entry.get("host"), str) and isinstance(entry.get("time"), str)
+            and isinstance(entry.get("worst"), str))
 
 
 def _wanted(entry: dict[str, Any], host: str | None, since: str | None) -> bool:

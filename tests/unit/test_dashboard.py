@@ -76,7 +76,9 @@ def test_a_host_header_of_another_name_is_refused_even_with_the_token(host):
 
 
 def test_only_reads_are_served():
-    assert admit(method="POST", Authorization=f"Bearer {TOKEN}").status == 405
+    said = admit(method="POST", Cookie=f"{COOKIE}={TOKEN}", Origin="http://127.0.0.1:8080")
+    assert (said.status, said.text) == (403, "read-only: start the dashboard with --allow-actions")  # no --allow-actions
+    assert admit(method="PUT", Authorization=f"Bearer {TOKEN}").status == 405
     assert admit(method="HEAD", Authorization=f"Bearer {TOKEN}").status is None
     assert admit(method="POST").status == 401  # and nobody learns that much without the token
 

@@ -3,6 +3,8 @@
 
 const KEEP = 300; // points kept per series in the page
 const state = { doc: null, live: {} };
+// What /api/session says: whether this dashboard allows actions, the anti-CSRF value its POSTs carry, the log lines shown.
+const session = { actions: false, csrf: null, log_lines: 200 };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -184,19 +186,113 @@ function mergeLive(live, replace) {
 
 // --- jobs and history ------------------------------------------------------------------------------------------------------------
 
+function jobActions(j) {
+  const cell = el("td", { class: "acts" }, el("a", { href: `/api/jobs/${encodeURIComponent(j.id)}/log?lines=${session.log_lines}`,
+    "data-log": j.id, "data-host": j.host }, "log"));
+  if (session.actions && (j.state === "running" || j.state === "pending")) {
+    cell.append(" ", el("button", { type: "button", "data-cancel": j.id, "data-host": j.host }, "cancel"));
+  }
+  return cell;
+}
+
 function renderJobs(jobs) {
   setWhy("jobs-why", jobs);
   const rows = jobs.jobs.map((j) => el("tr", { "data-job": j.id, "data-state": j.state, "data-exit": j.exit_code },
     el("td", {}, j.host), el("td", {}, j.id, el("div", { class: "sub" }, j.scheduler === "slurm" ? "slurm" : j.name || "")),
     el("td", { class: `state ${j.state} wrap` }, j.state_text), el("td", {}, j.exit_code === null ? "-" : String(j.exit_code)),
-    el("td", {}, j.gpus), el("td", {}, duration(j.runtime_s)), el("td", {}, when(j.submitted_at)), el("td", { class: "wrap" }, j.command)));
+    el("td", {}, j.gpus), el("td", {}, duration(j.runtime_s)), el("td", {}, when(j.submitted_at)), el("td", { class: "wrap" }, j.command),
+    jobActions(j)));
   for (const u of jobs.unread || []) rows.push(el("tr", { "data-unread": u.host }, el("td", {}, u.host), el("td", {}, "-"),
-    el("td", { class: `state ${u.status} wrap`, colspan: 6 }, `${u.status}: ${u.why}`)));
-  if (!rows.length && jobs.state === "known") rows.push(el("tr", {}, el("td", { colspan: 8, class: "sub" }, "no jobs on these hosts")));
+    el("td", { class: `state ${u.status} wrap`, colspan: 7 }, `${u.status}: ${u.why}`)));
+  if (!rows.length && jobs.state === "known") rows.push(el("tr", {}, el("td", { colspan: 9, class: "sub" }, "no jobs on these hosts")));
   fill("jobs-rows", rows);
 }
 
+// --- a job's log and the actions -------------------------------------------------------------------------------------------------
+
+const shownLog = { href: null };
+
+async function showLog(href, id, host) {
+  shownLog.href = href;
+  const panel = document.getElementById("log-panel"), text = document.getElementById("log-text"), said = document.getElementById("log-said");
+  panel.hidden = false;
+  document.getElementById("log-title").textContent = `log of job ${id} on ${host}`;
+  said.textContent = `reading the last ${session.log_lines} lines...`;
+  text.setAttribute("data-state", "reading");
+  try {
+    const answer = await fetch(href, { credentials: "same-origin", cache: "no-store" });
+    const body = await answer.text();
+    if (shownLog.href !== href) return;  // another log was asked for meanwhile
+    if (answer.ok) {
+      text.textContent = body;  // a log is untrusted text: never HTML
+      said.textContent = body ? `the last ${session.log_lines} lines, read ${new Date().toLocaleTimeString()}` : "the log is empty so far";
+      said.className = "sub";
+      text.setAttribute("data-state", "shown");
+    } else {
+      text.textContent = "";
+      said.textContent = body.trim() || `HTTP ${answer.status}`;
+      said.className = "sub bad";
+      text.setAttribute("data-state", "error");
+    }
+  } catch (err) {
+    said.textContent = `the log could not be read: ${err}`;
+    said.className = "sub bad";
+    text.setAttribute("data-state", "error");
+  }
+}
+
+function tell(text, cls, what) {
+  const node = document.getElementById("action-said");
+  node.textContent = text;
+  node.className = `why ${cls}`;
+  node.setAttribute("data-state", what);
+}
+
+async function cancelJob(id, host) {
+  if (!window.confirm(`Cancel job ${id} on ${host}? Its processes get TERM, then KILL after 10 s (as gpurig cancel ${id}).`)) return;
+  tell(`cancelling job ${id} on ${host}...`, "pending", "busy");
+  try {
+    const answer = await fetch(`/api/jobs/${encodeURIComponent(id)}/cancel`, {
+      method: "POST", credentials: "same-origin", cache: "no-store", headers: { "X-Gpurig-CSRF": session.csrf || "" } });
+    const body = await answer.text();
+    if (answer.ok) {
+      const done = JSON.parse(body);
+      const more = done.result === "cancelled" || !done.detail ? "" : ` (${done.detail})`;  // "ended already" says how it ended
+      tell(`job ${done.job} on ${done.host}: ${done.result}${more}`, "ok", "done");
+    } else {
+      tell(body.trim() || `HTTP ${answer.status}`, "bad", "refused");
+    }
+  } catch (err) {
+    tell(`job ${id} was not cancelled: ${err}`, "bad", "refused");
+  }
+}
+
+function wireJobs() {
+  document.getElementById("jobs-rows").addEventListener("click", (e) => {
+    const log = e.target.closest("a[data-log]");
+    if (log) {
+      e.preventDefault();
+      showLog(log.getAttribute("href"), log.getAttribute("data-log"), log.getAttribute("data-host"));
+      return;
+    }
+    const cancel = e.target.closest("button[data-cancel]");
+    if (cancel) cancelJob(cancel.getAttribute("data-cancel"), cancel.getAttribute("data-host"));
+  });
+  document.getElementById("log-close").addEventListener("click", () => {
+    shownLog.href = null;
+    document.getElementById("log-panel").hidden = true;
+  });
+  document.getElementById("log-refresh").addEventListener("click", () => {
+    if (shownLog.href) {
+      const title = document.getElementById("log-title").textContent.match(/^log of job (\S+) on (.*)$/) || [];
+      showLog(shownLog.href, title[1] || "", title[2] || "");
+    }
+  });
+}
+
 function historyWhat(e) {
+  if (e.kind === "action") return [`${e.action} job ${e.job}${e.host ? ` on ${e.host}` : ""}`, `from the dashboard (${e.client || "?"})`,
+    `${e.result}${e.detail && e.result !== "cancelled" ? `: ${e.detail}` : ""}`];
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "verify") return [`verify ${e.host || (e.hosts || []).join(",")}`, e.image, `${e.worst}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "idle-stop") {
@@ -211,12 +307,12 @@ function renderHistory(history) {
   setWhy("history-why", history);
   const rows = history.entries.map((e) => {
     const [what, image, result] = historyWhat(e);
-    return el("tr", { "data-kind": e.kind }, el("td", {}, when(e.time)), el("td", {}, what), el("td", { class: "wrap" }, image),
-      el("td", { class: `wrap ${e.verify === "failed" ? "failed" : ""}` }, result));
+    return el("tr", { "data-kind": e.kind, "data-job": e.job, "data-result": e.result }, el("td", {}, when(e.time)), el("td", {}, what),
+      el("td", { class: "wrap" }, image), el("td", { class: `wrap ${e.verify === "failed" || e.result === "failed" ? "failed" : ""}` }, result));
   });
   for (const u of history.unread || []) rows.push(el("tr", {}, el("td", {}, "-"), el("td", { class: "bad" }, "unreadable"),
     el("td", { class: "wrap" }, u.path), el("td", { class: "wrap" }, u.why)));
-  if (!rows.length && history.state === "known") rows.push(el("tr", {}, el("td", { colspan: 4, class: "sub" }, "no rollouts, builds or promotions recorded in this project")));
+  if (!rows.length && history.state === "known") rows.push(el("tr", {}, el("td", { colspan: 4, class: "sub" }, "no rollouts, builds, promotions, verify runs or actions recorded in this project")));
   fill("history-rows", rows);
 }
 
@@ -241,7 +337,19 @@ function connectionState(word, cls) {
   node.setAttribute("data-state", word);
 }
 
-function start() {
+async function loadSession() {
+  try {
+    const answer = await fetch("/api/session", { credentials: "same-origin", cache: "no-store" });
+    if (answer.ok) Object.assign(session, await answer.json());
+  } catch (err) {
+    // read-only then: the page still shows everything; no action is offered
+  }
+}
+
+async function start() {
+  wireJobs();
+  await loadSession();
+  document.body.setAttribute("data-actions", session.actions ? "allowed" : "read-only");
   const events = new EventSource("/api/events");
   events.addEventListener("snapshot", (e) => { apply(JSON.parse(e.data), true); connectionState("live", "ok"); });
   events.addEventListener("delta", (e) => apply(JSON.parse(e.data), false));

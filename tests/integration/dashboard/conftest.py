@@ -12,3 +12,12 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def browser(tmp_path: Path):
+    """Headless Chromium (pagekit.chromium), quit at the end."""
+    from .pagekit import chromium
+
+    with chromium(tmp_path) as driver:
+        yield driver

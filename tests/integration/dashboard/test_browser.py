@@ -3,42 +3,23 @@ Chromium (Debian's chromium and chromium-driver, through selenium).
 
 The page must list the host with the verify verdict a rollout recorded, its live CPU/memory chart must receive a new
 sample from the monitor's agent, the build report must show in History, the page must load under its CSP without a
-console error, and a request without the token or with a wrong one must get 401 and an empty body. Every wait is on the
+console error, a request without the token or with a wrong one must get 401 and an empty body, and, without
+--allow-actions, the page offers no action and a POST from its own origin is refused: read-only. Every wait is on the
 DOM or on a file appearing, never a sleep. Every process the test starts is stopped, and the dashboard's agents with it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from gpurig.deploy.rollplan import RolloutState, state_path
 
-ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-WAIT_S = 60
-
-
-def _wait_for(what: str, found, timeout: float = WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.1)  # polling a condition, not waiting for time to pass
-    raise AssertionError(f"timed out waiting for {what}")
+from .pagekit import ROOT, WAIT_S, run_dashboard
 
 
 @pytest.fixture
@@ -60,76 +41,17 @@ def project(tmp_path: Path) -> Path:
 @pytest.fixture
 def dashboard(project: Path):
     """`gpurig dashboard` in the project (stderr no terminal: the URL with its token lands in a 0600 file); Ctrl-C at teardown."""
-    log = open(project / "dashboard.log", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--interval", "0.5"],
-                            cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url_file = _wait_for("the dashboard's URL file", lambda: next((project / ".gpurig" / "dashboard").glob("*.url"), None)
-                             if (project / ".gpurig" / "dashboard").is_dir() else None)
-        assert url_file.stat().st_mode & 0o777 == 0o600
-        url = _wait_for("the URL written whole", lambda: url_file.read_text().strip() if url_file.read_text().endswith("\n") else None)
+    with run_dashboard(project) as (proc, url):
         yield proc, url, project
-    finally:
-        agents = []
-        try:
-            agents = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, to the whole foreground group as a terminal sends it
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-        gone, alive = psutil.wait_procs(agents, timeout=10)
-        for p in alive:
-            p.kill()
-        assert not alive, f"the dashboard left its agents running: {[p.pid for p in alive]}"
-        said = (project / "dashboard.log").read_text()
-        assert proc.returncode == 0 and "dashboard stopped" in said, said
-        assert "token=" not in said  # the token went to the 0600 file only
-        assert not list((project / ".gpurig" / "dashboard").glob("*.url"))
 
 
-def _status(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers)
+def _status(url: str, headers: dict[str, str], method: str = "GET") -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-
-
-@pytest.fixture
-def browser(tmp_path: Path):
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.fail("selenium is not installed: pip install -e '.[test]' (scripts/setup.sh does)")
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.fail("chromium and chromium-driver are not installed: apt-get install chromium chromium-driver (scripts/setup.sh does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-dev-shm-usage", "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=options, service=service)
-    driver_pid = service.process.pid if service.process else None
-    try:
-        yield driver
-    finally:
-        left = psutil.Process(driver_pid).children(recursive=True) if driver_pid and psutil.pid_exists(driver_pid) else []
-        driver.quit()
-        gone, alive = psutil.wait_procs(left, timeout=10)
-        for p in alive:
-            p.kill()
 
 
 def test_the_page_shows_the_host_its_verdict_and_live_samples_and_refuses_without_the_token(dashboard, browser, tmp_path):
@@ -143,6 +65,8 @@ def test_the_page_shows_the_host_its_verdict_and_live_samples_and_refuses_withou
         for path in ("", "api/snapshot", "api/events", "static/dashboard.js"):
             assert _status(base + path, headers) == (401, b""), (path, headers)
     assert _status(f"{base}?token=wrong", {})[0] == 401
+    own = {"Cookie": f"gpurig_dashboard={token}", "Origin": base.rstrip("/"), "Sec-Fetch-Site": "same-origin"}
+    assert _status(base + "api/jobs/abc123/cancel", own, "POST") == (403, b"read-only: start the dashboard with --allow-actions\n")
 
     browser.get(url)
     wait = WebDriverWait(browser, WAIT_S, poll_frequency=0.1)
@@ -167,6 +91,8 @@ def test_the_page_shows_the_host_its_verdict_and_live_samples_and_refuses_withou
     jobs = snapshot["jobs"]
     assert jobs["state"] in ("known", "partial") or jobs["why"], jobs  # read, or saying why not; never a silent empty table
 
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-actions") == "read-only"
+    assert not browser.find_elements(By.CSS_SELECTOR, "button[data-cancel]")  # read-only: no action offered
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors  # a CSP refusal (inline script, an outside asset) is a console error
 

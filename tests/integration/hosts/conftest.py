@@ -295,6 +295,15 @@ def make_host(client_key, login_user):
 
 
 @pytest.fixture
+def refused_port():
+    """A loopback port that refuses every connection for the whole test: bound and never listening, so no other process
+    (another worker's sshd) can take it between the test choosing it and connecting, as a closed-and-forgotten port could be."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
+@pytest.fixture
 def silent_port():
     """A port that accepts TCP connections and never says a word (a hung host)."""
     with fake_listener(None) as port:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import fake_listener, free_port
+from .conftest import fake_listener
 
 
 def gpurig(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -64,11 +64,11 @@ def test_facts_full_runs_every_probe_as_provision_reads_them(cli_hosts, write_in
     assert data["unasked"] == [] and data["missing"] == []  # every probe asked, and every one's section came back
 
 
-def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path, silent_port):
+def test_facts_exits_non_zero_when_a_host_is_unreachable(cli_hosts, write_inventory, tmp_path, silent_port, refused_port):
     inv = write_inventory(
         {
             cli_hosts[0].name: {"ansible_host": "127.0.0.1", "ansible_port": cli_hosts[0].port},
-            "gone": {"ansible_host": "127.0.0.1", "ansible_port": free_port()},
+            "gone": {"ansible_host": "127.0.0.1", "ansible_port": refused_port},
             "hung": {"ansible_host": "127.0.0.1", "ansible_port": silent_port},
         }
     )
@@ -142,9 +142,9 @@ def garbage_port():
         yield port
 
 
-def test_exec_runs_over_ssh_with_per_host_rc_and_output(cli_hosts, write_inventory, tmp_path):
+def test_exec_runs_over_ssh_with_per_host_rc_and_output(cli_hosts, write_inventory, tmp_path, refused_port):
     hosts = {h.name: {"ansible_host": "127.0.0.1", "ansible_port": h.port} for h in cli_hosts}
-    hosts["gone"] = {"ansible_host": "127.0.0.1", "ansible_port": free_port()}
+    hosts["gone"] = {"ansible_host": "127.0.0.1", "ansible_port": refused_port}
     inv = write_inventory(hosts)
     names = [h.name for h in cli_hosts]
     proc = gpurig(tmp_path, "exec", "-i", str(inv), "-l", "cli*", "--json", "exec.json", "--format", "tsv", "--", "echo", "$(id -un)", "on", "$0")

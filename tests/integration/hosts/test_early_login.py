@@ -7,7 +7,6 @@ import json
 import pytest
 from delayproxy import DelayProxy
 
-from .conftest import free_port
 from .test_cli_hosts import gpurig, one_line_error
 
 
@@ -57,8 +56,8 @@ def test_a_run_refused_here_contacts_no_host(early_hosts, write_inventory, tmp_p
         assert not (inv.parent / "known_hosts").exists()  # no host key recorded for a run that never started
 
 
-def test_an_unreachable_host_is_reported_as_before(write_inventory, tmp_path):
-    inv = write_inventory({"gone": {"ansible_host": "127.0.0.1", "ansible_port": free_port()}})
+def test_an_unreachable_host_is_reported_as_before(write_inventory, tmp_path, refused_port):
+    inv = write_inventory({"gone": {"ansible_host": "127.0.0.1", "ansible_port": refused_port}})
     proc = gpurig(tmp_path, "facts", "-i", str(inv), "-l", "gone", "--connect-timeout", "2", "--json", "-")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     row = json.loads(proc.stdout)["hosts"][0]

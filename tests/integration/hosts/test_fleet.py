@@ -40,13 +40,11 @@ def test_facts_from_sixty_hosts_and_known_hosts_written_safely_in_parallel(many,
     assert saved["summary"]["ok"] == 60 and saved["hosts"][0]["data"]["os"]["id"] == "debian"
 
 
-def test_one_bad_host_never_stops_the_others(many, write_inventory, connector, silent_port, tmp_path):
-    from .conftest import free_port
-
+def test_one_bad_host_never_stops_the_others(many, write_inventory, connector, silent_port, refused_port, tmp_path):
     inv = _inventory(
         write_inventory,
         many[:5],
-        dead={"ansible_host": "127.0.0.1", "ansible_port": free_port()},
+        dead={"ansible_host": "127.0.0.1", "ansible_port": refused_port},
         hung={"ansible_host": "127.0.0.1", "ansible_port": silent_port},
     )
     conn_settings = connector.settings.__class__(**{**connector.settings.__dict__, "connect_timeout": 1})

@@ -21,7 +21,7 @@ from gpurig.connect.connector import Connector
 from gpurig.errors import HostError
 from gpurig.inventory import Host, load_inventory
 
-from .conftest import free_port, keygen, ssh_fingerprint
+from .conftest import keygen, ssh_fingerprint
 
 
 def test_key_auth_runs_commands_and_reuses_one_connection(connector, sshd, make_host, login_user):
@@ -72,17 +72,16 @@ def test_wrong_key_is_a_clear_auth_error(connector, sshd, tmp_path, make_host, l
     assert "authorized_keys" in err.value.fix
 
 
-def test_closed_port_is_unreachable(connector, make_host):
-    port = free_port()
+def test_closed_port_is_unreachable(connector, make_host, refused_port):
     with pytest.raises(UnreachableError, match="connection refused"):
-        connector.open(make_host(port)).connect()
+        connector.open(make_host(refused_port)).connect()
 
 
-def test_connect_retries_back_off_then_give_up(settings, make_host):
+def test_connect_retries_back_off_then_give_up(settings, make_host, refused_port):
     s = dataclasses.replace(settings, connect_attempts=3, retry_backoff_s=0.1)
     start = time.monotonic()
     with pytest.raises(UnreachableError, match="after 3 attempts"):
-        Connector(s).open(make_host(free_port())).connect()
+        Connector(s).open(make_host(refused_port)).connect()
     assert time.monotonic() - start >= 0.3  # 0.1 + 0.2 of backoff between the three attempts
 
 

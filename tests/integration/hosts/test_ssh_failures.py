@@ -17,7 +17,7 @@ from gpurig.connect.fleet import run_fleet
 from gpurig.facts import gather
 from gpurig.inventory import load_inventory
 
-from .conftest import fake_listener, free_port
+from .conftest import fake_listener
 
 
 @pytest.fixture
@@ -27,10 +27,10 @@ def hangup_port():
         yield port
 
 
-def test_each_unreachable_host_gets_its_own_precise_reason(settings, make_host, silent_port, hangup_port):
+def test_each_unreachable_host_gets_its_own_precise_reason(settings, make_host, refused_port, silent_port, hangup_port):
     s = dataclasses.replace(settings, connect_attempts=2, retry_backoff_s=0.05, connect_timeout=1)
     reasons = {}
-    for label, port in (("refused", free_port()), ("silent", silent_port), ("hangup", hangup_port)):
+    for label, port in (("refused", refused_port), ("silent", silent_port), ("hangup", hangup_port)):
         with pytest.raises(UnreachableError) as err:
             Connector(s).open(make_host(port, name=label)).connect()
         reasons[label] = str(err.value)

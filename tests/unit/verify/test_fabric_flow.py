@@ -8,6 +8,8 @@ builders); the verify verdicts are records as verify_host returns them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpurig.errors import InventoryError
@@ -215,3 +217,27 @@ def test_the_fabric_level_needs_the_image_the_hosts_train_in():
         make_plan("train", None, "fabric")
     plan = make_plan(None, "registry.example.com/ml/pytorch:2.9.1-cu128-slim", "fabric")
     assert plan.level == "fabric" and plan.image.endswith("-slim") and plan.torch_probe
+
+
+def test_a_host_whose_facts_show_no_such_interface_starts_no_rank_and_the_run_says_why():
+    """The others would wait their whole timeout for a rank that cannot send: the facts already say so, so no rank starts."""
+    hosts = ("a", "b", "c")
+
+    class Seen(fv.Ranks):
+        def facts(self, host, to):
+            return facts(host)
+
+        def rank(self, host, args, timeout):
+            pytest.fail(f"a rank was started on {host}")
+
+    run = FabricRun(hosts, interfaces={"c": "nosuch0"}, backend="gloo")
+    settings = {h: FabricSettings(interface="nosuch0" if h == "c" else None) for h in hosts}
+    gathered = fv.gather(Seen("img:1", {}, {}, "", ""), run, settings)
+    assert gathered.ranks == {} and gathered.master == "10.0.0.1"
+    why = "c has no usable interface by gpurig_fabric.interface nosuch0 (up, with an address)"
+    assert gathered.not_started == why
+    got = {r.id: r for r in fabric_records(gathered)}
+    assert got["fabric.interface"].status == "fail" and got["fabric.interface"].detail == f"c: {why}"
+    assert got["fabric.checked"].status == "fail"
+    assert got["fabric.checked"].detail == f"nothing was measured: the ranks were not started, as {why}"
+    assert fv.missing_interfaces(dataclasses.replace(gathered, interfaces={})) == ""  # every host has a usable one: ranks go
