@@ -19,7 +19,7 @@ from gpurig.slurm.health import node_line
 from gpurig.status import Status
 from gpurig.steps.plan import StepResult
 
-from .test_browser import WAIT_S, browser  # noqa: F401  (the fixture, shared by name)
+from .pagekit import WAIT_S
 
 REASON = "gpurig: host.driver: no NVIDIA driver loaded"
 
@@ -56,7 +56,7 @@ class FleetFeeds:
         return {"live": {"hosts": {}}}, cursor, versions
 
 
-def test_slurm_state_drift_and_idle_stops_are_drawn_at_80_columns_and_wide(browser):  # noqa: F811
+def test_slurm_state_drift_and_idle_stops_are_drawn_at_80_columns_and_wide(browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
