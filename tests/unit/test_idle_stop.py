@@ -258,3 +258,19 @@ def test_an_idle_host_is_logged_in_to_only_to_list_again_or_to_stop(monkeypatch,
     stopper.clock = lambda: now[0]
     now[0] = 301.0  # the list is stale: read again; GPU 1 is still busy: nothing stopped
     assert stopper.check() == [] and len(opened) == 2 and said == []
+
+
+@pytest.mark.parametrize("task", ["monitor", "dashboard"])
+def test_a_bad_idle_stop_stops_any_task_at_inventory_load_in_one_line_before_any_host(tmp_path, task):
+    import os
+    import subprocess
+    import sys
+
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    a100-01:\n      ansible_host: 192.0.2.1\n"
+                         "      gpurig_containers:\n        - {variant: jupyter, idle_stop: 4hours}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", "from gpurig.cli import main; main()", task, "-i", str(inventory)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "gpurig_containers[0].idle_stop: '4hours' is not a duration" in proc.stderr and "idle_stop: 4h" in proc.stderr
