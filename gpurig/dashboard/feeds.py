@@ -83,7 +83,7 @@ class Feeds:
         self.slurm_why = "the nodes' Slurm state is being read"
         self.slurm_at: float | None = None
         self.check = check
-        self.say = say or (lambda line: None)
+        self._say = say or (lambda line: None)
         self.drift: FleetReport | None = None
         self.drift_why = "provision's check is running" if check else ""
         self.drift_at: float | None = None
@@ -248,6 +248,11 @@ class Feeds:
                 self.history, self.history_why = found, ""
 
         self._loop("history", read, lambda why: self._set(history_why=f"the records could not be read: {why}"))
+
+    def say(self, line: str) -> None:
+        """An idle_stop line of the monitor session: to the task's ``say``, and History read again (a stop is kept before it is said)."""
+        self._say(line)
+        self.poke("history")
 
     def _drift_once(self) -> None:
         """``--check``: provision's check mode over the hosts, once at start (gpurig.flows.fleetprovision.check_fleet: plans only,

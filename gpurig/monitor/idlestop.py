@@ -268,14 +268,14 @@ class IdleStop:
         self.say(f"{host} {info.name}: {verdict.why}: stopping")
         try:
             engine.stop(info.id)
-            entry = stop_entry(host, info, verdict, seconds, True)
-            self.say(f"{host} {info.name}: stopped")
+            entry, said = stop_entry(host, info, verdict, seconds, True), f"{host} {info.name}: stopped"
         except GpurigError as err:  # tried again once the list is read again, not every check
             self._failed[info.id] = self.clock()
             entry = stop_entry(host, info, verdict, seconds, False, err.problem)
-            self.say(f"{host} {info.name}: could not be stopped: {err.problem}")
+            said = f"{host} {info.name}: could not be stopped: {err.problem}"
         self._listed.pop(host, None)  # listed again next time: what stopped is gone from the list
-        self._keep(entry)
+        self._keep(entry)  # kept before it is said: a reader woken by the line finds it in the history
+        self.say(said)
         return entry
 
     def _keep(self, entry: dict[str, Any]) -> None:

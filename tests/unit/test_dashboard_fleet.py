@@ -159,3 +159,15 @@ def test_verify_reads_the_same_line_and_still_fails_a_drained_node_with_its_reas
     assert record.detail.startswith("Slurm does not schedule on it: drained (gpurig: host.driver:") and "2026-12-04" not in record.detail
     idle = node_record(ScriptedConnection("n1", [(0, "idle|none|Unknown\n", "")]))
     assert (idle.status, idle.measured) == ("pass", "idle")
+
+
+def test_an_idle_stop_line_goes_to_the_task_and_wakes_the_history_reader():
+    from types import SimpleNamespace
+
+    from gpurig.dashboard.feeds import Feeds
+
+    lines: list[str] = []
+    opts = SimpleNamespace(settings=SimpleNamespace(forks=4, inventory="inventory/hosts.yaml", root=None))
+    feeds = Feeds(opts, [], connector=lambda: None, say=lines.append)  # type: ignore[arg-type]
+    feeds.say("a100-01 jupyter: stopped")
+    assert lines == ["a100-01 jupyter: stopped"] and feeds._wake["history"].is_set() and not feeds._wake["jobs"].is_set()
