@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +156,72 @@ def shown(path: Path | None, root: Path) -> str:
         return str(path.resolve().relative_to(root.resolve()))
     except ValueError:
         return str(path)
+
+
+def append_jsonl(path: Path, entries: Iterable[dict[str, Any]], *, max_bytes: int, max_line: int,
+                 shrink: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Path:
+    """Append each entry to a history file as one JSON line, one ``write`` each to a file opened with O_APPEND (two writers never
+    interleave within a line); past ``max_bytes`` the file becomes ``NAME.1`` first (the one before is dropped). A torn last line
+    (a writer killed mid-write) is ended with a newline; a line over ``max_line`` is ``shrink``'s entry, cut to the bound."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if os.lstat(path).st_size > max_bytes:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+        for entry in entries:
+            line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
+            if len(line) > max_line:
+                line = (json.dumps((shrink or dict)(entry), separators=(",", ":"), default=str) + "\n").encode()[:max_line]
+            os.write(fd, line)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_jsonl(path: Path, *, max_bytes: int, max_line: int) -> tuple[list[dict[str, Any]], list[dict[str, str]], int]:
+    """A history file and its rotated ``NAME.1`` (that one first): every line that is a JSON object, oldest first; the files that
+    could not be read ({path, why}); how many were read. A torn or oversized line is skipped; a link, a device or a file over the
+    bound is named, never read."""
+    entries: list[dict[str, Any]] = []
+    unread: list[dict[str, str]] = []
+    files = 0
+    bound = 2 * max_bytes + max_line
+    for each in (path.with_name(path.name + ".1"), path):
+        try:
+            st = os.lstat(each)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            unread.append({"path": str(each), "why": err.strerror or str(err)})
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            unread.append({"path": str(each), "why": "not a regular file (a link or a device is not gpurig's history)"})
+            continue
+        if st.st_size > bound:
+            unread.append({"path": str(each), "why": f"{st.st_size} bytes, over gpurig's bound of {bound}"})
+            continue
+        try:
+            with open(each, "rb") as fh:
+                data = fh.read(bound + 1)
+        except OSError as err:
+            unread.append({"path": str(each), "why": err.strerror or str(err)})
+            continue
+        files += 1
+        for raw in data.splitlines():
+            if len(raw) > max_line:
+                continue
+            try:
+                entry = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries, unread, files

@@ -28,13 +28,19 @@ _HELP = {
     "allow_actions": "let the page cancel a running or queued job (as `gpurig cancel`), after a confirmation; each action is "
                      "recorded in .gpurig/history/actions.jsonl and shown in History. Off by default: the page is read-only and "
                      "refuses every POST (403). Actions need the page's cookie, its own origin and its anti-CSRF header",
+    "check": "at start, run provision's check mode on the selected hosts (what `gpurig provision --check` would change; nothing is "
+             "changed) and show each host's drift in the fleet table: in step, N steps would change, or unknown with why",
 }
 
 
 @host_task(help=_HELP)
-def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, allow_actions=False):
+def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idle_after=None, allow_actions=False, check=False):
     """Serve the team's web page on this machine: fleet, live GPUs, jobs (with their logs) and history of the selected hosts
-    (token in the URL); read-only unless --allow-actions."""
+    (token in the URL); read-only unless --allow-actions.
+
+    The fleet rows show a Slurm node's state and drain reason, and with --check what provision would change. Its monitor session
+    stops containers deployed with idle_stop once their GPUs sat idle that long, as gpurig monitor does.
+    """
     from gpurig.dashboard.actions import desk_for
     from gpurig.dashboard.feeds import Feeds
     from gpurig.dashboard.webauth import bind_address, is_loopback, new_token
@@ -52,7 +58,8 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
     token = new_token()
     address = bind_address(str(bind), token)
     hosts = select_hosts(opts)
-    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s)
+    feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check,
+                  say=lambda line: err_console.print(f"idle_stop: {outside(line)}", highlight=False, soft_wrap=True))
     desk = desk_for(opts, bool(allow_actions), changed=lambda: feeds.poke("jobs", "history"))
     server = Dashboard(feeds, token, address, number, desk=desk)  # the port is taken before any host is contacted
     url_file = None

@@ -56,7 +56,11 @@ SCHEMA = "gpurig.monitor/1"
 
 @host_task(help=_HELP)
 def monitor(c, opts: HostOptions, interval=None, duration=None, csv=None, prometheus=None, plot=None, record=None, replay=None):
-    """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle."""
+    """Watch GPU, CPU and memory use across hosts: live view, CSV, Prometheus, plot, and why the GPU is idle.
+
+    While it watches, a container deployed with idle_stop (gpurig_containers) is stopped once every GPU it holds sat under 5%
+    that long; each stop is said on stderr first and kept in .gpurig/history/idle-stop.jsonl.
+    """
     from gpurig.monitor.csvfile import write_csv
     from gpurig.monitor.diagnose import diagnose
     from gpurig.monitor.record import load_run
@@ -89,6 +93,7 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     from gpurig.flows.fleettask import make_connector
     from gpurig.monitor.agent import agent_source, monitor_fleet
     from gpurig.monitor.csvfile import CsvWriter
+    from gpurig.monitor.idlestop import enforcer
     from gpurig.monitor.record import Recorder
     from gpurig.monitor.session import Run
 
@@ -120,7 +125,8 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
         if console.is_terminal:
             live = Live(get_renderable=lambda: _live(run, interval), console=console, refresh_per_second=max(1, min(4, 1 / interval)), transient=True)
             live.start()
-        report = monitor_fleet(hosts, connector, run, interval, duration, source)  # Ctrl-C ends it like --duration
+        stopper = enforcer(hosts, opts.settings.inventory, lambda: make_connector(opts), _say, opts.settings.project, interval)
+        report = monitor_fleet(hosts, connector, run, interval, duration, source, idle_stop=stopper)  # Ctrl-C ends it like --duration
     finally:
         if live:
             live.stop()
@@ -134,6 +140,11 @@ def _watch(opts: HostOptions, interval, duration, csv, prometheus, record) -> tu
     if csv:
         err_console.print(f"csv: {outside(csv)}")
     return run, report
+
+
+def _say(line: str) -> None:
+    """An idle_stop line (a container stopped for its idle GPUs, or why one could not be), on stderr."""
+    err_console.print(f"idle_stop: {outside(line)}", highlight=False, soft_wrap=True)
 
 
 def _dashboard() -> str:

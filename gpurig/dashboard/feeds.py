@@ -19,18 +19,25 @@ from typing import TYPE_CHECKING, Any
 
 from gpurig.dashboard import snapshot
 from gpurig.dashboard.history import History, read_history
-from gpurig.errors import GpurigError
+from gpurig.errors import GpurigError, HostError
 from gpurig.monitor.idle import IdleTracker
 from gpurig.monitor.session import Run
-from gpurig.results import FleetEvents, FleetReport, HostResult
+from gpurig.results import FleetEvents, FleetReport, HostResult, Outcome
 
 if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
     from gpurig.connect.connector import Connector
     from gpurig.flows.fleettask import HostOptions
     from gpurig.inventory import Host
     from gpurig.jobs.views import JobView
 
 SECTIONS = ("fleet", "jobs", "history")
+
+
+def _slurm_node(host: Host) -> bool:
+    from gpurig.slurm.conf import NODES_GROUP
+
+    return NODES_GROUP in host.groups
 
 
 class _LiveFailures(FleetEvents):
@@ -51,7 +58,7 @@ class Feeds:
 
     def __init__(self, opts: HostOptions, hosts: list[Host], interval: float = 1.0, *, jobs_every: float = 3.0,
                  facts_every: float = 300.0, history_every: float = 10.0, idle_after: float = snapshot.IDLE_AFTER,
-                 connector: Callable[[], Connector] | None = None) -> None:
+                 connector: Callable[[], Connector] | None = None, check: bool = False, say: Callable[[str], None] | None = None) -> None:
         from gpurig.flows.fleettask import make_connector
 
         self.opts = opts
@@ -71,6 +78,15 @@ class Feeds:
         self.live_failed: dict[str, str] = {}
         self.facts: FleetReport | None = None
         self.facts_why = "facts are being read"
+        self.slurm_nodes = [h for h in hosts if _slurm_node(h)]
+        self.slurm: FleetReport | None = None
+        self.slurm_why = "the nodes' Slurm state is being read"
+        self.slurm_at: float | None = None
+        self.check = check
+        self._say = say or (lambda line: None)
+        self.drift: FleetReport | None = None
+        self.drift_why = "provision's check is running" if check else ""
+        self.drift_at: float | None = None
         self.jobs_report: FleetReport | None = None
         self.jobs: list[JobView] = []
         self.jobs_why = "the job queue is being read"
@@ -90,6 +106,10 @@ class Feeds:
         for name, target in (("live", lambda: self._live(source)), ("fleet", self._facts_loop), ("jobs", self._jobs_loop),
                              ("history", self._history_loop)):
             thread = threading.Thread(target=target, name=f"gpurig-dashboard-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        if self.check:
+            thread = threading.Thread(target=self._drift_once, name="gpurig-dashboard-drift", daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -116,12 +136,14 @@ class Feeds:
 
     def _live(self, source: str) -> None:
         from gpurig.monitor.agent import monitor_fleet
+        from gpurig.monitor.idlestop import enforcer
 
         with self.lock:
             self.live_state, self.live_why = "running", ""
         try:
+            stopper = enforcer(self.hosts, self.opts.settings.inventory, self._connector, self.say, self.opts.settings.project, self.interval)
             report = monitor_fleet(self.hosts, self._open(), self.run, self.interval, 0.0, source, stop=self.stopping,
-                                   events=_LiveFailures(self))
+                                   events=_LiveFailures(self), idle_stop=stopper)
             ended = ", ".join(f"{n} {status}" for status, n in report.summary.items() if n)
             state, why = "ended", f"the monitor session ended ({ended or 'no host'})"
         except GpurigError as err:
@@ -160,10 +182,40 @@ class Feeds:
                                    forks=self.opts.settings.forks, label="facts")
             finally:
                 connector.close()
+                self._read_slurm()
             with self.lock:
                 self.facts, self.facts_why = report, ""
 
         self._loop("fleet", read, lambda why: self._set(facts_why=f"facts could not be read: {why}"))
+
+    def _read_slurm(self) -> None:
+        """The Slurm nodes' states, each asked on the node as ``gpurig verify`` asks (sinfo answers for its controller); with the facts,
+        not every tick: a node's state moves with drains and jobs, minutes apart."""
+        from gpurig.connect.fleet import run_fleet
+        from gpurig.slurm.health import read_node
+
+        if not self.slurm_nodes:
+            return
+
+        def work(conn: Connection) -> Outcome:
+            found = read_node(conn)
+            if isinstance(found, str):
+                raise HostError(found, "check munge and slurmd on the node and slurmctld on the controller (gpurig provision)", host=conn.name)
+            return Outcome(data=found)
+
+        try:
+            connector = self._connector()
+            try:
+                report = run_fleet(self.slurm_nodes, work, connector=connector, forks=self.opts.settings.forks, label="slurm")
+            finally:
+                connector.close()
+        except GpurigError as err:
+            self._set(slurm=None, slurm_why=f"the nodes' Slurm state could not be read: {err.problem}")
+            return
+        except Exception as err:  # said in the rows, read again with the next facts
+            self._set(slurm=None, slurm_why=f"the nodes' Slurm state could not be read: {type(err).__name__}: {err}")
+            return
+        self._set(slurm=report, slurm_why="", slurm_at=time.time())
 
     def _jobs_loop(self) -> None:
         from gpurig.connect.fleet import run_fleet
@@ -197,6 +249,28 @@ class Feeds:
 
         self._loop("history", read, lambda why: self._set(history_why=f"the records could not be read: {why}"))
 
+    def say(self, line: str) -> None:
+        """An idle_stop line of the monitor session: to the task's ``say``, and History read again (a stop is kept before it is said)."""
+        self._say(line)
+        self.poke("history")
+
+    def _drift_once(self) -> None:
+        """``--check``: provision's check mode over the hosts, once at start (gpurig.flows.fleetprovision.check_fleet: plans only,
+        never applies); each host's drift shows in its fleet row, with when it was read."""
+        from gpurig.flows.fleetprovision import check_fleet
+
+        try:
+            report = check_fleet(self.opts, self.hosts, self._connector)
+            values: dict[str, Any] = {"drift": report, "drift_why": "", "drift_at": time.time()}
+        except GpurigError as err:
+            values = {"drift_why": f"provision's check could not run: {err.problem}"}
+        except Exception as err:  # said on the page, not a dead thread
+            values = {"drift_why": f"provision's check failed: {type(err).__name__}: {err}"}
+        with self.lock:
+            for key, value in values.items():
+                setattr(self, key, value)
+            self.versions["fleet"] += 1
+
     def _set(self, **values: Any) -> None:
         with self.lock:
             for key, value in values.items():
@@ -208,11 +282,26 @@ class Feeds:
         if name == "fleet":
             verdicts = self.history.verdicts if self.history is not None else {}
             verdicts_why = "" if self.history is not None else self.history_why
-            rows = snapshot.fleet_rows(self.names, self.facts, self.facts_why, verdicts, verdicts_why, self.live_failed)
-            return {"state": "known" if self.facts is not None else "unknown", "why": self.facts_why, "hosts": rows}
+            rows = snapshot.fleet_rows(self.names, self.facts, self.facts_why, verdicts, verdicts_why, self.live_failed, self._fleet_extra())
+            return {"state": "known" if self.facts is not None else "unknown", "why": self.facts_why, "hosts": rows,
+                    "drift": {"checked": self.check, "read_at": self.drift_at, "why": self.drift_why}}
         if name == "jobs":
             return snapshot.jobs_section(self.jobs_report, self.jobs, self.jobs_why, self.jobs_at)
         return snapshot.history_section(self.history, self.history_why)
+
+    def _fleet_extra(self) -> dict[str, dict[str, Any]]:
+        """Each host's cells beyond facts and verify: its Slurm node's state (a host of slurm_nodes only), its provision drift (--check)."""
+        from gpurig.flows.fleetprovision import drift
+
+        extra: dict[str, dict[str, Any]] = {h: {} for h in self.names}
+        if self.check:
+            found = self.drift.by_host() if self.drift is not None else {}
+            for name in self.names:
+                extra[name]["drift"] = {**drift(found.get(name), self.drift_why), "read_at": self.drift_at}
+        results = self.slurm.by_host() if self.slurm is not None else {}
+        for h in self.slurm_nodes:
+            extra[h.name]["slurm"] = snapshot.slurm_cell(results.get(h.name), self.slurm_why, self.slurm_at)
+        return extra
 
     def document(self) -> tuple[dict[str, Any], dict[str, float], dict[str, int]]:
         """The whole page as JSON, with the live cursor and the section versions it was made at (where the next delta starts)."""

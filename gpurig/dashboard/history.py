@@ -3,11 +3,13 @@
 Rollouts' state files (``.gpurig/rollouts/*.json``, gpurig.deploy.rollplan:
 per host what it runs, whether verify passed, at which level, when, why not)
 build reports (``reports/builds/*/*.json``, gpurig.image.build: what was
-built, when, and the promotions appended to them) and the verify history
+built, when, and the promotions appended to them), the verify history
 (``.gpurig/history/verify.jsonl``, gpurig.verify.verdictlog: every
-``gpurig verify`` run, per host) and the actions taken from a dashboard
+``gpurig verify`` run, per host), the actions taken from a dashboard
 (``.gpurig/history/actions.jsonl``, gpurig.dashboard.actions: a job
-cancelled from the page). A host's last verdict is the newest of its
+cancelled from the page) and the idle stops (``.gpurig/history/idle-stop.jsonl``,
+gpurig.monitor.idlestop: each container the monitor stopped for its idle
+GPUs). A host's last verdict is the newest of its
 verify runs and its rollouts' verify gates. Each file is read by the
 same reader its writer's other readers use; a file that cannot be read is
 named with why, never passed over as if there were nothing to say.
@@ -24,6 +26,7 @@ from gpurig.deploy.rollplan import STATE_DIR, read_state
 from gpurig.errors import GpurigError
 from gpurig.flows.imagebuild import REPORTS_DIR
 from gpurig.image.build import read_report
+from gpurig.monitor.idlestop import IDLE_STOP_LOG, read_idle_stops
 from gpurig.verify.verdictlog import FLEET, VERIFY_LOG, read_verify_history
 
 # The newest entries the page lists; the rest stay in the files.
@@ -41,6 +44,7 @@ class History:
     build_files: int = 0
     verify_files: int = 0
     action_files: int = 0
+    idle_stop_files: int = 0
 
 
 def read_history(root: Path) -> History:
@@ -76,6 +80,9 @@ def read_history(root: Path) -> History:
     found.action_files = acted.files
     found.unread += acted.unread
     found.entries += [_action_entry(e) for e in acted.entries]
+    stops, unread, found.idle_stop_files = read_idle_stops(root)
+    found.unread += unread
+    found.entries += [_idle_stop_entry(e) for e in stops]
     found.verdicts = last_verdicts(found.entries)
     found.entries.sort(key=lambda e: e.get("time") or "", reverse=True)
     del found.entries[MAX_ENTRIES:]
@@ -123,6 +130,23 @@ def _action_entry(entry: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "action", "time": entry["time"], "action": entry["action"], "job": _text(entry.get("job")),
             "host": _text(entry.get("host")), "result": _text(entry.get("result")), "detail": _text(entry.get("detail")),
             "client": _text(entry.get("client")), "file": Path(ACTIONS_LOG).name}
+def _idle_stop_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A container the monitor stopped (or tried to) for its idle GPUs (gpurig.monitor.idlestop)."""
+    gpus = entry.get("gpus")
+    return {
+        "kind": "idle-stop",
+        "time": entry["time"],
+        "host": entry["host"],
+        "container": _text(entry.get("container")),
+        "user": _text(entry.get("user")),
+        "image": _text(entry.get("image")),
+        "gpus": [str(g) for g in gpus] if isinstance(gpus, list) else [],
+        "idle_s": entry.get("idle_s") if isinstance(entry.get("idle_s"), (int, float)) else None,
+        "idle_stop_s": entry.get("idle_stop_s") if isinstance(entry.get("idle_stop_s"), (int, float)) else None,
+        "stopped": entry.get("stopped") is True,
+        "reason": _text(entry.get("reason")),
+        "file": Path(IDLE_STOP_LOG).name,
+    }
 
 
 def _text(value: Any) -> str:

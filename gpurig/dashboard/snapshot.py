@@ -20,6 +20,7 @@ from gpurig.monitor.idle import IdleTracker, utilisation
 from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
 from gpurig.results import FleetReport, HostResult
+from gpurig.slurm.health import NodeState
 from gpurig.status import Status
 
 SCHEMA = "gpurig.dashboard/1"
@@ -43,10 +44,26 @@ def unknown(why: str) -> dict[str, Any]:
 
 
 def fleet_rows(hosts: Sequence[str], facts: FleetReport | None, facts_why: str, verdicts: Mapping[str, dict[str, Any]],
-               verdicts_why: str, live_failed: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per selected host: reachability and what it is (from facts), its last verify verdict, and its live sampler's state."""
+               verdicts_why: str, live_failed: Mapping[str, str], extra: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per selected host: reachability and what it is (from facts), its last verify verdict, and its live sampler's state;
+    ``extra``: more cells per host (its Slurm node's state, its provision drift), added as they are."""
     results = {r.host: r for r in facts.results} if facts is not None else {}
-    return [_fleet_row(h, results.get(h), facts_why, verdicts.get(h), verdicts_why, live_failed.get(h)) for h in hosts]
+    rows = [_fleet_row(h, results.get(h), facts_why, verdicts.get(h), verdicts_why, live_failed.get(h)) for h in hosts]
+    for row in rows:
+        row.update((extra or {}).get(row["host"], {}))
+    return rows
+
+
+def slurm_cell(result: HostResult | None, why: str, read_at: float | None = None) -> dict[str, Any]:
+    """A Slurm node's state as its controller has it (sinfo on the node, as ``gpurig verify`` reads it): the state, whether Slurm
+    gives it jobs, the drain/down reason and since when; unknown with why where it was not read."""
+    if result is None:
+        return unknown(why or "the node's Slurm state has not been read yet")
+    if not isinstance(result.data, NodeState):
+        return unknown(f"the node's Slurm state could not be read: {result.reason or result.status}")
+    n = result.data
+    return {"state": "known", "node": n.state, "responding": n.responding, "schedules": n.healthy,
+            "reason": "" if n.reason == "none" else n.reason, "since": n.since, "read_at": read_at}
 
 
 def _fleet_row(host: str, result: HostResult | None, facts_why: str, verdict: dict[str, Any] | None, verdicts_why: str,
@@ -190,7 +207,7 @@ def history_section(found: History | None, why: str) -> dict[str, Any]:
         return {**unknown(why or "the records have not been read yet"), "entries": [], "unread": []}
     return {"state": "partial" if found.unread else "known", "why": why, "entries": found.entries, "unread": found.unread,
             "rollout_files": found.rollout_files, "build_files": found.build_files,
-            "verify_files": found.verify_files, "action_files": found.action_files}
+            "verify_files": found.verify_files, "action_files": found.action_files, "idle_stop_files": found.idle_stop_files}
 
 
 def document(**sections: Any) -> dict[str, Any]:

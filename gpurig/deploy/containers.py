@@ -36,12 +36,13 @@ from gpurig.strict import validate
 from gpurig.strict.yamlnode import Node
 
 KEYS = ("name", "user", "variant", "torch", "cuda", "image", "gpus", "share", "ports", "volumes", "datasets", "env",
-        "shm_size", "ipc", "ulimits", "cpus", "memory", "restart", "ssh_keys", "command")
+        "shm_size", "ipc", "ulimits", "cpus", "memory", "restart", "ssh_keys", "command", "idle_stop")
 IPC_MODES = ("private", "shareable", "host")
 DEFAULT_SHM = 16 * fields.GiB  # never Docker's 64 MB for a torch image (DataLoader workers pass tensors through it)
 MIN_SHM, WARN_SHM = 64 * fields.MiB, fields.GiB
 MIN_MEMORY = 6 * fields.MiB  # Docker refuses less
 LABEL = "io.gpurig.deploy"
+IDLE_STOP_LABEL = f"{LABEL}.idle_stop"  # seconds: the monitor stops the container once its GPUs sat idle that long
 _NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}")
 
 
@@ -68,6 +69,7 @@ class ContainerSpec:
     restart: str = "unless-stopped"  # no | always | unless-stopped | on-failure[:N]
     ssh_keys: tuple[str, ...] = field(default=(), repr=False)
     cmd: tuple[str, ...] | None = None  # command: the image's CMD replaced (argv, no shell)
+    idle_stop: int | None = None  # seconds its GPUs may sit idle (under 5%) before the monitor stops it; None: never
 
     @property
     def init(self) -> bool:
@@ -109,6 +111,8 @@ class ContainerSpec:
                 for v in sorted(self.volumes, key=lambda v: (v.target, v.source))
             ],
         }
+        if self.idle_stop is not None:  # only when set: the hash of every container deployed without it stays as it was
+            settings["idle_stop"] = self.idle_stop
         return dict(sorted(settings.items()))
 
     def config_hash(self) -> str:
@@ -133,6 +137,7 @@ class ContainerSpec:
             f"{LABEL}.user": self.user or "",
             f"{LABEL}.variant": self.variant,
             f"{LABEL}.settings": json.dumps(self.settings(), sort_keys=True, separators=(",", ":")),
+            **({IDLE_STOP_LABEL: str(self.idle_stop)} if self.idle_stop is not None else {}),
         } if deployed else {}
         bindings: dict[str, list[dict[str, str]]] = {}
         for port in sorted(self.ports, key=lambda p: (p.container, p.host, p.bind)):
@@ -239,6 +244,8 @@ class _Entry:
         if memory is not None and shm is not None and shm > memory:
             self.warn(name, f"shm_size {fields.docker_size(shm)} is above memory {fields.docker_size(memory)}: "
                       "/dev/shm counts against the limit, so the container is killed before it fills")
+        if "idle_stop" in keys and gpus.none and ("gpus" in keys or cpu):  # without a spec, an unset gpus: is deploy's to decide
+            raise keys["idle_stop"].fail("is set on a container without GPUs (their idleness decides the stop)", "give it gpus:, or remove idle_stop")
         ssh_keys = fields.ssh_keys(keys["ssh_keys"], self.base_dir) if "ssh_keys" in keys else ()
         kind = self.spec.variants[variant].kind if self.spec else None
         if kind and ssh_keys and not kind.ssh:
@@ -258,6 +265,7 @@ class _Entry:
             restart=fields.restart(keys["restart"]) if "restart" in keys else "unless-stopped",
             ssh_keys=ssh_keys,
             cmd=self._command(keys["command"]) if "command" in keys else None,
+            idle_stop=keys["idle_stop"].duration("idle_stop: 4h") if "idle_stop" in keys else None,
         )
 
     def warn(self, name: str, text: str) -> None:

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from gpurig.connect.connection import Connection
 from gpurig.connect.connector import Connector
@@ -22,6 +23,9 @@ from gpurig.monitor import MonitorError
 from gpurig.monitor.session import Run
 from gpurig.results import FleetEvents, FleetReport
 from gpurig.skeleton import shipped_text
+
+if TYPE_CHECKING:
+    from gpurig.monitor.idlestop import IdleStop
 
 AGENT = "checks/gpu_sampler.py"  # as shipped (gpurig.skeleton.shipped finds it in a wheel as in a checkout)
 CHUNK_S = 3600.0  # longest single agent run: its output stays in memory until it ends
@@ -153,6 +157,7 @@ def monitor_fleet(
     *,
     stop: threading.Event | None = None,
     events: FleetEvents | None = None,
+    idle_stop: IdleStop | None = None,
 ) -> FleetReport:
     """Watch every host at once (one connection each) until ``duration`` ends, ``stop`` is set or Ctrl-C; a host that dies is
     reported, the rest go on.
@@ -162,7 +167,9 @@ def monitor_fleet(
     worker thread so that the interrupt reaches this one, which stops it. A
     caller that runs this in a thread of its own (the dashboard) ends it with
     ``stop``; ``events`` hears each host's end as it happens (a host that
-    failed mid-run), not only in the report.
+    failed mid-run), not only in the report. ``idle_stop`` (gpurig.monitor.idlestop)
+    hears every sample and stops the idle_stop containers whose GPUs sat idle,
+    for as long as the run lasts.
     """
     source = source if source is not None else agent_source()  # before any host: a gpurig without its sampler says so once
     stop = stop if stop is not None else threading.Event()
@@ -186,14 +193,24 @@ def monitor_fleet(
 
     # An Event, not Thread.join: a join interrupted by Ctrl-C can leave is_alive() wrong.
     done = threading.Event()
+    ended = threading.Event()  # the enforcer's: set when the run ends however it ends, ``stop`` being the caller's
+    if idle_stop is not None:
+        run.listeners.append(idle_stop.quiet)
+        idle_stop.start(ended)
     threading.Thread(target=fleet, name="gpurig-monitor", daemon=True).start()
     try:
         while not done.wait(0.2):
-            pass
+            if stop.is_set():
+                ended.set()
     except KeyboardInterrupt:
         stop.set()
+        ended.set()
         if not done.wait(2 * interval + 10):  # a second Ctrl-C here ends gpurig at once
             raise
+    finally:
+        ended.set()
+        if idle_stop is not None:
+            idle_stop.join()
     if errors:
         raise errors[0]
     return reports[0]

@@ -1,7 +1,8 @@
 """A Slurm node as its controller sees it: ``slurm.node`` for verify (drained is a failure, with Slurm's reason) and the state for status.
 
 Asked on the node itself (it has slurm-client, munge and slurm.conf, as
-gpurig provisions it): ``sinfo -h -n HOST -o '%T|%E'``, one line. A node the
+gpurig provisions it): ``sinfo -h -n HOST -o '%T|%E|%H'``, one line (state,
+reason, and since when the reason holds). A node the
 health program drained carries ``gpurig: <record>: <detail>`` as its reason,
 so verify shows why the scheduler stopped giving it jobs. The whole
 cluster's view (provision after it converges, ``run --scheduler slurm``
@@ -17,7 +18,7 @@ from gpurig.connect.connection import Connection
 from gpurig.errors import GpurigError
 from gpurig.verify.records import Record
 
-SINFO = "sinfo -h -n \"$(hostname -s)\" -o '%T|%E'"
+SINFO = "sinfo -h -n \"$(hostname -s)\" -o '%T|%E|%H'"
 SINFO_CLUSTER = ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%E"]  # a line per node and partition: name, partition (* default), state, reason
 HEALTHY = ("idle", "mixed", "allocated", "completing", "planned")
 DRAINED = ("drained", "draining", "drain")
@@ -29,6 +30,7 @@ class NodeState:
     state: str  # idle, mixed, allocated, drained, draining, down, ... as sinfo's %T says it (flags like * kept out)
     reason: str = ""
     responding: bool = True  # False: sinfo marked the state with *, slurmctld has not heard from the node
+    since: str = ""  # when the reason was set, as sinfo's %H says it (2026-12-04T10:31:12); "" when Slurm has none
 
     @property
     def healthy(self) -> bool:
@@ -45,10 +47,12 @@ class NodeState:
         return f"{state} ({self.reason})" if self.reason and self.reason != "none" else state
 
 
-def state_of(state: str, reason: str = "") -> NodeState:
-    """A node's state from sinfo's %T and %E (``drained*`` -> drained, not responding)."""
+def state_of(state: str, reason: str = "", since: str = "") -> NodeState:
+    """A node's state from sinfo's %T, %E and %H (``drained*`` -> drained, not responding; %H's ``Unknown`` -> no time)."""
     word = state.strip().lower()
-    return NodeState(word.rstrip(FLAGS), reason.strip(), responding="*" not in word)
+    when = since.strip()
+    return NodeState(word.rstrip(FLAGS), reason.strip(), responding="*" not in word,
+                     since="" if when.lower() in ("unknown", "none", "n/a") else when)
 
 
 @dataclass(frozen=True)
@@ -85,15 +89,31 @@ def nodes_text(nodes: list[ClusterNode]) -> str:
 
 def node_state(conn: Connection) -> NodeState | None:
     """The node's state as its controller has it, or None when sinfo gave nothing (Slurm not reachable from there)."""
+    found = read_node(conn)
+    return found if isinstance(found, NodeState) else None
+
+
+def read_node(conn: Connection) -> NodeState | str:
+    """The node's state as its controller has it (sinfo on the node), or why it could not be read, in one line."""
     try:
         result = conn.run(SINFO, warn=True, timeout=30)
-    except GpurigError:
-        return None
-    line = next((x for x in result.stdout.splitlines() if "|" in x), "") if result.ok else ""
+    except GpurigError as err:
+        return f"sinfo could not run: {err.problem}"
+    if not result.ok:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        return f"sinfo failed (exit {result.exited}): {said[-1][-200:]}" if said else f"sinfo failed (exit {result.exited})"
+    return node_line(result.stdout) or "sinfo answered nothing for this node (is it in slurm.conf, and slurmctld up?)"
+
+
+def node_line(text: str) -> NodeState | None:
+    """The first ``%T|%E|%H`` line of sinfo's answer (or an older ``%T|%E``); None when it holds none."""
+    line = next((x for x in text.splitlines() if "|" in x), "")
     if not line:
         return None
-    state, _, reason = line.partition("|")
-    return state_of(state, reason)
+    parts = line.split("|")
+    if len(parts) == 2:
+        return state_of(parts[0], parts[1])
+    return state_of(parts[0], "|".join(parts[1:-1]), parts[-1])  # a reason may hold a |; the time never does
 
 
 def node_record(conn: Connection) -> Record:

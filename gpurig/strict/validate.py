@@ -73,6 +73,32 @@ def finite_number(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+_DURATION = re.compile(r"(?:[0-9]{1,6}[dhms])+")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+MAX_DURATION_S = 366 * 86400
+
+
+def duration_seconds(value: object) -> int | None:
+    """A duration as people write one (``4h``, ``90m``, ``1h30m``, ``2d``, ``45s``: whole numbers, each with its unit d, h, m or s)
+    in seconds, above 0 and at most a year; None for anything else (a bare number, whose unit nobody can tell, included)."""
+    if not isinstance(value, str) or not _DURATION.fullmatch(value):
+        return None
+    seconds = sum(int(n) * _UNIT_S[u] for n, u in re.findall(r"([0-9]+)([dhms])", value))
+    return seconds if 0 < seconds <= MAX_DURATION_S else None
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds as a duration written back: 14400 -> 4h, 14520 -> 4h02m, 90 -> 1m30s, 172800 -> 2d."""
+    s = int(seconds)
+    days, hours, minutes, secs = s // 86400, s % 86400 // 3600, s % 3600 // 60, s % 60
+    if days:
+        return f"{days}d" + (f"{hours:02d}h" if hours or minutes else "") + (f"{minutes:02d}m" if minutes else "")
+    if hours:
+        return f"{hours}h" + (f"{minutes:02d}m" if minutes else "")
+    if minutes:
+        return f"{minutes}m" + (f"{secs:02d}s" if secs else "")
+    return f"{secs}s"
+
 def printable(text: object, newlines: bool = False) -> str:
     """``text`` safe to put on a terminal or in a log: every control character (ESC included) shown as an escape.
 

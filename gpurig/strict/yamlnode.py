@@ -122,6 +122,14 @@ class Node:
             raise self.fail(f"expected true or false, got {_kind(self.value)}", f"write {example}")
         return self.value
 
+    def duration(self, example: str) -> int:
+        """Seconds, from a duration as people write one (``4h``, ``90m``, ``1h30m``, ``2d``: validate.duration_seconds)."""
+        seconds = validate.duration_seconds(self.value)
+        if seconds is None:
+            raise self.fail(f"{validate.excerpt(self.value)} is not a duration",
+                            f"write e.g. {example} (whole numbers with d, h, m or s: 90m, 1h30m, 2d)")
+        return seconds
+
     def ports(self) -> tuple[int, ...]:
         ports = []
         for item in self.items("22, 8888"):

@@ -14,9 +14,6 @@ before is dropped) and a new file starts.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurig import __version__
+from gpurig.files import append_jsonl, read_jsonl
 from gpurig.verify.records import HostVerdict, Record
 
 HISTORY_DIR = ".gpurig/history"
@@ -84,33 +82,9 @@ def append_entries(root: Path, entries: Iterable[dict[str, Any]]) -> Path:
 
 def append_lines(path: Path, entries: Iterable[dict[str, Any]], shrink: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Path:
     """Any history of the project kept as this one is (the dashboard's actions too): each entry one line, one write, O_APPEND,
-    the file rotated past MAX_BYTES; a line over MAX_LINE is written as ``shrink(entry)`` (what it can lose), cut to the bound."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _rotate(path)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":  # a run killed mid-line: end that torn line so ours reads whole
-            os.write(fd, b"\n")
-        for entry in entries:
-            line = (json.dumps(entry, separators=(",", ":"), default=str) + "\n").encode()
-            if len(line) > MAX_LINE:  # a line never lost to the reader's bound: what it can lose goes, the rest stays
-                line = (json.dumps(shrink(entry), separators=(",", ":"), default=str) + "\n").encode()[:MAX_LINE]
-            os.write(fd, line)
-    finally:
-        os.close(fd)
-    return path
-
-
-def _rotate(path: Path) -> None:
-    try:
-        size = os.lstat(path).st_size
-    except FileNotFoundError:
-        return
-    if size > MAX_BYTES:
-        os.replace(path, path.with_name(path.name + ".1"))
+    the file rotated past MAX_BYTES; a line over MAX_LINE is written as ``shrink(entry)`` (what it can lose), cut to the bound
+    (gpurig.files.append_jsonl, which the monitor's idle stops use too)."""
+    return append_jsonl(path, entries, max_bytes=MAX_BYTES, max_line=MAX_LINE, shrink=shrink)
 
 
 @dataclass
@@ -130,44 +104,8 @@ def read_verify_history(root: Path, host: str | None = None, since: str | None =
 
 def read_lines(base: Path, accept: Callable[[dict[str, Any]], bool]) -> VerifyHistory:
     """A history kept by ``append_lines`` (its rotated file first): the lines that are JSON objects ``accept`` takes."""
-    found = VerifyHistory()
-    for path in (base.with_name(base.name + ".1"), base):
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as err:
-            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            found.unread.append({"path": str(path), "why": "not a regular file (a link or a device is not gpurig's history)"})
-            continue
-        if st.st_size > 2 * MAX_BYTES + MAX_LINE:
-            found.unread.append({"path": str(path), "why": f"{st.st_size} bytes, over gpurig's bound of {2 * MAX_BYTES + MAX_LINE}"})
-            continue
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(2 * MAX_BYTES + MAX_LINE + 1)
-        except OSError as err:
-            found.unread.append({"path": str(path), "why": err.strerror or str(err)})
-            continue
-        found.files += 1
-        for raw in data.splitlines():
-            entry = _entry(raw)
-            if entry is not None and accept(entry):
-                found.entries.append(entry)
-    return found
-
-
-def _entry(raw: bytes) -> dict[str, Any] | None:
-    """A line as a JSON object; None for a torn line (a run killed mid-write) or one that is not one."""
-    if len(raw) > MAX_LINE:
-        return None
-    try:
-        entry = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    return entry if isinstance(entry, dict) else None
+    lines, unread, files = read_jsonl(base, max_bytes=MAX_BYTES, max_line=MAX_LINE)
+    return VerifyHistory([e for e in lines if accept(e)], unread, files)
 
 
 def _is_verify(entry: dict[str, Any]) -> bool:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedConnection
 
-from gpurig.cli.provision import pick_steps
 from gpurig.connect.connection import ConnectionLost
 from gpurig.errors import ConfigError, HostError, InventoryError
 from gpurig.facts import parse_facts
+from gpurig.flows.fleetprovision import pick_steps
 from gpurig.inventory import Host
 from gpurig.inventory.profile import host_profile
 from gpurig.steps import RebootStep, Shell, ToolkitStep, Upload
@@ -28,9 +28,10 @@ def facts(name: str):
 
 def test_the_step_names_provision_offers_are_the_steps_in_their_order():
     from gpurig.cli.provision import SLURM, STEP_NAMES
+    from gpurig.flows.fleetprovision import step_names
     from gpurig.steps import STEPS
 
-    assert STEP_NAMES == (*STEPS, SLURM)
+    assert STEP_NAMES == (*STEPS, SLURM) == step_names()
 
 
 def test_only_and_skip_keep_the_run_order():

@@ -65,6 +65,23 @@ function verifyCell(v) {
   return cell;
 }
 
+function slurmCell(n) {
+  if (!n) return el("td", { class: "sub" }, "-");
+  if (n.state !== "known") return el("td", { class: "unknown wrap", title: n.why }, "unknown", el("div", { class: "sub wrap" }, n.why));
+  const word = n.responding ? n.node : `${n.node}, not responding`;
+  const cell = el("td", { class: `wrap ${n.schedules ? "passed" : "failed"}`, "data-slurm": n.node }, word);
+  if (n.reason) cell.append(el("div", { class: "sub wrap" }, n.reason));
+  if (n.since) cell.append(el("div", { class: "sub" }, `since ${n.since}`));
+  return cell;
+}
+
+function driftCell(d, checked) {
+  if (!d) return el("td", { class: "sub", title: "gpurig dashboard --check shows what provision would change" }, checked ? "-" : "not checked");
+  const read = d.read_at ? el("div", { class: "sub" }, `read ${when(d.read_at)}`) : "";
+  if (d.state === "unknown") return el("td", { class: "unknown wrap", "data-drift": "unknown" }, "unknown", el("div", { class: "sub wrap" }, d.why), read);
+  return el("td", { class: `wrap ${d.state === "in step" ? "passed" : "warn"}`, "data-drift": d.state }, d.text, read);
+}
+
 function renderFleet(fleet) {
   setWhy("fleet-why", fleet);
   fill("fleet-rows", fleet.hosts.map((h) => {
@@ -74,7 +91,8 @@ function renderFleet(fleet) {
     if (h.reason) reach.append(el("div", { class: "sub wrap" }, h.reason));
     return el("tr", { "data-host": h.host, "data-reach": h.reach, "data-verify": h.verify.state === "known" ? h.verify.verdict : "unknown" },
       el("td", {}, h.host), reach, verifyCell(h.verify), el("td", { class: "wrap" }, gpus), el("td", {}, h.driver || "-"),
-      el("td", {}, h.cuda ? `≤ ${h.cuda}` : "-"), el("td", {}, h.os || "-"), sampler);
+      el("td", {}, h.cuda ? `≤ ${h.cuda}` : "-"), el("td", {}, h.os || "-"), sampler, slurmCell(h.slurm),
+      driftCell(h.drift, fleet.drift && fleet.drift.checked));
   }));
 }
 
@@ -277,6 +295,10 @@ function historyWhat(e) {
     `${e.result}${e.detail && e.result !== "cancelled" ? `: ${e.detail}` : ""}`];
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
   if (e.kind === "verify") return [`verify ${e.host || (e.hosts || []).join(",")}`, e.image, `${e.worst}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
+  if (e.kind === "idle-stop") {
+    const idle = `GPU${e.gpus.length === 1 ? "" : "s"} ${e.gpus.join(",")} idle ${e.idle_s != null ? duration(e.idle_s) : "?"} (idle_stop ${e.idle_stop_s != null ? duration(e.idle_stop_s) : "?"})`;
+    return [`idle stop ${e.host} ${e.container}`, e.image, e.stopped ? `stopped: ${idle}` : `not stopped: ${idle}: ${e.reason}`];
+  }
   if (e.kind === "promotion") return [`promotion to ${e.alias}`, e.image, `proved on ${counted(e.hosts, "host")}`];
   return [`build ${e.variant}`, e.image, `torch ${e.torch} cuda ${e.cuda}${e.duration_s != null ? `, ${duration(e.duration_s)}` : ""}`];
 }
