@@ -38,11 +38,13 @@ def wait_for(what: str, found, timeout: float = WAIT_S):
 
 
 @contextmanager
-def run_dashboard(project: Path, *flags: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`gpurig dashboard --interval 0.5 FLAGS` in ``project``: (the process, the URL with its token); Ctrl-C at the end."""
+def run_dashboard(project: Path, *flags: str, interval: str = "0.5", env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`gpurig dashboard --interval INTERVAL FLAGS` in ``project``: (the process, the URL with its token); Ctrl-C at the end.
+
+    ``env``: the environment to run it in (default: this one), gpurig's checkout on its PYTHONPATH either way."""
     log = open(project / "dashboard.log", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--interval", "0.5", *flags],
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--interval", interval, *flags],
                             cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     folder = project / ".gpurig" / "dashboard"
     try:

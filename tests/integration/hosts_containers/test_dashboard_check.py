@@ -10,28 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from tests.integration.dashboard.pagekit import run_dashboard, wait_for
+
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[3]
 ETC_SUM = "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum"
-
-
-def _wait_for(what: str, found, timeout: float = 180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.2)  # polling a condition, not waiting for time to pass
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _snapshot(url: str) -> dict:
@@ -45,16 +31,10 @@ def test_the_fleet_row_shows_what_provision_would_change_and_the_host_is_left_as
     (tmp_path / "gpurig.yaml").write_text("{}\n")
     host_inventory()
     before = container_host.sh(ETC_SUM).stdout
-    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("SSH_AUTH_SOCK", None)
-    log = open(tmp_path / "dashboard.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--check", "--interval", "1"],
-                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        folder = tmp_path / ".gpurig" / "dashboard"
-        url_file = _wait_for("the URL file", lambda: next(folder.glob("*.url"), None) if folder.is_dir() else None, 60)
-        url = _wait_for("the URL written whole", lambda: url_file.read_text().strip() if url_file.read_text().endswith("\n") else None)
-        doc = _wait_for("the drift read", lambda: (d := _snapshot(url))["fleet"]["drift"]["read_at"] and d)
+    with run_dashboard(tmp_path, "--check", interval="1", env=env) as (_, url):  # stopped with Ctrl-C, its exit and log checked
+        doc = wait_for("the drift read", lambda: (d := _snapshot(url))["fleet"]["drift"]["read_at"] and d, 180)
         row = doc["fleet"]["hosts"][0]
         drift = row["drift"]
         assert doc["fleet"]["drift"]["checked"] is True and drift["read_at"] == doc["fleet"]["drift"]["read_at"]
@@ -62,17 +42,5 @@ def test_the_fleet_row_shows_what_provision_would_change_and_the_host_is_left_as
         assert {"docker", "python3"} <= set(drift["would_change"])
         assert drift["text"] == f"{len(drift['would_change'])} steps would change: {', '.join(drift['would_change'])}"
         assert "gpus" not in drift["would_change"] and "slurm" not in row  # no GPU step, not a Slurm node
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-    said = (tmp_path / "dashboard.log").read_text()
-    assert proc.returncode == 0 and "dashboard stopped" in said, said
     assert container_host.sh(ETC_SUM).stdout == before  # check mode: nothing written on the host
     assert container_host.sh("command -v docker python3 || true").stdout == ""
