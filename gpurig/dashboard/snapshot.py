@@ -160,7 +160,7 @@ def holders_of(g: GpuSample, held: Mapping[str, Held] | None = None, book: HostB
             name = (f"job {known.job}" if known.job else known.name) if known is not None else f"container {rest[:12]}"
             mib = [p.used_mib for p in procs if p.used_mib is not None]
             add(key, name + _who(p.user for p in procs), kind="container", id=rest, name=known.name if known else None,
-                image=known.image if known else None, deployed=known.deployed if known else None,
+                image=known.image if known else None, deployed=known.deployed if known else None, user=known.user if known else None,
                 used_mib=sum(mib) if mib else None, pids=[p.pid for p in procs], no_stop=_stop_refusal(rest, book))
         elif kind == "pid":
             p = next(p for p in g.processes if not p.container and key == f"pid:{p.pid}:{p.name or ''}")

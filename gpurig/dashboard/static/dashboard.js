@@ -130,7 +130,7 @@ function holderText(h, t) {
 
 function holderTitle(h) {
   if (h.kind !== "container") return h.kind === "process" ? `pid ${h.pid}, in no container` : `Slurm job ${h.job}`;
-  const what = [`container ${h.id.slice(0, 12)}`, h.image ? `image ${h.image}` : "", h.deployed ? `gpurig_containers entry ${h.deployed}` : "",
+  const what = [`container ${h.id.slice(0, 12)}`, h.image ? `image ${h.image}` : "", h.deployed ? `gpurig_containers entry ${h.deployed}${h.user ? ` (user ${h.user})` : ""}` : "",
     `pids ${(h.pids || []).join(", ")}`].filter((x) => x).join(", ");
   const stop = h.no_stop ? `no stop from this page: ${h.no_stop}` : session.actions ? "" : "stopping needs gpurig dashboard --allow-actions";
   return stop ? `${what}. ${stop}` : what;

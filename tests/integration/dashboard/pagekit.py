@@ -38,10 +38,11 @@ def wait_for(what: str, found, timeout: float = WAIT_S):
 
 
 @contextmanager
-def run_dashboard(project: Path, *flags: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`gpurig dashboard --interval 0.5 FLAGS` in ``project``: (the process, the URL with its token); Ctrl-C at the end."""
+def run_dashboard(project: Path, *flags: str, path: tuple[Path, ...] = ()) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`gpurig dashboard --interval 0.5 FLAGS` in ``project``: (the process, the URL with its token); Ctrl-C at the end. ``path``:
+    folders put before the checkout on PYTHONPATH (the dashboard's and its local agents')."""
     log = open(project / "dashboard.log", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, ROOT))}
     proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--interval", "0.5", *flags],
                             cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     folder = project / ".gpurig" / "dashboard"
