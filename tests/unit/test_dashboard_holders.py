@@ -274,3 +274,36 @@ def test_the_librarys_stop_never_touches_a_container_deploy_did_not_make(monkeyp
     assert said.status == Status.CHANGED and engine.stopped == []  # --check: what it would do
     said = work(["jupyter"], containerlife.stop_act, containerlife.stop_done_already)(SimpleNamespace())
     assert said.status == Status.CHANGED and said.data == ("jupyter",) and engine.stopped == [("jupyter", containerlife.STOP_TIMEOUT)]
+
+
+def test_stop_container_says_which_refusal_is_which_before_and_after_the_host(monkeypatch):
+    from gpurig.connect import fleet
+    from gpurig.results import FleetReport, HostResult
+
+    monkeypatch.setattr(containerlife, "select_hosts", lambda opts: [SimpleNamespace(name="gpu-01")])
+    monkeypatch.setattr(containerlife, "make_connector", lambda opts: SimpleNamespace(close=lambda: None))
+    answers: list[HostResult] = []
+    asked: list[str] = []
+
+    def run_fleet(hosts, work, **kw):
+        asked.extend(h.name for h in hosts)
+        return FleetReport(results=(answers.pop(0),), started="", duration_s=0.0)
+
+    monkeypatch.setattr(fleet, "run_fleet", run_fleet)
+    opts = SimpleNamespace(check=False)
+    with pytest.raises(containerlife.NoSuchContainer, match="is not a container name"):
+        containerlife.stop_container(opts, "gpu-01", "../etc")  # type: ignore[arg-type]
+    with pytest.raises(HostError, match="not among the selected hosts"):
+        containerlife.stop_container(opts, "gpu-99", "jupyter")  # type: ignore[arg-type]
+    assert asked == []  # neither reached a host
+    answers.append(HostResult("gpu-01", Status.FAILED, "no gpurig container named postgres here", data=()))
+    with pytest.raises(containerlife.NoSuchContainer, match="no container named postgres that gpurig deployed on gpu-01"):
+        containerlife.stop_container(opts, "gpu-01", "postgres")  # type: ignore[arg-type]
+    answers.append(HostResult("gpu-01", Status.UNREACHABLE, "connection refused", fix="start sshd"))
+    with pytest.raises(HostError, match="unreachable: connection refused"):
+        containerlife.stop_container(opts, "gpu-01", "jupyter")  # type: ignore[arg-type]
+    answers.append(HostResult("gpu-01", Status.OK, "jupyter: already stopped", data=()))
+    done = containerlife.stop_container(opts, "gpu-01", "jupyter")  # type: ignore[arg-type]
+    assert (done.changed, done.detail) == (False, "jupyter: already stopped")
+    answers.append(HostResult("gpu-01", Status.CHANGED, "", data=("jupyter",)))
+    assert containerlife.stop_container(opts, "gpu-01", "jupyter").changed  # type: ignore[arg-type]
