@@ -1,7 +1,7 @@
 """What the page shows, as JSON: the fleet table, the live series, the jobs and the history, each built from the library's own types.
 
 Pure: the feeds hand in what they read (a facts FleetReport, the monitor's
-Run, JobViews, a History) and get plain dicts back. A source that has not
+Run and its trackers, the containers' names, JobViews, a History) and get plain dicts back. A source that has not
 answered, or could not be read, says ``unknown`` with why; nothing here
 turns an absence into ``ok``.
 """

@@ -307,3 +307,45 @@ def test_stop_container_says_which_refusal_is_which_before_and_after_the_host(mo
     assert (done.changed, done.detail) == (False, "jupyter: already stopped")
     answers.append(HostResult("gpu-01", Status.CHANGED, "", data=("jupyter",)))
     assert containerlife.stop_container(opts, "gpu-01", "jupyter").changed  # type: ignore[arg-type]
+
+
+def test_the_feeds_ask_a_hosts_engine_only_for_the_containers_its_samples_name(monkeypatch):
+    from gpurig.connect import engineopen
+    from gpurig.dashboard.feeds import Feeds
+
+    class Engine(LabelledEngine):
+        def container(self, ref):
+            self.asked.append(ref)
+            return next((c for c in self.all if c.id == ref), None)
+
+    engine = Engine([inspected(JUPYTER, "jupyter", DEPLOYED)])
+    engine.asked = []
+    opened: list[str] = []
+
+    def open_engine(conn):
+        opened.append(conn)
+        if conn == "down":
+            raise HostError("docker is not running", "start it", host="gpu-02")
+        return engine
+
+    monkeypatch.setattr(engineopen, "open_engine", open_engine)
+    hosts = [SimpleNamespace(name=f"gpu-0{i}", groups=()) for i in (1, 2, 3)]
+    connector = SimpleNamespace(open=lambda host: "down" if host.name == "gpu-02" else host.name, close=lambda: None)
+    feeds = Feeds(SimpleNamespace(settings=SimpleNamespace(inventory="hosts.yaml")), hosts, 1.0, connector=lambda: connector)  # type: ignore[arg-type]
+    feeds.run.add("gpu-01", {"type": "sample", "t": T0, "cpu": {"percent": 1.0}, "gpus": [
+        {"index": 0, "util_gpu": 1, "processes": [{"pid": 4242, "user": "alice", "name": "python", "used_mib": 10, "container": JUPYTER}]}]})
+    feeds.run.add("gpu-02", {"type": "sample", "t": T0, "cpu": {"percent": 1.0}, "gpus": [
+        {"index": 0, "util_gpu": 1, "processes": [{"pid": 9, "container": STRANGER}]}]})
+    feeds.run.add("gpu-03", {"type": "sample", "t": T0, "cpu": {"percent": 1.0}, "gpus": [{"index": 0, "util_gpu": 1, "processes": [{"pid": 9}]}]})
+    feeds.read_containers()
+    assert opened == ["gpu-01", "down"] and engine.asked == [JUPYTER]  # gpu-03 holds no container: its engine is never asked
+    doc, _, _ = feeds.document()
+    [jupyter] = doc["live"]["hosts"]["gpu-01"]["gpus"]["0"]["holders"]
+    assert jupyter["text"] == "jupyter (alice)" and jupyter["known"] is False and jupyter["no_stop"] == ""
+    [stranger] = doc["live"]["hosts"]["gpu-02"]["gpus"]["0"]["holders"]
+    assert "could not be asked: docker is not running" in stranger["no_stop"]
+    feeds.read_containers()
+    assert opened == ["gpu-01", "down"]  # nothing new, nothing due: no engine asked again
+    feeds.container_changed("gpu-01")
+    feeds.read_containers()
+    assert opened[-1] == "gpu-01"
