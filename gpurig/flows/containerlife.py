@@ -30,7 +30,7 @@ RUNNING = ("running", "paused", "restarting")
 
 
 class NoSuchContainer(GpurigError):
-    """A container name that no container deploy made on that host carries."""
+    """A container name that no container deploy made on that host carries (or a host not among the selected ones)."""
 
 
 def stop_act(engine: Any, ci: ContainerInfo) -> None:
@@ -89,7 +89,8 @@ class Stopped:
 
 def stop_container(opts: HostOptions, host: str, name: str) -> Stopped:
     """Stop gpurig container ``name`` on ``host`` as ``gpurig stop -l HOST --name NAME`` does, quietly: NoSuchContainer when deploy
-    made none of that name there (a container it did not make is never stopped), HostError when the host could not be asked."""
+    made none of that name there (a container it did not make is never stopped) or the host is not selected, HostError when the
+    host could not be asked."""
     from gpurig.connect.fleet import run_fleet
     from gpurig.strict.validate import container_name_problem, excerpt
 
@@ -98,7 +99,7 @@ def stop_container(opts: HostOptions, host: str, name: str) -> Stopped:
         raise NoSuchContainer(f"container {excerpt(name)} {rule}", "name containers as `gpurig status` shows them", host=host)
     chosen = [h for h in select_hosts(opts) if h.name == host]
     if not chosen:
-        raise HostError(f"host {excerpt(host)} is not among the selected hosts", "select it with -l", host=host)
+        raise NoSuchContainer(f"host {excerpt(host)} is not among the selected hosts", "select it with -l", host=host)
     connector = make_connector(opts)
     try:
         report = run_fleet(chosen, lifecycle_work([name], stop_act, stop_done_already, opts.check), connector=connector, forks=1, label="stop")

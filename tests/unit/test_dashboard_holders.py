@@ -293,7 +293,7 @@ def test_stop_container_says_which_refusal_is_which_before_and_after_the_host(mo
     opts = SimpleNamespace(check=False)
     with pytest.raises(containerlife.NoSuchContainer, match="is not a container name"):
         containerlife.stop_container(opts, "gpu-01", "../etc")  # type: ignore[arg-type]
-    with pytest.raises(HostError, match="not among the selected hosts"):
+    with pytest.raises(containerlife.NoSuchContainer, match="not among the selected hosts"):
         containerlife.stop_container(opts, "gpu-99", "jupyter")  # type: ignore[arg-type]
     assert asked == []  # neither reached a host
     answers.append(HostResult("gpu-01", Status.FAILED, "no gpurig container named postgres here", data=()))
