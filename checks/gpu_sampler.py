@@ -16,6 +16,8 @@ the agent with exit status 3 and one line on stderr, never an empty record.
 On a Slurm node, a GPU record also names the jobs holding that GPU and their users
 ("hpc_jobs", "hpc_users"), read from the mapping the Prolog writes (SLURM_GPUS_DIR);
 a GPU no job holds, or a host without the mapping, has neither key.
+A GPU process that runs in a container carries that container's id ("container": 64 hex digits, read from
+/proc/PID/cgroup); a process in none has no such key, as in the records of an agent older than this one.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ MAX_JOBS = 16  # jobs kept per GPU (a shared GPU); the rest of a longer list is 
 JOB_ID = re.compile(rb"[0-9]{1,20}(?:_[0-9]{1,10})?(?:\.[0-9]{1,10})?")
 USER_NAME = re.compile(rb"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
 UID = re.compile(rb"[0-9]{1,10}")
+# A container's cgroup, as its engine names it, ending in the container's 64-hex id: Docker on cgroup v2 or with systemd
+# (.../docker-<id>.scope), Docker with cgroupfs (/docker/<id>), containerd's CRI (cri-containerd-<id>.scope), CRI-O
+# (crio-<id>.scope), podman (libpod-<id>.scope, /libpod_parent/libpod-<id>). The id must end the path or a path element.
+CONTAINER_CGROUP = re.compile(rb"(?:^|/)(?:docker-|cri-containerd-|crio-|libpod-|docker/)([0-9a-f]{64})(?:\.scope)?(?=/|$)")
+CGROUP_BYTES = 65536  # /proc/PID/cgroup is a line per hierarchy (13 or so under cgroup v1): no more is read
 
 
 # --- host: CPU, memory, disk, network ---------------------------------------------------------
@@ -204,6 +211,40 @@ def _process_name(pid):
             return fh.read().strip()
     except OSError:
         return None
+
+
+def container_of_cgroup(data):
+    """The id of the container a process runs in from the text of its /proc/PID/cgroup; None when it runs in none.
+
+    The unified hierarchy's line (``0::/path``, cgroup v2) is asked first, then the v1 lines in their order; in a path
+    that names several (a container inside a container) the innermost, the last, is the process's own.
+    """
+    lines = []
+    for line in data.splitlines():
+        hierarchy, sep, rest = line.partition(b":")
+        controllers, sep2, path = rest.partition(b":")
+        if sep and sep2:
+            lines.append((not (hierarchy == b"0" and controllers == b""), path.strip()))
+    for _, path in sorted(lines, key=lambda item: item[0]):  # stable: the v2 line first, the v1 lines as written
+        found = CONTAINER_CGROUP.findall(path)
+        if found:
+            return found[-1].decode()
+    return None
+
+
+def process_container(pid):
+    """The id of the container process ``pid`` runs in (its /proc/PID/cgroup); None when in none, gone or unreadable."""
+    try:
+        fd = os.open("/proc/%d/cgroup" % int(pid), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        data = os.read(fd, CGROUP_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return container_of_cgroup(data)
 
 
 class NvmlSource:
@@ -341,7 +382,11 @@ class NvmlSource:
         out = []
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
-            out.append({"pid": p.pid, "user": process_user(p.pid), "name": _process_name(p.pid), "used_mib": None if used is None else used // 2**20})
+            proc = {"pid": p.pid, "user": process_user(p.pid), "name": _process_name(p.pid), "used_mib": None if used is None else used // 2**20}
+            container = process_container(p.pid)
+            if container is not None:  # only then: a process in no container is written as an older agent writes it
+                proc["container"] = container
+            out.append(proc)
         return out
 
     def sample(self):

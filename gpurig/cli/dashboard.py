@@ -25,7 +25,8 @@ _HELP = {
     "idle_after": "flag a GPU that a process or job holds at under 5% utilisation for this many seconds, naming its holder (default 600)",
     "json": "when the dashboard stops, write the page's last snapshot as JSON to this file (- = stdout); never the token",
     "format": "table (default); the dashboard's data is its page and /api/snapshot",
-    "allow_actions": "let the page cancel a running or queued job (as `gpurig cancel`), after a confirmation; each action is "
+    "allow_actions": "let the page cancel a running or queued job (as `gpurig cancel`) and stop a container deploy made (as "
+                     "`gpurig stop`), after a confirmation; each action is "
                      "recorded in .gpurig/history/actions.jsonl and shown in History. Off by default: the page is read-only and "
                      "refuses every POST (403). Actions need the page's cookie, its own origin and its anti-CSRF header",
     "check": "at start, run provision's check mode on the selected hosts (what `gpurig provision --check` would change; nothing is "
@@ -60,7 +61,7 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
     hosts = select_hosts(opts)
     feeds = Feeds(opts, hosts, interval_s, idle_after=idle_s, check=bool(check) or opts.check,
                   say=lambda line: err_console.print(f"idle_stop: {outside(line)}", highlight=False, soft_wrap=True))
-    desk = desk_for(opts, bool(allow_actions), changed=lambda: feeds.poke("jobs", "history"))
+    desk = desk_for(opts, bool(allow_actions), changed=lambda: feeds.poke("jobs", "history"), stopped=feeds.container_changed)
     server = Dashboard(feeds, token, address, number, desk=desk)  # the port is taken before any host is contacted
     url_file = None
     try:
@@ -70,7 +71,7 @@ def dashboard(c, opts: HostOptions, bind="127.0.0.1", port=0, interval=None, idl
             err_console.print(f"[yellow]note[/] serving on {outside(address)}: whoever has the URL below sees the page; "
                               "plain HTTP, so use it on a network you trust")
         url_file = _tell_url(server.url(token), server.url(), opts)
-        mode = "actions allowed (cancel), each recorded in the history" if allow_actions else "read-only"
+        mode = "actions allowed (cancel, stop), each recorded in the history" if allow_actions else "read-only"
         err_console.print(f"dashboard of {len(hosts)} host{'s' if len(hosts) != 1 else ''}, {mode}: Ctrl-C stops it")
         import threading
 

@@ -123,35 +123,13 @@ def uptime(ci) -> str:
 
 
 def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already=lambda ci: "") -> None:
-    """``act(engine, ci)`` on the named containers (all of gpurig's when none is named); ``done_already(ci)``
-    says why one needs nothing (``already stopped``): it is listed, and the host stays ``ok`` unless another changed."""
-    from gpurig.connect.engineopen import open_engine
-    from gpurig.deploy.compare import NAME_LABEL
+    """The library's ``lifecycle_work`` (gpurig.flows.containerlife, what the dashboard's stop runs too) over the selected hosts,
+    with the progress, the table, the JSON report and the exit code."""
+    from gpurig.flows.containerlife import lifecycle_work
     from gpurig.flows.fleettask import exit_for, fleet_document, run_hosts
-    from gpurig.results import Outcome
 
     chosen = select_hosts(opts)
-
-    def work(conn: Connection) -> Outcome:
-        done, untouched = [], []
-        with open_engine(conn) as engine:
-            mine = engine.containers(label=NAME_LABEL)
-            picked = [ci for ci in mine if not names or ci.name in names]
-            missing = sorted(set(names) - {ci.name for ci in mine})
-            for ci in picked:
-                if done_already(ci):
-                    untouched.append(f"{ci.name}: {done_already(ci)}")
-                    continue
-                if not opts.check:
-                    act(engine, ci)
-                done.append(ci.name)
-        said = "; ".join(untouched)
-        if missing:
-            said = "; ".join(w for w in (f"no gpurig container named {', '.join(missing)} here", said) if w)
-            return Outcome(status=Status.FAILED, data=tuple(done), detail=said)
-        return Outcome(status=Status.CHANGED if done else Status.OK, data=tuple(done), detail=said)
-
-    report = run_hosts(opts, chosen, work, label=verb, schema=f"gpurig.{verb}/1")
+    report = run_hosts(opts, chosen, lifecycle_work(names, act, done_already, opts.check), label=verb, schema=f"gpurig.{verb}/1")
     rows = [[r.host, ", ".join(outcomes_of(r)) or "-", r.status, r.reason] for r in report.results]
     opts.show([Column("host"), Column("containers"), Column("status", styles=STATUS_STYLE), Column("reason")], rows,
               doc=fleet_document(opts, report, f"gpurig.{verb}/1"))
@@ -162,9 +140,9 @@ def _lifecycle(opts: HostOptions, names: list[str], verb: str, act, done_already
 @host_task(help={"name": "containers to stop, comma-separated (default: every gpurig container of the selected hosts)"}, changes=True)
 def stop(c, opts: HostOptions, name=None):
     """Stop gpurig's containers (they keep their settings; deploy starts them again)."""
-    _lifecycle(opts, container_names(name), "stop", lambda engine, ci: engine.stop(ci.name, timeout=30),
-               done_already=lambda ci: "" if ci.status in ("running", "paused", "restarting")
-               else "already stopped" if ci.status == "exited" else f"not running ({ci.status})")
+    from gpurig.flows.containerlife import stop_act, stop_done_already
+
+    _lifecycle(opts, container_names(name), "stop", stop_act, done_already=stop_done_already)
 
 
 @host_task(help={"name": "containers to remove, comma-separated", "all": "remove every gpurig container of the selected hosts"}, changes=True)
@@ -173,4 +151,6 @@ def rm(c, opts: HostOptions, name=None, all=False):
     names = container_names(name)
     if not names and not all:
         raise ConfigError("which containers? name them, or say --all", "gpurig rm -l HOST --name NAME[,NAME] (see gpurig status)")
-    _lifecycle(opts, names, "rm", lambda engine, ci: engine.remove(ci.name))
+    from gpurig.flows.containerlife import remove_act
+
+    _lifecycle(opts, names, "rm", remove_act)

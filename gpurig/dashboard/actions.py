@@ -1,12 +1,14 @@
-"""What the page may ask beyond its snapshot: the tail of a job's log, and (``--allow-actions``) cancelling a job, each action kept.
+"""What the page may ask beyond its snapshot: the tail of a job's log, and (``--allow-actions``) cancelling a job or stopping a
+container deploy made, each action kept.
 
-Both go through the library the CLI uses (gpurig.flows.jobact: ``gpurig logs
---job ID --tail N`` and ``gpurig cancel ID``). Every answer is one plain
+Each goes through the library the CLI uses (gpurig.flows.jobact: ``gpurig logs
+--job ID --tail N`` and ``gpurig cancel ID``; gpurig.flows.containerlife:
+``gpurig stop -l HOST --name NAME``, which touches only containers deploy made). Every answer is one plain
 ``Reply``: the log as text/plain (the page puts it in as text, never as HTML),
 an error as one line with its status (404: no such job; 502: the host could
 not be asked, never an empty log). Every cancel the gate let through, done or
 not, becomes a line of ``.gpurig/history/actions.jsonl``, kept as the verify
-history is (gpurig.verify.verdictlog): what, which job, on which host, the
+history is (gpurig.verify.verdictlog): what, which job or container, on which host, the
 outcome, from which client address; never the token or the anti-CSRF value.
 """
 
@@ -22,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 from gpurig import __version__
 from gpurig.errors import ConfigError, GpurigError
 from gpurig.jobs.views import NoSuchJob, check_job_id
+from gpurig.strict.validate import container_name_problem, excerpt
 from gpurig.verify.verdictlog import HISTORY_DIR, VerifyHistory, append_lines, now, read_lines
 
 if TYPE_CHECKING:
+    from gpurig.flows.containerlife import Stopped
     from gpurig.flows.fleettask import HostOptions
     from gpurig.flows.jobact import Cancelled, LogTail
 
@@ -51,10 +55,12 @@ class Reply:
         return cls(status, json.dumps(doc, separators=(",", ":")).encode(), "application/json")
 
 
-def action_entry(action: str, job: str, host: str, result: str, detail: str, client: str, *, time: str | None = None) -> dict[str, Any]:
-    """One action taken from the page, as a history line."""
+def action_entry(action: str, job: str, host: str, result: str, detail: str, client: str, *, time: str | None = None,
+                 container: str | None = None) -> dict[str, Any]:
+    """One action taken from the page, as a history line (a stop names its container, and no job)."""
     return {"schema": SCHEMA, "time": time or now(), "action": action, "job": job, "host": host, "result": result,
-            "detail": detail[:400], "by": "dashboard", "client": client, "gpurig": __version__}
+            "detail": detail[:400], "by": "dashboard", "client": client, "gpurig": __version__,
+            **({"container": container} if container is not None else {})}
 
 
 def record_action(root: Path, entry: dict[str, Any]) -> Path:
@@ -68,12 +74,14 @@ def read_actions(root: Path) -> VerifyHistory:
 
 
 class Desk:
-    """The page's requests that reach a host: ``read_log(job, lines)`` and ``cancel(job)`` are the library's calls (jobact),
+    """The page's requests that reach a host: ``read_log(job, lines)``, ``cancel(job)`` (jobact) and ``stop(host, name)``
+    (containerlife) are the library's calls,
     ``root`` the project whose history records every action, ``allow`` whether actions are on, ``changed`` what to poke after
     one (the feeds: the page shows the job's new state without waiting for the next read)."""
 
     def __init__(self, read_log: Callable[[str, int], LogTail], cancel: Callable[[str], Cancelled], root: Path | None,
-                 allow: bool = False, changed: Callable[[], None] = lambda: None) -> None:
+                 allow: bool = False, changed: Callable[[], None] = lambda: None, *,
+                 stop: Callable[[str, str], Stopped] | None = None, stopped: Callable[[str], None] = lambda host: None) -> None:
         if allow and root is None:
             raise ConfigError("--allow-actions records every action in the project's history, and this is no gpurig project",
                               "run the dashboard in a gpurig project (gpurig.yaml, images/ or tasks.py), or leave out --allow-actions")
@@ -82,6 +90,8 @@ class Desk:
         self.root = root
         self.allow = allow
         self.changed = changed
+        self.stop_call = stop
+        self.stopped = stopped
         self._lock = threading.Lock()
 
     def log(self, job: str, lines: int) -> Reply:
@@ -128,8 +138,41 @@ class Desk:
         return Reply.json({"job": wanted, "host": host, "result": result, "detail": detail})
 
 
-def desk_for(opts: HostOptions, allow: bool, changed: Callable[[], None] = lambda: None) -> Desk:
-    """The desk of a dashboard over ``opts``' hosts: logs read and jobs cancelled as the CLI does it."""
+    def stop(self, host: str, name: str, client: str) -> Reply:
+        """Stop the container deploy made as ``gpurig stop -l HOST --name NAME`` does and record it; JSON {host, container,
+        result, detail}, or one line saying why not (404: no such host or no container of that name deploy made there)."""
+        if self.stop_call is None:
+            return Reply.line(404, "this dashboard stops no containers")
+        if container_name_problem(name) or not host or len(host) > 255 or not host.isprintable():
+            return Reply.line(404, f"no container {excerpt(name)} on host {excerpt(host)}")
+        from gpurig.flows.containerlife import NoSuchContainer
+
+        status = 200
+        try:
+            done = self.stop_call(host, name)
+        except NoSuchContainer as err:
+            status, result, detail = 404, "refused", err.problem
+        except GpurigError as err:
+            status, result, detail = 502, "failed", str(err)
+        except Exception as err:
+            status, result, detail = 500, "failed", f"{type(err).__name__}: {err}"
+        else:
+            result = "stopped" if done.changed else "not running"
+            detail = done.detail
+        assert self.root is not None  # a Desk that allows actions has a project (checked when it was made)
+        with self._lock:
+            record_action(self.root, action_entry("stop", "", host, result, detail, client, container=name))
+        self.stopped(host)
+        if status != 200:
+            return Reply.line(status, f"container {name} on {host} was not stopped: {detail}")
+        return Reply.json({"host": host, "container": name, "result": result, "detail": detail})
+
+
+def desk_for(opts: HostOptions, allow: bool, changed: Callable[[], None] = lambda: None,
+             stopped: Callable[[str], None] = lambda host: None) -> Desk:
+    """The desk of a dashboard over ``opts``' hosts: logs read, jobs cancelled and deployed containers stopped as the CLI does it."""
+    from gpurig.flows.containerlife import stop_container
     from gpurig.flows.jobact import cancel_job, log_tail
 
-    return Desk(lambda job, lines: log_tail(opts, job, lines), lambda job: cancel_job(opts, job), opts.settings.root, allow, changed)
+    return Desk(lambda job, lines: log_tail(opts, job, lines), lambda job: cancel_job(opts, job), opts.settings.root, allow, changed,
+                stop=lambda host, name: stop_container(opts, host, name), stopped=stopped)

@@ -4,7 +4,9 @@
 - live: one monitor session, gpurig.monitor.agent.monitor_fleet into a Run (as ``gpurig monitor``: the same agent, the
   same samples, no second collector), for as long as the dashboard runs;
 - jobs: gpurig.flows.jobfind.jobs_work over the fleet (as ``gpurig jobs``) every few seconds;
-- history: gpurig.dashboard.history.read_history (rollouts, builds, promotions) every few seconds.
+- history: gpurig.dashboard.history.read_history (rollouts, builds, promotions) every few seconds;
+- containers: the names of the containers the samples say hold GPUs, from each such host's Docker engine
+  (gpurig.dashboard.containernames: when a new one appears, and every few minutes, never every tick).
 
 ``stop`` ends them all: the monitor's agents stop at their next sample (a local one is killed, a remote one dies with its
 channel), as they do when ``gpurig monitor`` is stopped, and the connections are closed.
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpurig.dashboard import snapshot
+from gpurig.dashboard.containernames import ContainerNames, look_up
 from gpurig.dashboard.history import History, read_history
 from gpurig.errors import GpurigError, HostError
+from gpurig.monitor.holders import MIN_GAP, HolderTracker
 from gpurig.monitor.idle import IdleTracker
 from gpurig.monitor.session import Run
 from gpurig.results import FleetEvents, FleetReport, HostResult, Outcome
@@ -57,7 +61,7 @@ class Feeds:
     """What the page shows, kept fresh by background readers; ``document`` and ``delta`` read it under one lock."""
 
     def __init__(self, opts: HostOptions, hosts: list[Host], interval: float = 1.0, *, jobs_every: float = 3.0,
-                 facts_every: float = 300.0, history_every: float = 10.0, idle_after: float = snapshot.IDLE_AFTER,
+                 facts_every: float = 300.0, history_every: float = 10.0, containers_every: float = 5.0, idle_after: float = snapshot.IDLE_AFTER,
                  connector: Callable[[], Connector] | None = None, check: bool = False, say: Callable[[str], None] | None = None) -> None:
         from gpurig.flows.fleettask import make_connector
 
@@ -65,14 +69,16 @@ class Feeds:
         self.hosts = hosts
         self.names = [h.name for h in hosts]
         self.interval = interval
-        self.every = {"jobs": jobs_every, "fleet": facts_every, "history": history_every}
+        self.every = {"jobs": jobs_every, "fleet": facts_every, "history": history_every, "containers": containers_every}
         self._connector = connector or (lambda: make_connector(opts))
         self.idle = IdleTracker()
+        self.held = HolderTracker(max(MIN_GAP, 5 * interval))
+        self.containers = ContainerNames()
         self.idle_after = idle_after
-        self.run = Run(listeners=(self.idle,))
+        self.run = Run(listeners=(self.idle, self.held))
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self._wake = {name: threading.Event() for name in SECTIONS}
+        self._wake = {name: threading.Event() for name in (*SECTIONS, "containers")}
         self.versions = dict.fromkeys(SECTIONS, 0)
         self.live_state, self.live_why = "starting", "the monitor session is starting"
         self.live_failed: dict[str, str] = {}
@@ -104,7 +110,7 @@ class Feeds:
 
         source = agent_source()
         for name, target in (("live", lambda: self._live(source)), ("fleet", self._facts_loop), ("jobs", self._jobs_loop),
-                             ("history", self._history_loop)):
+                             ("history", self._history_loop), ("containers", self._containers_loop)):
             thread = threading.Thread(target=target, name=f"gpurig-dashboard-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -162,7 +168,8 @@ class Feeds:
             except Exception as err:  # said on the page, and read again next time
                 failed(f"{type(err).__name__}: {err}")
             with self.lock:
-                self.versions[section] += 1
+                if section in self.versions:
+                    self.versions[section] += 1
             self._wake[section].wait(self.every[section])
             self._wake[section].clear()
 
@@ -249,6 +256,39 @@ class Feeds:
 
         self._loop("history", read, lambda why: self._set(history_why=f"the records could not be read: {why}"))
 
+    def _containers_loop(self) -> None:
+        self._loop("containers", self.read_containers, lambda why: None)  # each host's failure is kept in its book
+
+    def read_containers(self) -> None:
+        """Name the containers each host's latest sample says hold its GPUs, through that host's engine, where due."""
+        from gpurig.connect.engineopen import open_engine
+
+        for host in self.hosts:
+            latest = self.run.recent(host.name, limit=1)
+            if not latest:
+                continue
+            ids = self.containers.due(host.name, (p.container for g in latest[-1].gpus for p in g.processes if p.container))
+            if not ids or self.stopping.is_set():
+                continue
+            try:
+                connector = self._connector()
+                try:
+                    with open_engine(connector.open(host)) as engine:
+                        found = look_up(engine, ids)
+                finally:
+                    connector.close()
+            except GpurigError as err:
+                self.containers.failed(host.name, err.problem, latest[-1].t)
+            except Exception as err:  # said in the holder's title, asked again later
+                self.containers.failed(host.name, f"{type(err).__name__}: {err}", latest[-1].t)
+            else:
+                self.containers.take(host.name, ids, found, latest[-1].t)
+
+    def container_changed(self, host: str) -> None:
+        """A container of ``host`` was stopped from the page: its engine is asked again now, and History read again."""
+        self.containers.mark_changed(host)
+        self.poke("containers", "history")
+
     def say(self, line: str) -> None:
         """An idle_stop line of the monitor session: to the task's ``say``, and History read again (a stop is kept before it is said)."""
         self._say(line)
@@ -309,7 +349,7 @@ class Feeds:
             versions = dict(self.versions)
             sections = {name: self._section(name) for name in SECTIONS}
             live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), idle=self.idle,
-                                         idle_after=self.idle_after)
+                                         idle_after=self.idle_after, held=self.held, names=self.containers)
         doc = snapshot.document(selection=self.names, inventory=str(self.opts.settings.inventory), live=live, **sections)
         return doc, snapshot.cursor_of(live), versions
 
@@ -319,6 +359,6 @@ class Feeds:
             now = dict(self.versions)
             changed = {name: self._section(name) for name in SECTIONS if now[name] != versions.get(name)}
             live = snapshot.live_section(self.run, self.live_state, self.live_why, self.interval, dict(self.live_failed), after=cursor,
-                                         idle=self.idle, idle_after=self.idle_after)
+                                         idle=self.idle, idle_after=self.idle_after, held=self.held, names=self.containers)
         live["hosts"] = {h: found for h, found in live["hosts"].items() if found["points"]}
         return {"now": time.time(), "live": live, **changed}, snapshot.cursor_of(live, cursor), now

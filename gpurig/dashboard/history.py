@@ -7,7 +7,7 @@ built, when, and the promotions appended to them), the verify history
 (``.gpurig/history/verify.jsonl``, gpurig.verify.verdictlog: every
 ``gpurig verify`` run, per host), the actions taken from a dashboard
 (``.gpurig/history/actions.jsonl``, gpurig.dashboard.actions: a job
-cancelled from the page) and the idle stops (``.gpurig/history/idle-stop.jsonl``,
+cancelled or a container stopped from the page) and the idle stops (``.gpurig/history/idle-stop.jsonl``,
 gpurig.monitor.idlestop: each container the monitor stopped for its idle
 GPUs). A host's last verdict is the newest of its
 verify runs and its rollouts' verify gates. Each file is read by the
@@ -129,7 +129,9 @@ def _verify_entry(entry: dict[str, Any]) -> dict[str, Any]:
 def _action_entry(entry: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "action", "time": entry["time"], "action": entry["action"], "job": _text(entry.get("job")),
             "host": _text(entry.get("host")), "result": _text(entry.get("result")), "detail": _text(entry.get("detail")),
-            "client": _text(entry.get("client")), "file": Path(ACTIONS_LOG).name}
+            "client": _text(entry.get("client")), "container": _text(entry.get("container")), "file": Path(ACTIONS_LOG).name}
+
+
 def _idle_stop_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """A container the monitor stopped (or tried to) for its idle GPUs (gpurig.monitor.idlestop)."""
     gpus = entry.get("gpus")

@@ -1,7 +1,7 @@
 """What the page shows, as JSON: the fleet table, the live series, the jobs and the history, each built from the library's own types.
 
 Pure: the feeds hand in what they read (a facts FleetReport, the monitor's
-Run, JobViews, a History) and get plain dicts back. A source that has not
+Run and its trackers, the containers' names, JobViews, a History) and get plain dicts back. A source that has not
 answered, or could not be read, says ``unknown`` with why; nothing here
 turns an absence into ``ok``.
 """
@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpurig.dashboard.containernames import RUNNING, ContainerNames, HostBook
 from gpurig.dashboard.history import History
 from gpurig.facts import Facts
 from gpurig.image.compat import CUDA_RELEASES, driver_supports, version_key
 from gpurig.jobs.views import JobView
+from gpurig.monitor.holders import Held, HolderTracker, holder_keys
 from gpurig.monitor.idle import IdleTracker, utilisation
 from gpurig.monitor.samples import GpuSample, Sample
 from gpurig.monitor.session import Run
@@ -112,27 +114,93 @@ def _gpu_point(t: float, g: GpuSample) -> list[float | None]:
             None if g.sm_active is None else round(100.0 * g.sm_active, 1)]
 
 
-def _gpu_now(g: GpuSample, idle_since: float | None) -> dict[str, Any]:
+def _who(users: Iterable[str | None]) -> str:
+    named = list(dict.fromkeys(u for u in users if u))
+    return f" ({', '.join(named)})" if named else ""
+
+
+def _stop_refusal(cid: str, book: HostBook | None) -> str:
+    """Why the page offers no stop for container ``cid`` (empty: it may be stopped, with --allow-actions)."""
+    known = book.known.get(cid) if book is not None else None
+    if known is None:
+        if book is not None and book.why:
+            return f"the host's Docker engine could not be asked: {book.why}"
+        if book is not None and cid in book.missing:
+            return "the host's Docker engine does not know this container (another engine's?): gpurig stops only what deploy made"
+        return "its name has not been read from the host's Docker engine yet"
+    if known.job:
+        return f"the container of gpurig job {known.job}: cancel the job in Jobs"
+    if not known.deployed:
+        return "not deployed by gpurig (it has no io.gpurig.deploy labels): stop it where it was started"
+    if known.status != RUNNING:
+        return f"not running ({known.status})"
+    return ""
+
+
+def holders_of(g: GpuSample, held: Mapping[str, Held] | None = None, book: HostBook | None = None) -> list[dict[str, Any]]:
+    """Who holds ``g``, for the page: each Slurm job, each container (its processes together: its name from the host's engine,
+    the processes' users) and each process in no container, with since when (the samples' clock: ``since``, and ``known``
+    False where it held the GPU already when the samples began; None where the samples never saw it begin) and, for a
+    container, whether the page may stop it and why not."""
+    held = held or {}
+    out: list[dict[str, Any]] = []
+
+    def add(key: str, text: str, **more: Any) -> None:
+        h = held.get(key)
+        out.append({"key": key, "text": text, "since": None if h is None else round(h.since, 3), "known": None if h is None else h.known,
+                    **more})
+
+    for j in g.hpc_jobs:
+        add(f"job:{j.id}", f"slurm job {j.id}{_who([j.user])}", kind="job", job=j.id)
+    for key in holder_keys(g):
+        kind, _, rest = key.partition(":")
+        if kind == "container":
+            procs = [p for p in g.processes if p.container == rest]
+            known = book.known.get(rest) if book is not None else None
+            name = (f"job {known.job}" if known.job else known.name) if known is not None else f"container {rest[:12]}"
+            mib = [p.used_mib for p in procs if p.used_mib is not None]
+            add(key, name + _who(p.user for p in procs), kind="container", id=rest, name=known.name if known else None,
+                image=known.image if known else None, deployed=known.deployed if known else None, user=known.user if known else None,
+                used_mib=sum(mib) if mib else None, pids=[p.pid for p in procs], no_stop=_stop_refusal(rest, book))
+        elif kind == "pid":
+            p = next(p for p in g.processes if not p.container and key == f"pid:{p.pid}:{p.name or ''}")
+            add(key, f"{p.name or f'pid {p.pid}'}{_who([p.user])}", kind="process", pid=p.pid, used_mib=p.used_mib)
+    return out
+
+
+def _gpu_now(g: GpuSample, idle_since: float | None, held: Mapping[str, Held] | None = None, book: HostBook | None = None) -> dict[str, Any]:
     return {
         "idle_since": idle_since,
         "name": g.name,
         "uuid": g.uuid,
         "mem_total_mib": _r(g.mem_total_mib, 0),
         "power_limit_w": _r(g.power_limit_w, 0),
-        "processes": [{"pid": p.pid, "user": p.user, "name": p.name, "used_mib": p.used_mib} for p in g.processes],
+        "processes": [{"pid": p.pid, "user": p.user, "name": p.name, "used_mib": p.used_mib, **({"container": p.container} if p.container else {})}
+                      for p in g.processes],
         "jobs": [{"id": j.id, "user": j.user} for j in g.hpc_jobs],
+        "holders": holders_of(g, held, book),
     }
 
 
-def host_series(samples: Iterable[Sample], before: Sample | None = None, idle: Mapping[str, float] | None = None) -> dict[str, Any]:
+def _as_of(t: float, idle: Mapping[str, float], held: Mapping[str, Mapping[str, Held]]) -> tuple[dict[str, float], dict[str, dict[str, Held]]]:
+    """What the trackers said when the sample at ``t`` was the newest: a streak or a holding that began after ``t`` was not there."""
+    return ({label: since for label, since in idle.items() if since <= t},
+            {label: {k: h for k, h in hs.items() if h.since <= t} for label, hs in held.items()})
+
+
+def host_series(samples: Iterable[Sample], before: Sample | None = None, idle: Mapping[str, float] | None = None,
+                held: Mapping[str, Mapping[str, Held]] | None = None, book: HostBook | None = None) -> dict[str, Any]:
     """One host's samples as compact series: host points [t, cpu %, memory used %] and, per GPU label, its points and, where
-    they changed since ``before`` (the sample the page already has), its name, memory size and holders (processes, Slurm
-    jobs) and since when it has sat idle while held (``idle``: IdleTracker.of); ``last_t``, the newest sample's time unrounded,
-    is where the next delta starts."""
+    they changed since ``before`` (the sample the page already has), its name, memory size, holders (``holders_of``: Slurm jobs,
+    containers named from ``book``, processes, each since when ``held`` says) and since when it has sat idle while held
+    (``idle``: IdleTracker.of); ``last_t``, the newest sample's time unrounded, is where the next delta starts."""
     points: list[list[float | None]] = []
     gpus: dict[str, dict[str, Any]] = {}
-    idle = idle or {}
-    had = {g.label: _gpu_now(g, idle.get(g.label)) for g in before.gpus} if before is not None else {}
+    idle, held = idle or {}, held or {}
+    had: dict[str, dict[str, Any]] = {}
+    if before is not None and not (book is not None and book.changed_t is not None and book.changed_t >= before.t):
+        idle_then, held_then = _as_of(before.t, idle, held)  # as the page was sent it, not as the trackers say now
+        had = {g.label: _gpu_now(g, idle_then.get(g.label), held_then.get(g.label), book) for g in before.gpus}
     last_t = None
     for s in samples:
         last_t = s.t
@@ -140,7 +208,7 @@ def host_series(samples: Iterable[Sample], before: Sample | None = None, idle: M
         for g in s.gpus:
             entry = gpus.setdefault(g.label, {"points": []})
             entry["points"].append(_gpu_point(s.t, g))
-            now = _gpu_now(g, idle.get(g.label))
+            now = _gpu_now(g, idle.get(g.label), held.get(g.label), book)
             if had.get(g.label) != now:
                 entry.update(now)
                 had[g.label] = now
@@ -148,7 +216,8 @@ def host_series(samples: Iterable[Sample], before: Sample | None = None, idle: M
 
 
 def live_section(run: Run, state: str, why: str, interval: float, failed: Mapping[str, str], after: Mapping[str, float] | None = None,
-                 points: int = POINTS, idle: IdleTracker | None = None, idle_after: float = IDLE_AFTER) -> dict[str, Any]:
+                 points: int = POINTS, idle: IdleTracker | None = None, idle_after: float = IDLE_AFTER, held: HolderTracker | None = None,
+                 names: ContainerNames | None = None) -> dict[str, Any]:
     """The live section: every host the session has heard from, with its last ``points`` samples (or only those after ``after``);
     a held GPU idle for ``idle_after`` seconds is flagged on the page, naming what holds it."""
     hosts: dict[str, Any] = {}
@@ -161,7 +230,8 @@ def live_section(run: Run, state: str, why: str, interval: float, failed: Mappin
             series = run.recent(host, after=after.get(host))
             earlier = run.recent(host, limit=len(series) + 1) if host in after else []
             before = earlier[0] if len(earlier) > len(series) else None
-        found = host_series(series, before, idle.of(host) if idle is not None else None)
+        found = host_series(series, before, idle.of(host) if idle is not None else None, held.of(host) if held is not None else None,
+                            names.book(host) if names is not None else None)
         found.update(source=st.source, notes=list(st.notes), failed=failed.get(host))
         if st.hello.get("cpus"):
             found["cpus"] = st.hello.get("cpus")

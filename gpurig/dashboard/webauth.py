@@ -8,7 +8,7 @@ cookie; a script may send ``Authorization: Bearer TOKEN``. Anything else is
 bound to (or, on loopback, localhost): a page of another site whose name
 was rebound to 127.0.0.1 is refused even before the token is looked at.
 
-Reads are GET and HEAD. A POST (an action: cancelling a job) is refused with
+Reads are GET and HEAD. A POST (an action: cancelling a job, stopping a container deploy made) is refused with
 403 unless the dashboard was started with ``--allow-actions``; with it, a
 POST must carry the token in the cookie (not only a header), an Origin
 header equal to the dashboard's own origin (``http://`` and the Host it was

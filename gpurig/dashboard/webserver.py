@@ -7,6 +7,7 @@
     GET /api/session      whether actions are on and, when they are, the anti-CSRF value the page's POSTs carry (never in a snapshot)
     GET /api/jobs/ID/log  the last ?lines=N (default 200) lines of a job's log, text/plain (gpurig.dashboard.actions)
     POST /api/jobs/ID/cancel   with --allow-actions: cancel the job as `gpurig cancel` does, recorded in the history
+    POST /api/hosts/HOST/containers/NAME/stop   with --allow-actions: stop a container deploy made, as `gpurig stop` does, recorded
 
 Every request passes the Gate first (webauth: Host, token, method, and for a
 POST the same-origin and anti-CSRF checks); what it refuses gets its status
@@ -38,6 +39,7 @@ MAX_STREAMS = 32  # open event streams at once (a thread each); one more is told
 KEEPALIVE_S = 15.0
 MAX_BODY = 64 * 1024  # a POST's body is not read for anything; more than this closes the connection
 JOB_ROUTE = "/api/jobs/"
+HOST_ROUTE = "/api/hosts/"
 
 
 def _assets() -> dict[str, tuple[bytes, str]]:
@@ -188,8 +190,11 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(404, b"", "text/plain", head)
 
     def _action(self, dash: Dashboard, path: str) -> Reply:
+        parts = path[len(HOST_ROUTE):].split("/") if path.startswith(HOST_ROUTE) else []
+        if dash.desk is not None and len(parts) == 4 and parts[1] == "containers" and parts[3] == "stop":
+            return dash.desk.stop(unquote(parts[0]), unquote(parts[2]), self.client_address[0])
         if dash.desk is None or not (path.startswith(JOB_ROUTE) and path.endswith("/cancel")):
-            return Reply.line(404, "no such action (POST /api/jobs/ID/cancel is the one there is)")
+            return Reply.line(404, "no such action (POST /api/jobs/ID/cancel and /api/hosts/HOST/containers/NAME/stop are those there are)")
         return dash.desk.cancel(unquote(path[len(JOB_ROUTE):-len("/cancel")]), self.client_address[0])
 
     def _log(self, dash: Dashboard, job: str, query: str) -> Reply:

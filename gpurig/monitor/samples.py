@@ -31,6 +31,7 @@ class GpuProcess:
     user: str | None = None
     name: str | None = None
     used_mib: int | None = None
+    container: str | None = None  # the id (64 hex) of the container it runs in, from its cgroup; None: in none, or an older agent
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class HpcJob:
 JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,10})?(?:\.[0-9]{1,10})?")
 USER_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,63}")
 MAX_JOBS = 16
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # what the agent reads from a cgroup (checks/gpu_sampler.py CONTAINER_CGROUP)
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def gpu_from_record(rec: Mapping[str, Any]) -> GpuSample:
         raise KeyError("index")
     procs = tuple(
         GpuProcess(_count(p["pid"], "pid"), _text(p.get("user")), _text(p.get("name")),
-                   None if p.get("used_mib") is None else _count(p.get("used_mib"), "used_mib"))
+                   None if p.get("used_mib") is None else _count(p.get("used_mib"), "used_mib"), _container(p.get("container")))
         for p in rec.get("processes") or ()
     )  # fmt: skip
     return GpuSample(**values, processes=procs, hpc_jobs=_hpc_jobs(rec.get("hpc_jobs"), rec.get("hpc_users")))
@@ -217,6 +219,15 @@ def _hpc_jobs(jobs: Any, users: Any) -> tuple[HpcJob, ...]:
             raise ValueError("gpu hpc_users holds what is not a user name")
         out.append(HpcJob(job, user))
     return tuple(out)
+
+
+def _container(value: Any) -> str | None:
+    """A process's container id as the agent writes it (64 lowercase hex digits), or None where it sent none."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CONTAINER_ID.fullmatch(value):
+        raise ValueError("a process's container is not a container id")
+    return value
 
 
 def _text(value: Any) -> str | None:

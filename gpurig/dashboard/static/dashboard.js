@@ -120,11 +120,55 @@ function drawSpark(svg, points, a, b) {
   if (points.length) svg.setAttribute("data-last-t", String(points[points.length - 1][0]));
 }
 
-function owners(g) {
+// Who holds a GPU, as the snapshot names them (gpurig.dashboard.snapshot.holders_of): a Slurm job, a container by its name (the
+// users of its processes), a process in none; since when on the samples' clock ("≥": it held the GPU before the samples began).
+function holderText(h, t) {
+  const mib = h.used_mib != null ? ` ${h.used_mib} MiB` : "";
+  const since = h.since == null || t == null ? "since unknown" : `since ${h.known ? "" : "≥"}${duration(Math.max(0, t - h.since))}`;
+  return `${h.text}${mib} ${since}`;
+}
+
+function holderTitle(h) {
+  if (h.kind !== "container") return h.kind === "process" ? `pid ${h.pid}, in no container` : `Slurm job ${h.job}`;
+  const what = [`container ${h.id.slice(0, 12)}`, h.image ? `image ${h.image}` : "", h.deployed ? `gpurig_containers entry ${h.deployed}${h.user ? ` (user ${h.user})` : ""}` : "",
+    `pids ${(h.pids || []).join(", ")}`].filter((x) => x).join(", ");
+  const stop = h.no_stop ? `no stop from this page: ${h.no_stop}` : session.actions ? "" : "stopping needs gpurig dashboard --allow-actions";
+  return stop ? `${what}. ${stop}` : what;
+}
+
+function owners(g, t) {
+  if (g.holders) return g.holders.map((h) => holderText(h, t)).join(", ");
   const who = [];
   for (const j of g.jobs || []) who.push(`slurm job ${j.id}${j.user ? ` (${j.user})` : ""}`);
   for (const p of g.processes || []) who.push(`${p.name || "pid " + p.pid}${p.user ? ` (${p.user})` : ""}${p.used_mib != null ? ` ${p.used_mib} MiB` : ""}`);
   return who.join(", ");
+}
+
+function stoppable(h) {
+  return session.actions && h.kind === "container" && !h.no_stop && h.name;
+}
+
+// The holders of a GPU row, drawn in place: the elements (a stop button among them) stay while the same holders do, only
+// their text (since when) changes with each sample.
+function drawHolders(node, host, g, t, idleText) {
+  const holders = g.holders || [];
+  const shape = JSON.stringify(holders.map((h) => [h.key, stoppable(h) ? h.name : "", holderTitle(h)]));
+  if (node.getAttribute("data-shape") !== shape) {
+    node.replaceChildren(el("span", { "data-part": "idle" }));
+    holders.forEach((h, i) => {
+      const item = el("span", { class: "holder", "data-holder": h.key, "data-kind": h.kind, title: holderTitle(h),
+        "data-container": h.kind === "container" ? h.name || h.id : null }, i ? ", " : "", el("span", { "data-part": "text" }));
+      if (stoppable(h)) item.append(" ", el("button", { type: "button", "data-stop-host": host, "data-stop-name": h.name }, "stop"));
+      node.append(item);
+    });
+    if (!holders.length) node.append(el("span", { "data-part": "text" }));
+    node.setAttribute("data-shape", shape);
+  }
+  node.querySelector('[data-part="idle"]').textContent = idleText;
+  if (!holders.length) { node.querySelector('[data-part="text"]').textContent = owners(g, t); return; }
+  holders.forEach((h) => {
+    node.querySelector(`[data-holder="${CSS.escape(h.key)}"] [data-part="text"]`).textContent = holderText(h, t);
+  });
 }
 
 function hostCard(name) {
@@ -165,7 +209,7 @@ function renderLive(live) {
       const idleFor = g.idle_since != null && p[0] != null ? p[0] - g.idle_since : 0;
       const flagged = g.idle_since != null && idleFor >= live.idle_after;
       row.setAttribute("data-idle", flagged ? "yes" : "no");
-      row.children[3].textContent = flagged ? `idle ${duration(idleFor)} under 5%, held by ${owners(g)}` : owners(g);
+      drawHolders(row.children[3], name, g, p[0], flagged ? `idle ${duration(idleFor)} under 5%, held by ` : "");
       row.children[3].className = flagged ? "owner idle" : "owner";
     }
   }
@@ -241,8 +285,8 @@ async function showLog(href, id, host) {
   }
 }
 
-function tell(text, cls, what) {
-  const node = document.getElementById("action-said");
+function tell(text, cls, what, where) {
+  const node = document.getElementById(where || "action-said");
   node.textContent = text;
   node.className = `why ${cls}`;
   node.setAttribute("data-state", what);
@@ -267,7 +311,30 @@ async function cancelJob(id, host) {
   }
 }
 
+async function stopContainer(host, name) {
+  if (!window.confirm(`Stop container ${name} on ${host}? It gets TERM, then KILL after 30 s; it keeps its settings and deploy starts it again (as gpurig stop -l ${host} --name ${name}).`)) return;
+  const where = "gpu-action-said";
+  tell(`stopping container ${name} on ${host}...`, "pending", "busy", where);
+  try {
+    const answer = await fetch(`/api/hosts/${encodeURIComponent(host)}/containers/${encodeURIComponent(name)}/stop`, {
+      method: "POST", credentials: "same-origin", cache: "no-store", headers: { "X-Gpurig-CSRF": session.csrf || "" } });
+    const body = await answer.text();
+    if (answer.ok) {
+      const done = JSON.parse(body);
+      tell(`container ${done.container} on ${done.host}: ${done.result}${done.result === "stopped" ? "" : ` (${done.detail})`}`, "ok", "done", where);
+    } else {
+      tell(body.trim() || `HTTP ${answer.status}`, "bad", "refused", where);
+    }
+  } catch (err) {
+    tell(`container ${name} on ${host} was not stopped: ${err}`, "bad", "refused", where);
+  }
+}
+
 function wireJobs() {
+  document.getElementById("live-hosts").addEventListener("click", (e) => {
+    const stop = e.target.closest("button[data-stop-name]");
+    if (stop) stopContainer(stop.getAttribute("data-stop-host"), stop.getAttribute("data-stop-name"));
+  });
   document.getElementById("jobs-rows").addEventListener("click", (e) => {
     const log = e.target.closest("a[data-log]");
     if (log) {
@@ -291,6 +358,8 @@ function wireJobs() {
 }
 
 function historyWhat(e) {
+  if (e.kind === "action" && e.action === "stop") return [`stop container ${e.container || "?"}${e.host ? ` on ${e.host}` : ""}`,
+    `from the dashboard (${e.client || "?"})`, `${e.result}${e.detail && e.result !== "stopped" ? `: ${e.detail}` : ""}`];
   if (e.kind === "action") return [`${e.action} job ${e.job}${e.host ? ` on ${e.host}` : ""}`, `from the dashboard (${e.client || "?"})`,
     `${e.result}${e.detail && e.result !== "cancelled" ? `: ${e.detail}` : ""}`];
   if (e.kind === "rollout") return [`rollout ${e.host}`, e.image, `${e.state}; verify ${e.verify}${e.level ? ` (${e.level})` : ""}${e.reason ? `: ${e.reason}` : ""}`];
@@ -307,7 +376,8 @@ function renderHistory(history) {
   setWhy("history-why", history);
   const rows = history.entries.map((e) => {
     const [what, image, result] = historyWhat(e);
-    return el("tr", { "data-kind": e.kind, "data-job": e.job, "data-result": e.result }, el("td", {}, when(e.time)), el("td", {}, what),
+    return el("tr", { "data-kind": e.kind, "data-job": e.job, "data-result": e.result, "data-action": e.action, "data-container": e.container },
+      el("td", {}, when(e.time)), el("td", {}, what),
       el("td", { class: "wrap" }, image), el("td", { class: `wrap ${e.verify === "failed" || e.result === "failed" ? "failed" : ""}` }, result));
   });
   for (const u of history.unread || []) rows.push(el("tr", {}, el("td", {}, "-"), el("td", { class: "bad" }, "unreadable"),

@@ -38,12 +38,14 @@ def wait_for(what: str, found, timeout: float = WAIT_S):
 
 
 @contextmanager
-def run_dashboard(project: Path, *flags: str, interval: str = "0.5", env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+def run_dashboard(project: Path, *flags: str, interval: str = "0.5", env: dict[str, str] | None = None,
+                  path: tuple[Path, ...] = ()) -> Iterator[tuple[subprocess.Popen, str]]:
     """`gpurig dashboard --interval INTERVAL FLAGS` in ``project``: (the process, the URL with its token); Ctrl-C at the end.
 
-    ``env``: the environment to run it in (default: this one), gpurig's checkout on its PYTHONPATH either way."""
+    ``env``: the environment to run it in (default: this one); ``path``: folders put before the checkout on its PYTHONPATH
+    (the dashboard's and its local agents')."""
     log = open(project / "dashboard.log", "w")
-    env = {**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)}
+    env = {**(os.environ if env is None else env), "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, ROOT))}
     proc = subprocess.Popen([sys.executable, "-c", "from gpurig.cli import main; main()", "dashboard", "--interval", interval, *flags],
                             cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     folder = project / ".gpurig" / "dashboard"
