@@ -241,8 +241,18 @@ def run_build(
     return image_id, parser, seconds
 
 
+NO_SPACE = "no space left on device"
+NO_SPACE_FIX = ("free space where Docker keeps its data (`docker system df` shows what holds it; `docker builder prune` drops "
+                "BuildKit's cache, `docker image prune` unused images), then build again")
+
+
 def _build_failure(context: BuildContext, parser: ProgressParser, code: int, log_path: Path) -> DockerError:
     step = parser.failed_step()
+    said = [*(step.lines if step is not None else ()), *parser.errors]
+    if any(NO_SPACE in line.lower() for line in said):  # dpkg, pip or BuildKit's own words; the last line may be a progress bar
+        where = f" at step {step.number}/{step.total} `{shorten(step.text, 70)}`" if step is not None else ""
+        return DockerError(f"build of {context.image_ref} failed{where}: the disk ran out of space (No space left on device)",
+                           NO_SPACE_FIX)
     detail = parser.errors[-1] if parser.errors else f"docker build exited {code}"
     detail = re.sub(r"\s+", " ", detail.removeprefix("ERROR: ").strip())
     if step is not None:

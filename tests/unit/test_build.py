@@ -90,6 +90,19 @@ def test_a_failing_step_becomes_one_line_with_step_exit_code_and_cause(context, 
     assert "\n" not in str(err) and str(tmp_path / "build.log") in err.fix
 
 
+def test_a_build_that_ran_out_of_disk_says_so_and_how_to_free_space(context, tmp_path):
+    """pip's last line is its progress bar and dpkg's is an exit code: the disk is named wherever its words appear."""
+    parser = b.ProgressParser()
+    for line in ("#7 [stage-0 5/9] RUN pip install torch",
+                 "#7 31.2 ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device",
+                 "#7 31.3    ━━━━━━━━━━━━━━━━━━━━━━━━━━╸ 298.6/423.1 MB 76.7 MB/s eta 0:00:02",
+                 "#7 ERROR: process \"/bin/sh -c pip install torch\" did not complete successfully: exit code: 1"):
+        parser.feed(line)
+    err = b._build_failure(context, parser, 1, tmp_path / "build.log")
+    assert err.problem == f"build of {context.image_ref} failed at step 5/9 `RUN pip install torch`: the disk ran out of space (No space left on device)"
+    assert "docker builder prune" in err.fix and "docker system df" in err.fix
+
+
 def test_credentials_in_urls_are_redacted():
     assert b.redact("pip --index-url https://bob:s3cret@pypi.example.com/simple x") == (
         "pip --index-url https://***@pypi.example.com/simple x"
