@@ -1,0 +1,223 @@
+"""``verify --level fabric --scheduler slurm``'s job, pure: the batch script, and its log read back into a FabricRun.
+
+One Slurm job over the chosen nodes, one task a node, in two steps (``srun``):
+checks/fabric_facts.py in the image on every node (with ``--to`` the
+rendezvous' address as that node resolves it), then checks/fabric_allreduce.py,
+rank ``$SLURM_NODEID`` of ``$SLURM_NNODES``, the rendezvous from Slurm: the
+allocation's first node by name (as ``run --scheduler slurm`` gives
+MASTER_ADDR) on ``gpurig_fabric.port``. Each probe runs in a container of the
+image with host networking, labelled with the job's id (the Epilog removes
+what a cancelled job leaves), on the GPU Slurm gave the task where the nodes
+have GPUs. Every node prints what its probes said as lines
+``gpurig-fabric KIND NODEID TEXT``; srun gathers them into the job's log on
+the batch host, which ``read_log`` turns into facts and rank documents per
+node. Every value gpurig puts in the script is a quoted shell word; only
+Slurm's own variables are expanded there.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpurig.slurm.conf import JOB_LABEL
+
+MARK = "gpurig-fabric"
+FABRIC_LABEL = "io.gpurig.fabric"  # as the SSH path's containers: the run's id
+SHM = "16g"  # as the SSH path's containers (verify.runner.IMAGE_SHM_BYTES)
+LOG = '"$HOME/.cache/gpurig/fabric-$SLURM_JOB_ID.log"'  # on the batch host, as the login user; read and removed by gpurig
+_LINE = re.compile(rf"^{MARK} (nodes|to|facts|rank|exit-facts|exit-rank) (\d+|-) ?(.*)$")
+
+
+@dataclass(frozen=True)
+class FabricNode:
+    """A node of the job: the inventory's name for it, Slurm's NodeName, and its gpurig_fabric.interface."""
+
+    host: str
+    node: str
+    interface: str | None = None
+
+
+@dataclass(frozen=True)
+class FabricJob:
+    """What one fabric job runs: on which nodes, the image, the rendezvous port, the ranks' watchdog, sizes, GPUs per node."""
+
+    nodes: tuple[FabricNode, ...]
+    image: str
+    port: int
+    timeout: float  # fabric_allreduce.py's --timeout: the rendezvous, and each all-reduce
+    sizes: tuple[int, ...]
+    run_id: str
+    partition: str | None = None
+    gpus_per_node: int = 0
+    facts: bool = True  # the culprit's pair jobs measure only
+    iters: int = 20
+    facts_timeout_s: float = 120.0
+
+    @property
+    def minutes(self) -> int:
+        """The job's time limit: the facts step, the ranks' every watchdog phase and a container start each, rounded up."""
+        ranks = self.timeout * (3 + len(self.sizes)) + 60
+        return int((self.facts_timeout_s if self.facts else 0) + ranks + 59) // 60 + 1
+
+
+def sbatch_line(comment: str) -> list[str]:
+    """``sbatch`` reading the script on its stdin, printing the job id alone."""
+    return ["sbatch", "--parsable", f"--comment={comment}"]
+
+
+def batch_script(job: FabricJob, facts_source: str, rank_source: str) -> str:
+    """The sbatch script: the rendezvous from the allocation, the facts step (unless a pair's job), the ranks' step."""
+    from gpurig.connect.launcher import embedded
+
+    q = shlex.quote
+    names = ",".join(n.node for n in job.nodes)
+    lines = [
+        "#!/bin/sh",
+        "#SBATCH --job-name=gpurig-fabric",
+        "#SBATCH --output=/dev/null",
+        f"#SBATCH --nodes={len(job.nodes)}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --nodelist={names}",
+        f"#SBATCH --time={job.minutes}",
+        *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
+        *([f"#SBATCH --gres=gpu:{job.gpus_per_node}"] if job.gpus_per_node else []),
+        "# gpurig verify --level fabric --scheduler slurm: facts, then one all-reduce rank a node, in the image",
+        f"log={LOG}",
+        'mkdir -p "${log%/*}" && exec >"$log" 2>&1',
+        'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        'MASTER_ADDR=$(printf "%s\\n" "$nodes" | head -n 1)',
+        "export MASTER_ADDR",
+        f'echo {MARK} nodes - $nodes',
+    ]
+    words = {"facts": embedded(facts_source, "fabric_facts.py", ["--json"]),
+             "rank": embedded(rank_source, "fabric_allreduce.py", rank_args(job))}
+    steps = ("facts", "rank") if job.facts else ("rank",)
+    for kind in steps:
+        lines.append(f"srun --kill-on-bad-exit=0 --ntasks-per-node=1 sh -c {q(node_script(job, kind, words[kind]))}")
+    return "\n".join(lines) + "\n"
+
+
+def rank_args(job: FabricJob) -> list[str]:
+    """fabric_allreduce.py's fixed words; rank, world and the rendezvous' host come from Slurm on each node (``node_script``)."""
+    return ["--json", "--master-port", str(job.port), "--sizes", ",".join(str(s) for s in job.sizes), "--iters", str(job.iters),
+            "--timeout", f"{job.timeout:g}"]
+
+
+def node_script(job: FabricJob, kind: str, argv: Sequence[str]) -> str:
+    """What each node runs for one step: its probe's container, its output and exit code as ``gpurig-fabric`` lines."""
+    q = shlex.quote
+    python, *args = argv
+    if kind == "rank":
+        own = '--rank "$SLURM_NODEID" --world "$SLURM_NNODES" --master-addr "$MASTER_ADDR" ${iface:+--interface "$iface"}'
+    else:  # the route toward the rendezvous' address as this node resolves the name
+        own = '${to:+--to "$to"}'
+    cases = "".join(f"    {q(n.node)}) iface={q(n.interface)} ;;\n" for n in job.nodes if n.interface)
+    return "\n".join([
+        "set -u",
+        "if docker info >/dev/null 2>&1; then d=docker; else d='sudo -n docker'; fi",
+        'iface=""',
+        *([f'case "$SLURMD_NODENAME" in\n{cases}esac'] if cases else []),
+        "to=$(getent ahostsv4 \"$MASTER_ADDR\" | awk 'NR == 1 {print $1}')",
+        *([f'echo {MARK} to "$SLURM_NODEID" "$to"'] if kind == "facts" else []),
+        'gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}} devices=""',
+        'if [ -n "$gpus" ]; then',
+        '    if $d info 2>/dev/null | grep -q "Runtimes:.*nvidia"; then devices="--gpus device=$gpus"',
+        '    else for i in $(echo "$gpus" | tr , " "); do devices="$devices --device /dev/nvidia$i"; done',
+        '        for f in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e "$f" ] && devices="$devices --device $f"; done; fi',
+        "fi",
+        f'if ! $d image inspect {q(job.image)} >/dev/null 2>&1; then out="image "{q(job.image)}" is not on the Docker of $SLURMD_NODENAME: '
+        'gpurig deploy puts it there" code=125; else',
+        f'out=$($d run --rm --name "gpurig-fabric-$SLURM_JOB_ID-{kind}-$SLURM_NODEID" --label "{JOB_LABEL}=$SLURM_JOB_ID" '
+        f"--label {q(f'{FABRIC_LABEL}={job.run_id}')} --network host --shm-size {SHM} $devices --entrypoint {q(python)} "
+        f"{q(job.image)} {' '.join(q(a) for a in args)} {own} 2>&1)",
+        "code=$?; fi",
+        f'printf "%s\\n" "$out" | sed "s/^/{MARK} {kind} $SLURM_NODEID /"',
+        f'echo {MARK} exit-{kind} "$SLURM_NODEID" "$code"',
+    ])
+
+
+# ---- the log read back ----------------------------------------------------------------------------
+
+
+@dataclass
+class NodeOutput:
+    """What one node's tasks printed: each step's lines and exit code, and the rendezvous' address as it resolved it."""
+
+    lines: dict[str, list[str]] = field(default_factory=lambda: {"facts": [], "rank": []})
+    codes: dict[str, int] = field(default_factory=dict)
+    to: str = ""
+
+
+@dataclass(frozen=True)
+class JobLog:
+    nodes: tuple[str, ...]  # Slurm's NodeNames in the allocation's order: node id i is nodes[i]
+    outputs: Mapping[int, NodeOutput]
+    other: tuple[str, ...] = ()  # lines that are no node's probe output (srun's and slurmstepd's own words)
+
+
+def parse_log(text: str) -> JobLog:
+    """The job's log: the allocation's nodes, and each node's probe lines, exit codes and resolved rendezvous address."""
+    nodes: tuple[str, ...] = ()
+    outputs: dict[int, NodeOutput] = {}
+    other = []
+    for line in text.splitlines():
+        found = _LINE.match(line)
+        if not found:
+            if line.strip():
+                other.append(line.strip())
+            continue
+        kind, ident, rest = found.groups()
+        if kind == "nodes":
+            nodes = tuple(rest.split())
+            continue
+        if ident == "-":
+            continue
+        out = outputs.setdefault(int(ident), NodeOutput())
+        if kind == "to":
+            out.to = rest.strip()
+        elif kind.startswith("exit-"):
+            out.codes[kind[5:]] = int(rest) if rest.strip().isdecimal() else -1
+        else:
+            out.lines[kind].append(rest)
+    return JobLog(nodes, outputs, tuple(other))
+
+
+def rank_documents(log: JobLog, by_node: Mapping[str, str]) -> dict[str, dict]:
+    """Each inventory host's rank document; a stand-in with one fail record (its container's last words) where it printed none."""
+    from gpurig.verify.fabric import document
+
+    docs = {}
+    for i, node in enumerate(log.nodes):
+        host = by_node.get(node, node)
+        out = log.outputs.get(i) or NodeOutput()
+        doc = document("\n".join(out.lines["rank"]), "fabric")
+        if doc is None:
+            said = next((x for x in reversed(out.lines["rank"]) if x.strip()), "")
+            why = said or (f"exit {out.codes['rank']}" if "rank" in out.codes else "its task printed nothing")
+            doc = {"probe": "fabric", "sizes": [], "records": [{
+                "id": "fabric.rank", "status": "fail", "detail": f"its rank gave no result: {why}",
+                "fix": "run checks/fabric_allreduce.py --text in the image on that node to see why"}]}
+        docs[host] = doc
+    return docs
+
+
+def fact_documents(log: JobLog, by_node: Mapping[str, str]) -> dict[str, dict]:
+    """Each inventory host's fabric facts, where its facts step printed them."""
+    from gpurig.verify.fabric import document
+
+    found = {}
+    for i, node in enumerate(log.nodes):
+        doc = document("\n".join((log.outputs.get(i) or NodeOutput()).lines["facts"]), "fabric_facts")
+        if doc is not None:
+            found[by_node.get(node, node)] = doc
+    return found
+
+
+def master_address(log: JobLog) -> str:
+    """The rendezvous' address as the other nodes resolved the first node's name (what its route and records are about); the name
+    where none resolved it."""
+    resolved = [log.outputs[i].to for i in range(1, len(log.nodes)) if i in log.outputs and log.outputs[i].to]
+    return resolved[0] if resolved else (log.nodes[0] if log.nodes else "")
