@@ -8,9 +8,10 @@ single-host verify). One job (gpurig.slurm.fabricjob) reads every node's
 facts and runs one rank a node, the rendezvous from Slurm; its log fills
 the FabricRun, judged by gpurig.verify.fabric_checks as over SSH, and where
 the busbw falls short each pair of the culprit search is a job of its own.
-``fabric.slurm`` says what the job was, or why there was none: too few
-nodes, pending past ``--pending-timeout`` (cancelled, with Slurm's reason),
-overrun. Ctrl-C cancels the job (scancel) and says so.
+``fabric.slurm`` says what the job was, or why nothing was measured (then
+it is the verdict's failure, without records about facts no job read): too
+few nodes, pending past ``--pending-timeout`` (cancelled, with Slurm's
+reason), overrun. Ctrl-C cancels the job (scancel) and says so.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def fabric_slurm(opts: HostOptions, plan: VerifyPlan, partition: str | None, pen
             why = f"partition {part} has {len(choice.nodes)} of the selected nodes Slurm gives jobs" + \
                 (f" ({', '.join(ran)})" if ran else "") + ": no job was queued"
             fix = "resume the nodes (`sinfo -R` says why each is out), or give another --partition or selection"
-            records = [slurm_record("fail", why, fix), *extra, *fabric_from(run)]
+            records = [slurm_record("fail", why, fix), *extra]
             present(opts, fabric_verdict(ran, records, plan.image or ""), run, time.monotonic() - started, junit)
             return
         first = settings[choice.nodes[0].host]
@@ -111,15 +112,7 @@ def fabric_slurm(opts: HostOptions, plan: VerifyPlan, partition: str | None, pen
         if said.status == "pass":
             runner = pair_runner(ctl, reach, cluster, job, probes[RANK_PROBE][0] or "", pending_s)
             records += fabric_records_with_culprit(None, run, settings, runner)  # type: ignore[arg-type]
-        else:
-            records += fabric_from(run)
     present(opts, fabric_verdict(run.hosts, records, plan.image or ""), run, time.monotonic() - started, junit)
-
-
-def fabric_from(run: FabricRun) -> list[Record]:
-    from gpurig.verify.fabric_checks import fabric_records
-
-    return fabric_records(run)
 
 
 def fabricqueue_job(nodes: tuple[FabricNode, ...], image: str, first: FabricSettings, partition: str | None, gpus: int,
@@ -153,42 +146,36 @@ def one_job(ctl: Controller, reach, cluster: ClusterHosts, job: FabricJob, facts
         ended = fabricqueue.wait(ctl, ident, pending_s, job.minutes * 60 + fabricqueue.END_GRACE_S, WaitLines(ident))
         if isinstance(ended, fabricqueue.Stuck):
             return run, stuck_record(ended)
-        batch = str(ended.raw.get("batch_host") or "")
-        text = read_batch_log(ctl, reach, cluster, batch, ident)
+        text = read_outputs(reach, cluster, job, ident)
     except KeyboardInterrupt as stop:
         done = fabricqueue.cancel(ctl.conn, ident)
         said = f"cancelled slurm job {ident} (scancel)" if done else f"slurm job {ident} may go on: stop it with gpurig cancel {ident}"
         raise interrupted(stop, said) from None
     log = fabricjob.parse_log(text)
-    by_node = {n.node: n.host for n in job.nodes}
-    order = tuple(by_node.get(n, n) for n in log.nodes) or hosts
-    run = dataclasses.replace(run, hosts=order, facts=fabricjob.fact_documents(log, by_node), ranks=fabricjob.rank_documents(log, by_node),
+    ranks = fabricjob.rank_documents(log, job.nodes)
+    run = dataclasses.replace(run, hosts=tuple(ranks), facts=fabricjob.fact_documents(log, job.nodes), ranks=ranks,
                               master=fabricjob.master_address(log))
-    if not log.nodes:
-        why = "; ".join(log.other[-3:]) or "its log was empty"
-        return run, slurm_record("fail", f"slurm job {ident} ({ended.state_text}) printed no node's output: {why}",
-                                 "see the job with `sacct -j ID` and the nodes' slurmd logs")
-    return run, slurm_record("pass", f"slurm job {ident} ran on {', '.join(log.nodes)}" + (f" (partition {job.partition})" if job.partition
-                             else "") + f"; rendezvous {log.nodes[0]}:{job.port}", measured=ident)
+    if not log.names:
+        why = "; ".join(log.other[-3:]) or "nothing"
+        return run, slurm_record("fail", f"slurm job {ident} ({ended.state_text}) ran, but no node left its output: {why}",
+                                 f"see the job with `sacct -j {ident}` and the nodes' slurmd logs")
+    ran = [log.names[i] for i in sorted(log.names)]
+    return run, slurm_record("pass", f"slurm job {ident} ran on {', '.join(ran)}" + (f" (partition {job.partition})" if job.partition
+                             else "") + f"; rendezvous {log.names.get(0, '?')}:{job.port}", measured=ident)
 
 
 def stuck_record(stuck: Stuck) -> Record:
     return slurm_record("fail", stuck.detail, stuck.fix)
 
 
-def read_batch_log(ctl: Controller, reach, cluster: ClusterHosts, batch: str, ident: str) -> str:
-    """The job's log, read on its batch host (the inventory's node of that name, else of that hostname) and removed there."""
+def read_outputs(reach, cluster: ClusterHosts, job: FabricJob, ident: str) -> str:
+    """What the job left on its nodes, read over SSH (all at once) and removed there; a node not read adds a line saying why."""
+    from gpurig.results import Outcome
     from gpurig.slurm import fabricqueue, scheduler
 
-    names = {h.name for h in cluster.nodes}
-    host = batch if batch in names else scheduler.hostnames(reach, cluster).get(batch)
-    if host is None:
-        raise GpurigError(f"slurm job {ident}'s batch host {batch or '(none)'} is none of the inventory's nodes", "see `squeue -j ID`")
-    conn = ctl.connector.open(next(h for h in cluster.nodes if h.name == host))
-    try:
-        return fabricqueue.read_log(conn, ident)
-    finally:
-        conn.close()
+    hosts = [h for n in job.nodes for h in cluster.nodes if h.name == n.host]
+    report = scheduler.fleet(reach, hosts, lambda conn: Outcome(data=fabricqueue.read_log(conn, ident)))
+    return "\n".join(r.data if r.succeeded and isinstance(r.data, str) else f"{r.host}: {r.reason}" for r in report.results)
 
 
 def pair_runner(ctl: Controller, reach, cluster: ClusterHosts, job: FabricJob, rank_source: str, pending_s: float):

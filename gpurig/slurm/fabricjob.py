@@ -8,11 +8,15 @@ allocation's first node by name (as ``run --scheduler slurm`` gives
 MASTER_ADDR) on ``gpurig_fabric.port``. Each probe runs in a container of the
 image with host networking, labelled with the job's id (the Epilog removes
 what a cancelled job leaves), on the GPU Slurm gave the task where the nodes
-have GPUs. Every node prints what its probes said as lines
-``gpurig-fabric KIND NODEID TEXT``; srun gathers them into the job's log on
-the batch host, which ``read_log`` turns into facts and rank documents per
-node. Every value gpurig puts in the script is a quoted shell word; only
-Slurm's own variables are expanded there.
+have GPUs. Each node writes what its probes said as lines
+``gpurig-fabric KIND NODEID TEXT`` to a file of its own
+(``~/.cache/gpurig/fabric-JOB.out``, the login user's), which gpurig reads
+over SSH and removes; ``parse_log`` turns them into facts and rank documents
+per node. Not through srun's output: srun forwards a task's output in 1 kB
+pieces, and two nodes' long lines (a facts document is a few kB) came back
+cut and interleaved. The batch script's own words (srun's errors) go to
+``fabric-JOB.batch`` on the batch host. Every value gpurig puts in the script
+is a quoted shell word; only Slurm's own variables are expanded there.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from gpurig.slurm.conf import JOB_LABEL
 MARK = "gpurig-fabric"
 FABRIC_LABEL = "io.gpurig.fabric"  # as the SSH path's containers: the run's id
 SHM = "16g"  # as the SSH path's containers (verify.runner.IMAGE_SHM_BYTES)
-LOG = '"$HOME/.cache/gpurig/fabric-$SLURM_JOB_ID.log"'  # on the batch host, as the login user; read and removed by gpurig
-_LINE = re.compile(rf"^{MARK} (nodes|to|facts|rank|exit-facts|exit-rank) (\d+|-) ?(.*)$")
+FOLDER = '"$HOME/.cache/gpurig"'  # on each node, the login user's: fabric-JOB.out (the node's lines), fabric-JOB.batch (the batch host's)
+_LINE = re.compile(rf"^{MARK} (node|to|facts|rank|exit-facts|exit-rank) (\d+) ?(.*)$")
 
 
 @dataclass(frozen=True)
@@ -85,17 +89,13 @@ def batch_script(job: FabricJob, facts_source: str, rank_source: str) -> str:
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
         *([f"#SBATCH --gres=gpu:{job.gpus_per_node}"] if job.gpus_per_node else []),
         "# gpurig verify --level fabric --scheduler slurm: facts, then one all-reduce rank a node, in the image",
-        f"log={LOG}",
-        'mkdir -p "${log%/*}" && exec >"$log" 2>&1',
-        'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        'MASTER_ADDR=$(printf "%s\\n" "$nodes" | head -n 1)',
+        f"mkdir -p {FOLDER} && exec >{FOLDER}/fabric-$SLURM_JOB_ID.batch 2>&1",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MASTER_ADDR",
-        f'echo {MARK} nodes - $nodes',
     ]
     words = {"facts": embedded(facts_source, "fabric_facts.py", ["--json"]),
              "rank": embedded(rank_source, "fabric_allreduce.py", rank_args(job))}
-    steps = ("facts", "rank") if job.facts else ("rank",)
-    for kind in steps:
+    for kind in steps(job):
         lines.append(f"srun --kill-on-bad-exit=0 --ntasks-per-node=1 sh -c {q(node_script(job, kind, words[kind]))}")
     return "\n".join(lines) + "\n"
 
@@ -117,11 +117,12 @@ def node_script(job: FabricJob, kind: str, argv: Sequence[str]) -> str:
     cases = "".join(f"    {q(n.node)}) iface={q(n.interface)} ;;\n" for n in job.nodes if n.interface)
     return "\n".join([
         "set -u",
+        f"log={FOLDER}/fabric-$SLURM_JOB_ID.out",
+        'mkdir -p "${log%/*}" || exit 1',
         "if docker info >/dev/null 2>&1; then d=docker; else d='sudo -n docker'; fi",
         'iface=""',
         *([f'case "$SLURMD_NODENAME" in\n{cases}esac'] if cases else []),
         "to=$(getent ahostsv4 \"$MASTER_ADDR\" | awk 'NR == 1 {print $1}')",
-        *([f'echo {MARK} to "$SLURM_NODEID" "$to"'] if kind == "facts" else []),
         'gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}} devices=""',
         'if [ -n "$gpus" ]; then',
         '    if $d info 2>/dev/null | grep -q "Runtimes:.*nvidia"; then devices="--gpus device=$gpus"',
@@ -134,9 +135,16 @@ def node_script(job: FabricJob, kind: str, argv: Sequence[str]) -> str:
         f"--label {q(f'{FABRIC_LABEL}={job.run_id}')} --network host --shm-size {SHM} $devices --entrypoint {q(python)} "
         f"{q(job.image)} {' '.join(q(a) for a in args)} {own} 2>&1)",
         "code=$?; fi",
+        "{",
+        *([f'echo {MARK} node "$SLURM_NODEID" "$SLURMD_NODENAME"', f'echo {MARK} to "$SLURM_NODEID" "$to"'] if kind == steps(job)[0] else []),
         f'printf "%s\\n" "$out" | sed "s/^/{MARK} {kind} $SLURM_NODEID /"',
         f'echo {MARK} exit-{kind} "$SLURM_NODEID" "$code"',
+        '} >>"$log"',
     ])
+
+
+def steps(job: FabricJob) -> tuple[str, ...]:
+    return ("facts", "rank") if job.facts else ("rank",)
 
 
 # ---- the log read back ----------------------------------------------------------------------------
@@ -153,14 +161,20 @@ class NodeOutput:
 
 @dataclass(frozen=True)
 class JobLog:
-    nodes: tuple[str, ...]  # Slurm's NodeNames in the allocation's order: node id i is nodes[i]
+    names: Mapping[int, str]  # node id -> Slurm's NodeName, as each node said its own: id 0 is the rendezvous'
     outputs: Mapping[int, NodeOutput]
-    other: tuple[str, ...] = ()  # lines that are no node's probe output (srun's and slurmstepd's own words)
+    other: tuple[str, ...] = ()  # lines that are no node's probe output (srun's words, a node whose output could not be read)
+
+    def of(self, nodes: Sequence[FabricNode]) -> list[tuple[FabricNode, NodeOutput]]:
+        """Every node of the job with its output, in the allocation's order; a node that left none (empty) after the others."""
+        ids = {name: i for i, name in self.names.items()}
+        ordered = sorted(nodes, key=lambda n: ids.get(n.node, len(ids) + nodes.index(n)))
+        return [(n, self.outputs.get(ids[n.node], NodeOutput()) if n.node in ids else NodeOutput()) for n in ordered]
 
 
 def parse_log(text: str) -> JobLog:
-    """The job's log: the allocation's nodes, and each node's probe lines, exit codes and resolved rendezvous address."""
-    nodes: tuple[str, ...] = ()
+    """The nodes' files together: each node's id and name, probe lines, exit codes and resolved rendezvous address."""
+    names: dict[int, str] = {}
     outputs: dict[int, NodeOutput] = {}
     other = []
     for line in text.splitlines():
@@ -170,54 +184,50 @@ def parse_log(text: str) -> JobLog:
                 other.append(line.strip())
             continue
         kind, ident, rest = found.groups()
-        if kind == "nodes":
-            nodes = tuple(rest.split())
-            continue
-        if ident == "-":
-            continue
         out = outputs.setdefault(int(ident), NodeOutput())
-        if kind == "to":
+        if kind == "node":
+            names[int(ident)] = rest.strip()
+        elif kind == "to":
             out.to = rest.strip()
         elif kind.startswith("exit-"):
             out.codes[kind[5:]] = int(rest) if rest.strip().isdecimal() else -1
         else:
             out.lines[kind].append(rest)
-    return JobLog(nodes, outputs, tuple(other))
+    return JobLog(names, outputs, tuple(other))
 
 
-def rank_documents(log: JobLog, by_node: Mapping[str, str]) -> dict[str, dict]:
-    """Each inventory host's rank document; a stand-in with one fail record (its container's last words) where it printed none."""
+def rank_documents(log: JobLog, nodes: Sequence[FabricNode]) -> dict[str, dict]:
+    """Each node's rank document, by inventory name in rank order; a stand-in with one fail record (its container's last words, or
+    that it left nothing) where it gave none."""
     from gpurig.verify.fabric import document
 
     docs = {}
-    for i, node in enumerate(log.nodes):
-        host = by_node.get(node, node)
-        out = log.outputs.get(i) or NodeOutput()
+    for node, out in log.of(nodes):
         doc = document("\n".join(out.lines["rank"]), "fabric")
         if doc is None:
             said = next((x for x in reversed(out.lines["rank"]) if x.strip()), "")
-            why = said or (f"exit {out.codes['rank']}" if "rank" in out.codes else "its task printed nothing")
+            why = said or (f"exit {out.codes['rank']}" if "rank" in out.codes else "its task left no output")
             doc = {"probe": "fabric", "sizes": [], "records": [{
                 "id": "fabric.rank", "status": "fail", "detail": f"its rank gave no result: {why}",
                 "fix": "run checks/fabric_allreduce.py --text in the image on that node to see why"}]}
-        docs[host] = doc
+        docs[node.host] = doc
     return docs
 
 
-def fact_documents(log: JobLog, by_node: Mapping[str, str]) -> dict[str, dict]:
-    """Each inventory host's fabric facts, where its facts step printed them."""
+def fact_documents(log: JobLog, nodes: Sequence[FabricNode]) -> dict[str, dict]:
+    """Each node's fabric facts, by inventory name, where its facts step gave them."""
     from gpurig.verify.fabric import document
 
     found = {}
-    for i, node in enumerate(log.nodes):
-        doc = document("\n".join((log.outputs.get(i) or NodeOutput()).lines["facts"]), "fabric_facts")
+    for node, out in log.of(nodes):
+        doc = document("\n".join(out.lines["facts"]), "fabric_facts")
         if doc is not None:
-            found[by_node.get(node, node)] = doc
+            found[node.host] = doc
     return found
 
 
 def master_address(log: JobLog) -> str:
     """The rendezvous' address as the other nodes resolved the first node's name (what its route and records are about); the name
     where none resolved it."""
-    resolved = [log.outputs[i].to for i in range(1, len(log.nodes)) if i in log.outputs and log.outputs[i].to]
-    return resolved[0] if resolved else (log.nodes[0] if log.nodes else "")
+    resolved = [out.to for i, out in sorted(log.outputs.items()) if i != 0 and out.to]
+    return resolved[0] if resolved else log.names.get(0, "")

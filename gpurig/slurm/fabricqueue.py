@@ -1,9 +1,8 @@
 """The fabric job through the cluster's controller: which nodes it may have, sbatch, the wait (bounded while pending), the log, scancel.
 
-Over the SSH connection gpurig already holds to the controller (``Controller``)
-and, for the log, to the batch host. The nodes are the partition's (or the
+Over the SSH connection gpurig already holds to the controller (``Controller``). The nodes are the partition's (or the
 selected hosts that are its nodes) that Slurm gives jobs now, as ``sinfo``
-says; the others are left out with Slurm's state and reason. A job that stays
+says, and what the job left on each is read over SSH once it ended; the others are left out with Slurm's state and reason. A job that stays
 pending longer than its bound is cancelled and said with Slurm's reason
 (``Stuck``): a fabric that never ran is never a pass.
 """
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpurig.errors import HostError
 from gpurig.slurm import health
-from gpurig.slurm.fabricjob import LOG, FabricNode
+from gpurig.slurm.fabricjob import FOLDER, FabricNode
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
@@ -152,11 +151,11 @@ def cancel(conn: Connection, job: str) -> bool:
 
 
 def read_log(conn: Connection, job: str) -> str:
-    """The job's log on its batch host (the login user's), removed once read."""
-    script = f'SLURM_JOB_ID="$1"; log={LOG}; cat -- "$log" && rm -f -- "$log"'
+    """What the job left on this node (its lines, and on the batch host the batch script's words), removed once read."""
+    script = f'cd {FOLDER} 2>/dev/null || exit 0; for f in fabric-"$1".out fabric-"$1".batch; do [ ! -f "$f" ] || cat -- "$f"; done; ' \
+             'rm -f -- fabric-"$1".out fabric-"$1".batch'
     said = conn.run(["sh", "-c", script, "gpurig-fabric", job], timeout=60, warn=True)
     if said.failed:
-        raise HostError(f"the fabric job's log could not be read: {(said.stderr or said.stdout).strip()[-200:]}",
-                        "the batch script writes it to ~/.cache/gpurig/ on the allocation's first node: is $HOME writable there?",
-                        host=conn.name)
+        raise HostError(f"the fabric job's output could not be read: {(said.stderr or said.stdout).strip()[-200:]}",
+                        "each node writes it to ~/.cache/gpurig/ of the login user: is that writable there?", host=conn.name)
     return said.stdout

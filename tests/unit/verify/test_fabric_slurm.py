@@ -53,19 +53,24 @@ def run_node(tmp_path, kind: str, node: str, node_id: int, image_there: bool = T
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     (bindir / "docker").write_text("#!/usr/bin/env python3\nimport json, sys\n"
-                                   "if sys.argv[1] == 'image': sys.exit(0 if %r else 1)\n"
+                                   f"if sys.argv[1] == 'image': sys.exit(0 if {image_there!r} else 1)\n"
                                    "if sys.argv[1] == 'info': print(' Runtimes: nvidia runc'); sys.exit(0)\n"
-                                   "print(json.dumps(sys.argv[1:]))\n" % image_there)
+                                   "print(json.dumps(sys.argv[1:]))\n")
     (bindir / "docker").chmod(0o755)
     (bindir / "getent").write_text("#!/bin/sh\necho '10.0.0.1 STREAM n1'\n")
     (bindir / "getent").chmod(0o755)
     words = {"facts": ["python3", "-c", "FACTS", "--json"], "rank": ["python3", "-c", "RANK", *fabricjob.rank_args(job())]}
     script = fabricjob.node_script(job(), kind, words[kind])
-    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURMD_NODENAME": node, "SLURM_NODEID": str(node_id), "SLURM_NNODES": "2",
+    assert ("gpurig-fabric node" in script) == (kind == "facts")
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SLURMD_NODENAME": node, "SLURM_NODEID": str(node_id), "SLURM_NNODES": "2",
            "SLURM_JOB_ID": "77", "MASTER_ADDR": "n1", "SLURM_STEP_GPUS": "1"}
-    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
     assert not (tmp_path / "x").exists()
-    log = fabricjob.parse_log(out)
+    written = tmp_path / ".cache" / "gpurig" / "fabric-77.out"  # the node's own file, read back over SSH (not srun's output)
+    log = fabricjob.parse_log(written.read_text())
+    written.unlink()
+    if kind == "facts":  # the job's first step: each node says who it is and where the rendezvous resolves
+        assert log.names == {node_id: node} and log.outputs[node_id].to == "10.0.0.1"
     lines = log.outputs[node_id].lines[kind]
     assert log.outputs[node_id].codes[kind] == (0 if image_there else 125)
     return [json.loads(x) for x in lines if x.startswith("[")] or [lines]
@@ -105,7 +110,7 @@ def test_the_probes_travel_in_the_script_whole():
 
 def log_text(rank_doc=None, second_rank: str | None = None) -> str:
     m = fabricjob.MARK
-    lines = [f"{m} nodes - n1 n2", f"{m} to 0 127.0.1.1", f"{m} to 1 10.0.0.1",
+    lines = [f"{m} node 0 n1", f"{m} to 0 127.0.1.1", f"{m} node 1 n2", f"{m} to 1 10.0.0.1",
              f"{m} facts 0 {json.dumps(facts('n1'))}", f"{m} exit-facts 0 0", f"{m} facts 1 {json.dumps(facts('n2'))}", f"{m} exit-facts 1 0",
              "srun: error: n2: task 1: Exited with exit code 1",
              f"{m} rank 0 {json.dumps(rank_doc or rank0(world=2))}", f"{m} exit-rank 0 0",
@@ -115,10 +120,11 @@ def log_text(rank_doc=None, second_rank: str | None = None) -> str:
 
 def test_the_log_fills_the_fabric_run_in_the_allocations_order_for_the_same_records_as_over_ssh():
     log = fabricjob.parse_log(log_text())
-    by_node = {"n1": "a100-01", "n2": "a100-02"}
-    assert log.nodes == ("n1", "n2") and log.other == ("srun: error: n2: task 1: Exited with exit code 1",)
-    run = FabricRun(("a100-01", "a100-02"), fabricjob.fact_documents(log, by_node), fabricjob.rank_documents(log, by_node),
-                    master=fabricjob.master_address(log))
+    nodes = (FabricNode("a100-02", "n2"), FabricNode("a100-01", "n1"))
+    assert log.names == {0: "n1", 1: "n2"} and log.other == ("srun: error: n2: task 1: Exited with exit code 1",)
+    ranks = fabricjob.rank_documents(log, nodes)
+    assert list(ranks) == ["a100-01", "a100-02"]  # rank order is Slurm's node ids, whatever order gpurig listed them in
+    run = FabricRun(tuple(ranks), fabricjob.fact_documents(log, nodes), ranks, master=fabricjob.master_address(log))
     assert run.master == "10.0.0.1"  # as the other node resolved n1: rank 0's own 127.0.1.1 is no address for the others
     got = {r.id: r for r in fabric_records(run)}
     assert got["fabric.allreduce.256MB"].measured == 11.0 and got["fabric.busbw"].status == "pass"
@@ -127,11 +133,13 @@ def test_the_log_fills_the_fabric_run_in_the_allocations_order_for_the_same_reco
 
 def test_a_node_whose_rank_printed_no_document_fails_with_its_last_words():
     log = fabricjob.parse_log(log_text(second_rank="docker: Error response from daemon: OCI runtime create failed"))
-    docs = fabricjob.rank_documents(log, {})
+    docs = fabricjob.rank_documents(log, (FabricNode("n1", "n1"), FabricNode("n2", "n2")))
     [record] = docs["n2"]["records"]
     assert record["status"] == "fail" and record["detail"] == "its rank gave no result: docker: Error response from daemon: OCI runtime create failed"
-    silent = fabricjob.parse_log(f"{fabricjob.MARK} nodes - n1 n2\n")
-    assert fabricjob.rank_documents(silent, {})["n1"]["records"][0]["detail"] == "its rank gave no result: its task printed nothing"
+    # a node whose output could not be read at all is still in the run, after the others, failing: never dropped
+    silent = fabricjob.parse_log(f"{fabricjob.MARK} node 0 n1\n")
+    docs = fabricjob.rank_documents(silent, (FabricNode("b", "n2"), FabricNode("a", "n1")))
+    assert list(docs) == ["a", "b"] and docs["b"]["records"][0]["detail"] == "its rank gave no result: its task left no output"
     assert fabricjob.master_address(silent) == "n1"
 
 
