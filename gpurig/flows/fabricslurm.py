@@ -73,7 +73,7 @@ def fabric_slurm(opts: HostOptions, plan: VerifyPlan, partition: str | None, pen
                  junit: str | None = None) -> None:
     """The fabric level through the inventory's Slurm cluster; exits non-zero unless it passed."""
     from gpurig.inventory.profile import host_profile
-    from gpurig.slurm import fabricqueue, scheduler
+    from gpurig.slurm import fabricqueue, health, scheduler
     from gpurig.verify.fabric import FabricRun
     from gpurig.verify.runner import REINSTALL, read_probe
 
@@ -89,7 +89,7 @@ def fabric_slurm(opts: HostOptions, plan: VerifyPlan, partition: str | None, pen
     started = time.monotonic()
     with scheduler.Controller(reach, cluster) as ctl:
         sinfo, gres = fabricqueue.ask_nodes(ctl.conn)
-        listed = {n for n in sinfo.replace("\n", "|").split("|")}
+        listed = health.cluster_nodes(sinfo)  # by NodeName: the inventory's names on most clusters, else each node's hostname
         names = {h.name: h.name for h in cluster.nodes} if all(h.name in listed for h in wanted) else \
             {host: node for node, host in scheduler.hostnames(reach, cluster).items()}
         choice = fabricqueue.choose(sinfo, gres, cluster, part, wanted, names, {h: s.interface for h, s in settings.items()})
@@ -145,6 +145,8 @@ def one_job(ctl: Controller, reach, cluster: ClusterHosts, job: FabricJob, facts
     try:
         ended = fabricqueue.wait(ctl, ident, pending_s, job.minutes * 60 + fabricqueue.END_GRACE_S, WaitLines(ident))
         if isinstance(ended, fabricqueue.Stuck):
+            if ended.ran:  # what it left on its nodes goes too
+                read_outputs(reach, cluster, job, ident)
             return run, stuck_record(ended)
         text = read_outputs(reach, cluster, job, ident)
     except KeyboardInterrupt as stop:

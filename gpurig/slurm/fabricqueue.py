@@ -98,6 +98,7 @@ class Stuck:
 
     detail: str
     fix: str
+    ran: bool = False  # it started on its nodes: they may hold its output
 
 
 def stuck_pending(job: str, waited: float, reason: str, bound: float) -> Stuck | None:
@@ -139,7 +140,8 @@ def wait(controller: Controller, job: str, pending_s: float, run_s: float, on_wa
     while not view.ended:
         if clock() - running > run_s:
             cancel(controller.conn, job)
-            return Stuck(f"slurm job {job} ran past its {run_s:.0f} s and was cancelled", "see the nodes' docker and slurmd logs; rerun")
+            return Stuck(f"slurm job {job} ran past its {run_s:.0f} s and was cancelled", "see the nodes' docker and slurmd logs; rerun",
+                         ran=True)
         sleep(POLL_S)  # polling Slurm's queue for the job to end
         view = controller.find(job)
     return stuck_ended(view) or view

@@ -214,6 +214,7 @@ def test_a_job_that_ran_is_followed_to_its_end_and_one_that_overruns_is_cancelle
     ctl, clock = FakeController([view("running", batch="n1")]), Clock()
     got = fabricqueue.wait(ctl, "12", 60, 10, lambda s, r: None, clock, clock.sleep)  # type: ignore[arg-type]
     assert isinstance(got, fabricqueue.Stuck) and "ran past its 10 s" in got.detail and ctl.ran == [["scancel", "12"]]
+    assert got.ran  # its nodes hold its output: read and removed all the same
 
 
 def test_a_job_cancelled_before_it_ran_is_said_so():
