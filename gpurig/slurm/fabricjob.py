@@ -114,6 +114,9 @@ def node_script(job: FabricJob, kind: str, argv: Sequence[str]) -> str:
         own = '--rank "$SLURM_NODEID" --world "$SLURM_NNODES" --master-addr "$MASTER_ADDR" ${iface:+--interface "$iface"}'
     else:  # the route toward the rendezvous' address as this node resolves the name
         own = '${to:+--to "$to"}'
+    # the facts probe is stdlib work of seconds: a container that hangs is given up (its container goes with the job, by the Epilog);
+    # the ranks have their own watchdog, and the job its time limit
+    bound = f"timeout -k 5 {job.facts_timeout_s:g} " if kind == "facts" else ""
     cases = "".join(f"    {q(n.node)}) iface={q(n.interface)} ;;\n" for n in job.nodes if n.interface)
     return "\n".join([
         "set -u",
@@ -131,7 +134,7 @@ def node_script(job: FabricJob, kind: str, argv: Sequence[str]) -> str:
         "fi",
         f'if ! $d image inspect {q(job.image)} >/dev/null 2>&1; then out="image "{q(job.image)}" is not on the Docker of $SLURMD_NODENAME: '
         'gpurig deploy puts it there" code=125; else',
-        f'out=$($d run --rm --name "gpurig-fabric-$SLURM_JOB_ID-{kind}-$SLURM_NODEID" --label "{JOB_LABEL}=$SLURM_JOB_ID" '
+        f'out=$({bound}$d run --rm --name "gpurig-fabric-$SLURM_JOB_ID-{kind}-$SLURM_NODEID" --label "{JOB_LABEL}=$SLURM_JOB_ID" '
         f"--label {q(f'{FABRIC_LABEL}={job.run_id}')} --network host --shm-size {SHM} $devices --entrypoint {q(python)} "
         f"{q(job.image)} {' '.join(q(a) for a in args)} {own} 2>&1)",
         "code=$?; fi",

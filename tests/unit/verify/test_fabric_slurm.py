@@ -92,6 +92,8 @@ def test_each_nodes_rank_gets_its_rank_the_world_the_rendezvous_and_its_own_inte
 def test_the_facts_step_routes_toward_the_rendezvous_as_the_node_resolves_it(tmp_path):
     [argv] = run_node(tmp_path, "facts", "n2", 1)
     assert argv[-5:] == ["-c", "FACTS", "--json", "--to", "10.0.0.1"]
+    assert "timeout -k 5 120 $d run" in fabricjob.node_script(job(), "facts", ["python3"])  # a hung facts container is given up
+    assert "timeout" not in fabricjob.node_script(job(), "rank", ["python3"])  # the rank's own watchdog bounds it
 
 
 def test_an_image_missing_on_a_node_is_said_instead_of_a_pull(tmp_path):
