@@ -10,7 +10,8 @@ containers run at once. Nothing of Slurm, munge or Docker is on them:
 (groups slurm_controller and slurm_nodes), ``make_job_image`` a job image once
 Docker is there, ``replay_probe(node, dmesg=...)`` recorded outputs for the
 health probe that Slurm runs (checks/slurm_health.py). A test that needs a cluster of its own asks ``slurm_kit.make()``
-(and ``slurm_kit.remove(cluster)`` when done: it adds three containers).
+(and ``slurm_kit.remove(cluster)`` when done: it adds three containers). ``torch_image`` is verify's CPU torch image
+(tests/integration/verify/conftest.py), for the fabric level through Slurm.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from slurm_kit import SlurmKit
+
+from tests.integration.verify.conftest import torch_image  # noqa: F401  (the CPU torch image verify --level fabric runs, once a session)
 
 
 def pytest_collection_modifyitems(items):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -29,11 +31,44 @@ def cluster(slurm_hosts, tmp_path_factory):
     return slurm_hosts, slurm_hosts.write(work / "inventory" / "hosts.yaml", VARS), work
 
 
+class NodeImages:
+    """The CPU torch image going into both nodes' engines in the background (1 GB: a minute or more on a busy machine), started
+    once provision has put Docker there, so the job tests in between hide it; the fabric tests wait for it."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self, hosts, docker_engine, image: str) -> None:
+        def put() -> None:
+            try:
+                put_image(hosts, docker_engine, image)
+            except BaseException as err:  # said by wait(), in the test that needs the image
+                self.error = err
+
+        self.thread = threading.Thread(target=put, daemon=True, name="torch-image-to-nodes")
+        self.thread.start()
+
+    def wait(self, hosts, docker_engine, image: str) -> None:
+        if self.thread is None:  # the fabric tests run alone (-k): nothing started it
+            self.start(hosts, docker_engine, image)
+        assert self.thread is not None
+        self.thread.join(900)
+        assert not self.thread.is_alive(), "the torch image took over 15 minutes to reach the nodes"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture(scope="module")
+def node_images() -> NodeImages:
+    return NodeImages()
+
+
 def steps_of(doc: dict) -> dict[str, dict[str, str]]:
     return {h["host"]: {s["step"]: s["status"] for s in h["steps"]} for h in doc["hosts"]}
 
 
-def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(cluster):
+def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(cluster, node_images, docker_engine, request):
     hosts, inv, work = cluster
     for node in hosts.nodes:  # gpurig's host probe cannot meet a GPU here: its health program replays recorded outputs
         hosts.replay_probe(node)
@@ -58,6 +93,10 @@ def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(clus
     again = steps_of(json.loads(second.stdout))
     assert all(status == "ok" for steps in again.values() for status in steps.values()), again
     hosts.make_job_image(IMAGE)
+    try:  # the fabric tests' torch image, on its way to the nodes while the job tests run
+        node_images.start(hosts, docker_engine, request.getfixturevalue("torch_image"))
+    except pytest.skip.Exception:
+        pass  # no CPU torch wheel here: the fabric tests skip too
 
 
 def run_job(work: Path, inv: Path, *flags: str, timeout: float = 300):
@@ -100,6 +139,95 @@ def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):
     ranks = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     master = sorted(n.name for n in hosts.nodes)[0]
     assert ranks == [f"rank 0 of 2 at {master}", f"rank 1 of 2 at {master}"], proc.stdout
+
+
+def put_image(hosts, docker_engine, image: str) -> None:
+    """``image`` into both nodes' own engines at once, as `gpurig deploy` would have put it there: one `docker save` here, its
+    stream fed to a `docker load` in each node (a save per node would read the 1 GB image twice)."""
+    save = subprocess.Popen([docker_engine.path, "save", image], stdout=subprocess.PIPE)
+    loads = [subprocess.Popen([docker_engine.path, "exec", "-i", node.cid, "docker", "load", "-q"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in hosts.nodes]
+    assert save.stdout is not None
+    for chunk in iter(lambda: save.stdout.read(1 << 20), b""):  # type: ignore[union-attr]
+        for load in loads:
+            load.stdin.write(chunk)  # type: ignore[union-attr]
+    assert save.wait() == 0
+    for node, load in zip(hosts.nodes, loads):
+        said = load.communicate(timeout=600)[0]
+        assert load.returncode == 0, f"{node.name}: {said.decode(errors='replace')[-1000:]}"
+
+
+def fabric_of(report: Path) -> tuple[dict, dict[str, dict]]:
+    doc = json.loads(report.read_text())
+    [entry] = doc["hosts"]
+    return doc, {r["id"]: r for r in entry["data"]["records"]}
+
+
+def test_the_fabric_level_through_slurm_all_reduces_across_the_nodes_in_one_job(cluster, torch_image, docker_engine, node_images):
+    """Issue 38: verify --level fabric --scheduler slurm, a real gloo all-reduce in the CPU torch image, one rank a node."""
+    hosts, inv, work = cluster
+    node_images.wait(hosts, docker_engine, torch_image)
+    report, junit = work / "fabric.json", work / "fabric.xml"
+    proc = gpurig(work, "verify", "-i", str(inv), "--level", "fabric", "--image", torch_image, "--scheduler", "slurm",
+                  "--json", str(report), "--junit", str(junit), timeout=900)
+    doc, got = fabric_of(report)
+    nodes = sorted(n.name for n in hosts.nodes)
+    assert got["fabric.slurm"]["status"] == "pass", proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"ran on {', '.join(nodes)}; " in got["fabric.slurm"]["detail"] and f"rendezvous {nodes[0]}:29500" in got["fabric.slurm"]["detail"]
+    assert doc["ranked"] == nodes and doc["excluded"] == {}
+    sized = [r for rid, r in got.items() if rid.startswith("fabric.allreduce.") and rid != "fabric.allreduce.correct"]
+    assert len(sized) == 9 and all(r["measured"] > 0 and r["unit"] == "GB/s" for r in sized), sized  # 4 kB .. 256 MB
+    assert got["fabric.latency"]["measured"] > 0
+    # the facts came through the job: the route to the rendezvous, as the other node resolved the first one's name
+    assert got["fabric.rendezvous"]["status"] == "pass" and doc["master"] == hosts.nodes[1].sh(
+        f"getent ahostsv4 {nodes[0]} | awk 'NR == 1 {{print $1}}'").stdout.strip()
+    assert got["fabric.mtu"]["status"] == "pass" and got["fabric.speed"]["status"] == "pass"
+    # the truth of these nodes, which are containers: their eth0 is a veth (a 10 Gb/s one), never a data network's NIC,
+    # so the level fails; gloo on a shared 2-core machine rarely fills the promise, and then each pair runs as a job of its own
+    assert got["fabric.interface"]["status"] == "fail" and "is a virtual/bridge interface" in got["fabric.interface"]["detail"]
+    assert got["fabric.busbw"]["status"] in ("pass", "fail") and ("fabric.culprit" in got) == (got["fabric.busbw"]["status"] == "fail")
+    assert proc.returncode == 1 and doc["passed"] is False
+    assert 'name="fabric (2 hosts)"' in junit.read_text()
+    kept = [json.loads(line) for line in (work / ".gpurig" / "history" / "verify.jsonl").read_text().splitlines()]
+    assert (kept[-1]["host"], kept[-1]["hosts"], kept[-1]["level"]) == ("*fabric*", nodes, "fabric")
+    for node in hosts.nodes:  # nothing left behind: no rank container, no output file
+        assert node.sh("docker ps -aq --filter label=io.gpurig.fabric").stdout.strip() == ""
+        assert node.sh("ls -A /home/gpurig/.cache/gpurig 2>/dev/null", check=False).stdout.strip() == ""
+
+
+def test_the_fabric_level_through_slurm_fails_saying_why_when_its_job_cannot_run(cluster, torch_image):
+    hosts, inv, work = cluster
+    names = ",".join(n.name for n in hosts.nodes)
+    report = work / "stuck.json"
+    verify = ("verify", "-i", str(inv), "--level", "fabric", "--image", torch_image, "--scheduler", "slurm", "--json", str(report))
+    # both nodes held by another job: ours waits (Resources), is cancelled at the bound and the level fails with Slurm's reason
+    hold = hosts.ssh(hosts.controller, f"sbatch --parsable --exclusive -N2 -w {names} --wrap 'sleep 300'").stdout.strip()
+    try:
+        proc = gpurig(work, *verify, "--pending-timeout", "3")
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        doc, got = fabric_of(report)
+        said = got["fabric.slurm"]
+        assert said["status"] == "fail" and re.fullmatch(r"slurm job \d+ stayed pending for \d+ s \(Resources\) and was cancelled: "
+                                                         r"nothing was measured", said["detail"]), said
+        assert "--pending-timeout" in said["fix"] and doc["passed"] is False and "is pending: Resources" in proc.stderr
+        assert hosts.ssh(hosts.controller, "squeue -h -o %i").stdout.split() == [hold]  # ours is gone, cancelled
+    finally:
+        hosts.ssh(hosts.controller, f"scancel {hold}")
+    # a drained node: no job is queued for the one left, and the drained one is named with the admin's reason
+    drained = hosts.nodes[1].name
+    hosts.ssh(hosts.controller, f"sudo scontrol update nodename={drained} state=drain reason=fabric-cabling")
+    try:
+        proc = gpurig(work, *verify)
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        _, got = fabric_of(report)
+        assert got["fabric.slurm"]["status"] == "fail" and got["fabric.slurm"]["detail"] == (
+            f"partition gpu has 1 of the selected nodes Slurm gives jobs ({hosts.nodes[0].name}): no job was queued")
+        assert got["fabric.slurm"]["fix"].startswith("resume the nodes")
+        assert got["fabric.slurm.nodes"]["status"] == "warn" and \
+            f"{drained}: Slurm gives it no job: drained (fabric-cabling)" in got["fabric.slurm.nodes"]["detail"]
+        assert f"{drained} is left out of the fabric job" in proc.stderr
+    finally:
+        hosts.ssh(hosts.controller, f"sudo scontrol update nodename={drained} state=resume")
 
 
 
