@@ -89,6 +89,8 @@ done
 exit 4
 """
 # The line out again, the file kept (its inode, owner and mode): only the lines without the marker are written back.
+# Also the guard's tail: it runs once the guard's channel ends (closed, the connection gone, or the run interrupted, when
+# the connection runs no new command).
 _REMOVE = r"""set -u
 f={path}
 [ -f "$f" ] || exit 0
@@ -110,6 +112,7 @@ class PeerLink:
     key_file: str = ""  # the serving host's authorized_keys file holding the line
     marker: str = ""
     _stream: Any = field(default=None, repr=False)
+    _guard: Any = field(default=None, repr=False)  # a channel on the serving host whose end takes the key's line out
 
     def close(self) -> None:
         """End the tunnel and take the key's line out; safe twice, and what cannot be undone is logged, not raised."""
@@ -119,9 +122,30 @@ class PeerLink:
                 stream.close()  # stdin ends: peer_tunnel.py stops ssh and removes its folder
             except OSError as err:
                 log.info("%s: closing the tunnel's channel: %s", self.puller.name, err)
-        if self.key_file:
-            path, self.key_file = self.key_file, ""
+        guard, self._guard = self._guard, None
+        path, self.key_file = self.key_file, ""
+        if guard is not None and end_guard(guard):
+            return  # the guard took the line out
+        if path:
             remove_key(self.server, path, self.marker)
+
+
+def end_guard(guard: Any, wait_s: float = 15) -> bool:
+    """End the guard's stdin and wait for it to exit (its removal done); False when it did not say so in time."""
+    try:
+        guard.settimeout(wait_s)
+        guard.shutdown_write()
+        while guard.recv(4096):
+            pass
+        return True
+    except OSError as err:  # socket.timeout among them
+        log.info("the one-time key's guard did not end: %s", err)
+        return False
+    finally:
+        try:
+            guard.close()
+        except OSError:
+            pass
 
 
 def remove_key(server: Connection, path: str, marker: str) -> None:
@@ -146,6 +170,7 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
     link = PeerLink(server, puller, target_port, marker=marker)
     try:
         link.key_file = add_key(server, login, restricted_line(public, target_port))
+        link._guard = guard_key(server, link.key_file, marker)
         source = shipped_text(TUNNEL)
         args = ["--address", address, "--ssh-port", str(ssh_port), "--login", login, "--target-port", str(target_port), "--host-key", host_key]
         opener = puller.stream_opener(embedded_line(source, "peer_tunnel.py", args))
@@ -164,6 +189,24 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
     except BaseException:
         link.close()
         raise
+
+
+def guard_key(server: Connection, path: str, marker: str) -> Any:
+    """A channel on ``server`` that takes the key's line out of ``path`` when it ends, whoever ends it: after Ctrl-C the
+    connection runs no new command (``remove_key`` cannot), but closing its channels (which the interrupt does) ends this
+    one. None where the host is this machine (its commands still run then)."""
+    line = f"sh -c {shlex.quote(_GUARD.format(remove=shlex.quote(_REMOVE.format(path=shlex.quote(path), marker=shlex.quote(marker)))))}"
+    opener = server.stream_opener(line)
+    if opener is None:
+        return None
+    return opener(30)
+
+
+# Waits for its channel's end (stdin closes), deaf to the hangup a lost connection may send, then runs the removal.
+_GUARD = """trap '' HUP INT TERM PIPE
+cat >/dev/null 2>&1
+exec sh -c {remove} >/dev/null 2>&1
+"""
 
 
 def add_key(server: Connection, login: str, line: str) -> str:

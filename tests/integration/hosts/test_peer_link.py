@@ -87,3 +87,25 @@ def test_a_serving_host_whose_key_is_not_the_pinned_one_is_refused_and_its_key_l
     assert "host key" in str(refused.value).lower() or "verification" in str(refused.value).lower()
     assert key_lines(login_user) == before
     assert not left_behind(login_user)
+
+
+def test_after_ctrl_c_the_serving_hosts_key_line_goes_with_its_guard_though_no_command_can_run(pair, web_on_loopback, login_user):
+    import time
+
+    server, server_sshd, puller = pair
+    before = key_lines(login_user)
+    link = open_peer_link(server, puller, "127.0.0.1", web_on_loopback, ssh_port=server_sshd.port)
+    try:
+        assert len(key_lines(login_user)) == len(before) + 1
+        server.interrupt()  # as the fleet does on Ctrl-C: no new command runs there, its channels are closed
+        puller.interrupt()
+        end = time.monotonic() + 20
+        while key_lines(login_user) != before and time.monotonic() < end:
+            time.sleep(0.1)  # polling interval while the guard's removal runs on the host, not a synchronisation sleep
+        assert key_lines(login_user) == before
+    finally:
+        link.close()
+    end = time.monotonic() + 20
+    while left_behind(login_user) and time.monotonic() < end:
+        time.sleep(0.1)  # the tunnel script stops ssh and removes its folder once its stdin ends
+    assert not left_behind(login_user)
