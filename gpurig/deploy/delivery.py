@@ -183,11 +183,11 @@ def push_staged(local: Engine, address: str, ref: str, image_id: str, progress: 
 
 
 def pull_through(remote: Engine, conn: Connection, ref: str, parsed: Reference, image_id: str, port: int, moved: Callable[[], int | None],
-                 staged: Staged, progress: Progress, say, how: tuple[str, str] = ("through the SSH connection", "through the SSH forward")) -> None:
+                 staged: Staged, progress: Progress, say, how: tuple[str, str] = ("through the SSH connection", "through the SSH forward")) -> int:
     """The host pulls the stages, then the image under a temporary name, from a registry on its own 127.0.0.1:``port`` (the build
     machine's through a reverse forward, or a layer cache: Docker pulls plain HTTP from loopback); the real name goes only on the
     complete, same-id image. ``moved()``: the bytes that reached the host so far (None: the pull's own count), for progress;
-    ``how``: where from, as the progress line and a failure say it."""
+    ``how``: where from, as the progress line and a failure say it. Returns the bytes the host's engine fetched."""
     say(f"the host pulls the layers it lacks {how[0]}")  # the line is shown after the host's name already
     via = f"127.0.0.1:{port}"
     temp = parsed.on(via)
@@ -195,7 +195,7 @@ def pull_through(remote: Engine, conn: Connection, ref: str, parsed: Reference, 
     try:
         for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
             _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker, conn)
-        _host_pull(remote, temp, tracker, conn)
+        fetched = _host_pull(remote, temp, tracker, conn)  # one tracker for all: the layers of every pull
         found = remote.image(temp)
         if found is None or found.id != image_id:
             raise DeliveryError(f"the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
@@ -209,6 +209,7 @@ def pull_through(remote: Engine, conn: Connection, ref: str, parsed: Reference, 
     finally:
         _untag(remote, temp)
     _forget_temporary_names(remote, parsed, staged)
+    return fetched
 
 
 def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:
