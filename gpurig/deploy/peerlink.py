@@ -5,7 +5,8 @@ and never through the build machine's link:
 
 - a one-time Ed25519 key, made here for this link alone;
 - its public half appended to the serving host's authorized_keys (the first file sshd reads that its login user may
-  write, from ``sshd -T``), restricted to this one forward: ``restrict,port-forwarding,permitopen="127.0.0.1:N",
+  write, from ``sshd -T``) by a script on a channel of its own that takes the line out again when the channel ends
+  (closed by ``close``, by Ctrl-C's interrupt, or with the connection), restricted to this one forward: ``restrict,port-forwarding,permitopen="127.0.0.1:N",
   command="/bin/false"``, so the key opens no shell, no other port, no agent or X11;
 - its private half sent to the pulling host on a channel's stdin to checks/peer_tunnel.py (never in a command line,
   a process list or a log), which runs ``ssh -N -L`` with the serving host's key pinned from the build machine's own
@@ -89,8 +90,6 @@ done
 exit 4
 """
 # The line out again, the file kept (its inode, owner and mode): only the lines without the marker are written back.
-# Also the guard's tail: it runs once the guard's channel ends (closed, the connection gone, or the run interrupted, when
-# the connection runs no new command).
 _REMOVE = r"""set -u
 f={path}
 [ -f "$f" ] || exit 0
@@ -169,8 +168,7 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
     private, public = one_time_key(marker)
     link = PeerLink(server, puller, target_port, marker=marker)
     try:
-        link.key_file = add_key(server, login, restricted_line(public, target_port))
-        link._guard = guard_key(server, link.key_file, marker)
+        link.key_file, link._guard = guarded_key(server, login, restricted_line(public, target_port), marker)
         source = shipped_text(TUNNEL)
         args = ["--address", address, "--ssh-port", str(ssh_port), "--login", login, "--target-port", str(target_port), "--host-key", host_key]
         opener = puller.stream_opener(embedded_line(source, "peer_tunnel.py", args))
@@ -191,29 +189,67 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
         raise
 
 
-def guard_key(server: Connection, path: str, marker: str) -> Any:
-    """A channel on ``server`` that takes the key's line out of ``path`` when it ends, whoever ends it: after Ctrl-C the
-    connection runs no new command (``remove_key`` cannot), but closing its channels (which the interrupt does) ends this
-    one. None where the host is this machine (its commands still run then)."""
-    line = f"sh -c {shlex.quote(_GUARD.format(remove=shlex.quote(_REMOVE.format(path=shlex.quote(path), marker=shlex.quote(marker)))))}"
-    opener = server.stream_opener(line)
+def guarded_key(server: Connection, login: str, line: str, marker: str) -> tuple[str, Any]:
+    """``add_key``, on a channel that stays open and takes the line out again when it ends, whoever ends it: (the file, the
+    channel). After Ctrl-C the connection runs no new command (``remove_key`` cannot), but the interrupt closes its channels,
+    which ends this one; and the line never exists without its channel. Where the host is this machine: ``add_key``, no channel."""
+    files = _key_files_of(server, login)
+    script = _GUARDED.format(files=" ".join(shlex.quote(f) for f in files), line=shlex.quote(line), marker=shlex.quote(marker))
+    opener = server.stream_opener(f"sh -c {shlex.quote(script)}")
     if opener is None:
-        return None
-    return opener(30)
+        return add_key(server, login, line), None
+    guard: Any = opener(30)
+    said = b""
+    try:
+        while not said.endswith(b"\n"):
+            chunk = guard.recv(4096)
+            if not chunk:
+                break
+            said += chunk
+    except OSError:
+        said = b""
+    path = said.decode(errors="replace").strip()
+    if not path.startswith("/"):
+        end_guard(guard)
+        raise PeerLinkError(f"sshd reads keys for {login} only from files it may not write ({', '.join(files) or 'none'})",
+                            "", host=server.name)
+    return path, guard
 
 
-# Waits for its channel's end (stdin closes), deaf to the hangup a lost connection may send, then runs the removal.
-_GUARD = """trap '' HUP INT TERM PIPE
+# Run as the serving host's login user on a channel of its own: _ADD, then wait for the channel's end (stdin closes), deaf
+# to the hangup a lost connection may send, then the line out again as _REMOVE does.
+_GUARDED = r"""set -u
+trap '' HUP INT TERM PIPE
+cd
+umask 077
+added=""
+for f in {files}; do
+  d=$(dirname -- "$f")
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; : > "$f"; fi
+  printf '%s
+' {line} >> "$f"
+  added="$(cd -- "$d" && pwd)/$(basename -- "$f")"
+  break
+done
+[ -n "$added" ] || {{ echo none; exit 4; }}
+echo "$added"
 cat >/dev/null 2>&1
-exec sh -c {remove} >/dev/null 2>&1
+t=$(mktemp) || exit 1
+grep -vF -- {marker} "$added" > "$t" || true
+cat "$t" > "$added"
+rm -f -- "$t"
 """
+
+
+def _key_files_of(server: Connection, login: str) -> list[str]:
+    spec = shlex.quote(f"user={login},host=gpurig-peer,addr=127.0.0.1")
+    asked = server.admin(f'PATH="$PATH:/usr/sbin:/sbin" sshd -T -C {spec}', warn=True, timeout=30)  # root's to read; else the defaults
+    return key_files(asked.stdout if asked.exited == 0 else "", login)
 
 
 def add_key(server: Connection, login: str, line: str) -> str:
     """Append ``line`` to the first authorized_keys file sshd reads for ``login`` that it may write; that file's path."""
-    spec = shlex.quote(f"user={login},host=gpurig-peer,addr=127.0.0.1")
-    asked = server.admin(f'PATH="$PATH:/usr/sbin:/sbin" sshd -T -C {spec}', warn=True, timeout=30)  # root's to read; else the defaults
-    files = key_files(asked.stdout if asked.exited == 0 else "", login)
+    files = _key_files_of(server, login)
     script = _ADD.format(files=" ".join(shlex.quote(f) for f in files), line=shlex.quote(line))
     result = server.run(f"sh -c {shlex.quote(script)}", warn=True, timeout=30)
     if result.exited != 0 or not result.stdout.strip():

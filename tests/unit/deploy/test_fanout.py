@@ -275,3 +275,20 @@ def test_a_child_waiting_on_its_parent_is_stopped_by_ctrl_c():
     conn.interrupt()
     with pytest.raises(DeliveryInterrupted):
         fan(Engine("h1"), conn, TARGET, lambda text: None)
+
+
+def test_the_table_and_the_json_name_where_a_fanned_out_image_came_from():
+    from gpurig.deploy.apply import container_doc
+    from gpurig.flows.fleetdeploy import deploy_cells
+    from gpurig.status import Status
+    from gpurig.steps.plan import StepResult
+
+    details = {"image": REF, "delivery": "fan-out", "delivery_source": "a100-01", "bytes_moved": 1_100_000_000,
+               "delivery_note": "a100-03 cannot reach a100-02 at 10.0.0.2:22: refused: delivered from a100-01"}
+    r = StepResult("gpurig-slim", Status.CHANGED, "", (), details=details)
+    action, image, moved, reason = deploy_cells(r, check=False)
+    assert moved == "1.10 GB (fan-out from a100-01)" and reason.endswith("delivered from a100-01")
+    doc = container_doc(r)
+    assert (doc["delivery"], doc["delivery_source"], doc["bytes_moved"]) == ("fan-out", "a100-01", 1_100_000_000)
+    plain = StepResult("gpurig-slim", Status.CHANGED, "", (), details={**details, "delivery": "forward", "delivery_source": ""})
+    assert deploy_cells(plain, check=False)[2] == "1.10 GB (forward)"  # today's path reads as before
