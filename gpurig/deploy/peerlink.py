@@ -76,14 +76,24 @@ def key_files(sshd_t: str, login: str) -> list[str]:
     return expanded
 
 
+# Hosts pulling from one serving host add and remove their lines at once: each change holds a lock (a folder: mkdir is
+# atomic everywhere), and a missing file is created without truncating the one another link just made; a lock left by
+# a killed script is broken after about 5 s.
+_LOCK = r"""lock="${{TMPDIR:-/tmp}}/gpurig-keys-$(id -u).lock"
+take() {{ i=0; until mkdir "$lock" 2>/dev/null; do i=$((i+1)); if [ $i -gt 100 ]; then rmdir "$lock" 2>/dev/null || true; i=0; fi; sleep 0.05; done; }}
+give() {{ rmdir "$lock" 2>/dev/null || true; }}
+"""
 # Run as the serving host's login user: the first file it may write (made with 0600 where it is missing), the line appended.
 _ADD = r"""set -eu
 cd
 umask 077
-for f in {files}; do
+""" + _LOCK + r"""for f in {files}; do
   d=$(dirname -- "$f")
-  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; : > "$f"; fi
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; fi
+  take
+  : >> "$f"
   printf '%s\n' {line} >> "$f"
+  give
   echo "$(cd -- "$d" && pwd)/$(basename -- "$f")"
   exit 0
 done
@@ -91,11 +101,13 @@ exit 4
 """
 # The line out again, the file kept (its inode, owner and mode): only the lines without the marker are written back.
 _REMOVE = r"""set -u
-f={path}
+""" + _LOCK + r"""f={path}
 [ -f "$f" ] || exit 0
 t=$(mktemp) || exit 1
+take
 grep -vF -- {marker} "$f" > "$t" || true
 cat "$t" > "$f"
+give
 rm -f -- "$t"
 """
 
@@ -222,12 +234,14 @@ _GUARDED = r"""set -u
 trap '' HUP INT TERM PIPE
 cd
 umask 077
-added=""
+""" + _LOCK + r"""added=""
 for f in {files}; do
   d=$(dirname -- "$f")
-  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; : > "$f"; fi
-  printf '%s
-' {line} >> "$f"
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; fi
+  take
+  : >> "$f"
+  printf '%s\n' {line} >> "$f"
+  give
   added="$(cd -- "$d" && pwd)/$(basename -- "$f")"
   break
 done
@@ -235,8 +249,10 @@ done
 echo "$added"
 cat >/dev/null 2>&1
 t=$(mktemp) || exit 1
+take
 grep -vF -- {marker} "$added" > "$t" || true
 cat "$t" > "$added"
+give
 rm -f -- "$t"
 """
 

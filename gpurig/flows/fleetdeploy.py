@@ -103,8 +103,8 @@ def print_fanout(summary: list[dict]) -> None:
     from gpurig.deploy.progress import human_size
 
     for s in summary:
-        if not s["hosts"]:
-            continue
+        if not any(h["method"] == "fan-out" for h in s["hosts"].values()):
+            continue  # nothing moved this way (the image was on every host, say)
         err_console.print(f"fan-out of {outside(s['image'])}: {human_size(s['sent'])} out of the build machine for {len(s['hosts'])} hosts "
                           f"(the image is {human_size(s['size'])}; {human_size(s['received'])} received in all)", highlight=False, soft_wrap=True)
 
