@@ -45,3 +45,23 @@ def test_chains_descendants_and_the_lines_a_person_reads():
     assert chain(parents, "h5") == ["h2", "h0", None]
     assert descendants(parents, "h1") == ["h3", "h4"] and descendants(parents, "h0") == ["h1", "h2", "h3", "h4", "h5"]
     assert describe(parents) == ["h0 <- the build machine", "h1, h2 <- h0", "h3, h4 <- h1", "h5 <- h2"]
+
+
+def test_members_are_the_hosts_running_an_image_built_here_with_where_their_peers_reach_them():
+    from types import SimpleNamespace
+
+    from gpurig.deploy.fanoutwire import members
+    from gpurig.inventory import Host
+
+    built, registry_only = SimpleNamespace(id="sha256:1"), None
+    hosts = [Host("a", ("gpu", "all"), {"gpurig_delivery": {"address": "10.0.0.1"}}, address="a.example", port=2200),
+             Host("b", ("gpu",), {"gpurig_delivery": {"peer": False, "port": 2222}}, address="b.example"),
+             Host("c", ("gpu",), {}, address="", port=None),
+             Host("d", ("gpu",), {})]
+    t = lambda ref, image: SimpleNamespace(image_ref=ref, image=image)  # noqa: E731
+    targets = {"a": [t("img:1", built), t("img:1", built)], "b": [t("img:1", built)], "c": [t("img:1", built), t("reg:1", registry_only)],
+               "d": [t("other:1", built)]}
+    found = members(hosts, targets, "inventory/hosts.yaml")
+    assert list(found) == ["img:1"]  # other:1 runs on one host only; reg:1 only a registry has
+    assert found["img:1"] == [Member("a", ("gpu", "all"), True, "10.0.0.1", 2200), Member("b", ("gpu",), False, "b.example", 2222),
+                              Member("c", ("gpu",), True, "c", 22)]
