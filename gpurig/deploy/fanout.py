@@ -202,10 +202,17 @@ class FanOut:
                     say(f"pulls from {above}'s layer cache (through {m.address}:{m.ssh_port})")
                     try:
                         moved = self._through(ref, node, engine, conn, t, link, above, None, progress, say)
+                    except delivery.DeliveryError as err:
+                        # a host that serves no one tries further up (only the layers still missing move); one that
+                        # serves, or a full disk, fails as today's delivery does
+                        if node.upstream is link or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                            raise
+                        why = f"could not pull from {above}'s layer cache: {err.problem}"
+                    else:
+                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
                     finally:
                         if node.upstream is not link:  # not kept for a cache of its own
                             self._let_go(parent, conn.name, link)
-                    return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
             whys.append(why)
         say(f"pulls from {BUILD_MACHINE}")
         try:

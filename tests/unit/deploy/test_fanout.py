@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpurig.deploy.delivery import Delivery, DeliveryInterrupted
+from gpurig.deploy.delivery import DISK_FULL_FIX, Delivery, DeliveryError, DeliveryInterrupted
 from gpurig.deploy.fanout import FanOut, NotThisWay
 from gpurig.deploy.fanouttree import Member
 from gpurig.deploy.peerlink import PeerLinkError
@@ -72,6 +72,7 @@ class Hosts:
         self.refused: set[str] = set()
         self.hold: dict[str, threading.Event] = {}
         self.pulling: dict[str, threading.Event] = {}
+        self.fail_once: set[str] = set()  # hosts whose first pull breaks off
         self.ports = iter(range(40000, 41000))
         self.lock = threading.Lock()
 
@@ -99,6 +100,9 @@ class Hosts:
         self.pulling.setdefault(conn.name, threading.Event()).set()
         if conn.name in self.hold:
             assert self.hold[conn.name].wait(10)
+        if conn.name in self.fail_once:
+            self.fail_once.discard(conn.name)
+            raise DeliveryError("pulling from h1's layer cache failed: unexpected EOF", "deploy again", host=conn.name)
         with self.lock:
             self.log.append(("pull", conn.name, port))
         return IMAGE.size
@@ -292,3 +296,29 @@ def test_the_table_and_the_json_name_where_a_fanned_out_image_came_from():
     assert (doc["delivery"], doc["delivery_source"], doc["bytes_moved"]) == ("fan-out", "a100-01", 1_100_000_000)
     plain = StepResult("gpurig-slim", Status.CHANGED, "", (), details={**details, "delivery": "forward", "delivery_source": ""})
     assert deploy_cells(plain, check=False)[2] == "1.10 GB (forward)"  # today's path reads as before
+
+
+def test_a_host_serving_no_one_whose_pull_from_its_parent_breaks_tries_further_up():
+    names = ["h0", "h1", "h2"]
+    hosts = Hosts()
+    hosts.fail_once.add("h2")
+    got = run(fanout(names, hosts, k=1), names)  # h0 <- h1 <- h2
+    assert got["h2"].source == "h0"
+    assert got["h2"].note == "h2 could not pull from h1's layer cache: pulling from h1's layer cache failed: unexpected EOF: delivered from h0"
+    assert not hosts.open_things()
+
+
+def test_a_full_disk_is_not_tried_again_elsewhere():
+    names = ["h0", "h1"]
+    hosts = Hosts()
+    real_pull = hosts.pull
+
+    def full(engine, conn, *args):
+        if conn.name == "h1":
+            raise DeliveryError("the host's disk is full (no space left on device)", DISK_FULL_FIX, host="h1")
+        return real_pull(engine, conn, *args)
+
+    hosts.pull = full
+    got = run(fanout(names, hosts), names)
+    assert isinstance(got["h1"], DeliveryError) and got["h1"].fix == DISK_FULL_FIX
+    assert not hosts.open_things()
