@@ -111,6 +111,7 @@ class ContainerRun:
         self.engine, self.target, self.devices, self.job, self.moved = engine, target, devices, job, moved
         self.delivery = ""
         self.delivery_note = ""  # why faster paths were not taken (e.g. no docker-registry here, with the fix)
+        self.delivery_source = ""  # fan-out: the build machine, or the host whose layer cache it pulled from
         self.bytes_moved = 0
         self.access: list[str] = []  # lines for a person (may hold the Jupyter token: terminal only)
         self.logs = ""  # the last log lines of a container that did not start
@@ -129,12 +130,12 @@ class ContainerRun:
             job.progress(conn.name, f"image {t.image_ref}")
             self.moved[t.image_ref] = job.deliver(self.engine, conn, t, lambda text: job.progress(conn.name, text))
         d = self.moved[t.image_ref]
-        self.delivery, self.bytes_moved, self.delivery_note = d.method, d.bytes_moved, d.note
+        self.delivery, self.bytes_moved, self.delivery_note, self.delivery_source = d.method, d.bytes_moved, d.note, d.source
         make_workspaces(conn, t)
 
     def result(self, p: Plan, error: GpurigError | None = None) -> StepResult:
         details = {"image": self.target.image_ref, "delivery": self.delivery, "delivery_note": self.delivery_note,
-                   "bytes_moved": self.bytes_moved,
+                   "delivery_source": self.delivery_source, "bytes_moved": self.bytes_moved,
                    "logs": self.logs, "exit_code": self.exit_code, "access": tuple(self.access)}
         if error is not None:
             return StepResult(self.target.spec.name, Status.FAILED, error.problem, p.changes, fix=error.fix, details=details)
@@ -155,7 +156,8 @@ def container_doc(r: StepResult) -> dict[str, Any]:
     change = r.changes[0] if r.changes else None
     d = r.details
     return {"name": r.step, "status": r.status, "action": change.summary if change else "none", "image": d.get("image", ""),
-            "delivery": d.get("delivery", ""), "delivery_note": d.get("delivery_note", ""), "bytes_moved": d.get("bytes_moved", 0),
+            "delivery": d.get("delivery", ""), "delivery_note": d.get("delivery_note", ""), "delivery_source": d.get("delivery_source", ""),
+            "bytes_moved": d.get("bytes_moved", 0),
             "diff": [{"key": k, "old": o, "new": n} for k, o, n in (change.settings if change else ())],
             "reason": r.reason, "fix": r.fix, "logs": d.get("logs", ""), "exit_code": d.get("exit_code")}
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from gpurig.connect.connection import ChannelError, Connection
 from gpurig.connect.engine import Engine, EngineError, EngineLost
-from gpurig.connect.forward import Meter, ReverseForward
+from gpurig.connect.forward import Meter
 from gpurig.deploy.progress import Progress, PullFailed, PullProgress, PushProgress
-from gpurig.deploy.registry import RegistryError, find_registry_binary, parse_reference, shared_registry, staging_reference
+from gpurig.deploy.registry import Reference, RegistryError, find_registry_binary, parse_reference, shared_registry, staging_reference
 from gpurig.deploy.stages import Staged, StageError, stage_image
 from gpurig.errors import HostError, last_line
 
@@ -64,6 +64,7 @@ class Delivery:
     image_id: str
     seconds: float = 0.0
     note: str = ""  # why faster paths were not taken
+    source: str = ""  # fan-out (gpurig.deploy.fanout): "build machine", or the host whose layer cache it pulled from
 
 
 def deliver(local: Engine, remote: Engine, conn: Connection, ref: str, *, registry: str | None = None,
@@ -157,34 +158,44 @@ def _forward(local: Engine, remote: Engine, conn: Connection, ref: str, image_id
     parsed = staging_reference(parse_reference(ref))
     try:
         with shared_registry(cache_dir) as registry:
-            say(f"pushing {ref} into the local registry (this machine's side of the SSH forward)")
-            say(f"pushed into the local registry: {_push(local, image_id, parsed.on(registry.address), progress, conn)}")
-            try:
-                staged = stage_image(registry.address, parsed.path, parsed.tag)
-            except StageError:  # one pull of the whole image: still only missing layers, but no resume point
-                staged = Staged((), ())
+            staged = push_staged(local, registry.address, ref, image_id, progress, conn, say)
             try:
                 forward = conn.reverse_forward(("127.0.0.1", registry.port))
             except ChannelError as err:
                 raise _FallBack(f"{err.problem}, so the whole image moved by docker save | docker load") from None
             with forward:
-                _pull_forwarded(remote, conn, ref, parsed, image_id, forward, staged, progress, say)
+                pull_through(remote, conn, ref, parsed, image_id, forward.port, lambda: forward.meter.down, staged, progress, say)
             return forward.meter.total
     except RegistryError as err:
         raise _FallBack(f"{err.problem}: moved by docker save | docker load") from None
 
 
-def _pull_forwarded(remote: Engine, conn: Connection, ref: str, parsed, image_id: str, forward: ReverseForward, staged: Staged,
-                    progress: Progress, say) -> None:
-    """The host pulls the stages, then the image under a temporary name; the real name goes only on the complete, same-id image."""
-    say("the host pulls the layers it lacks through the SSH connection")  # the line is shown after the host's name already
-    via = f"127.0.0.1:{forward.port}"
+def push_staged(local: Engine, address: str, ref: str, image_id: str, progress: Progress, conn: Connection, say) -> Staged:
+    """The image pushed into the local registry at ``address`` under its staging name (only new layers are written), and its
+    stages made there; ``conn``: the host this is done for (an interrupted run stops the push)."""
+    parsed = staging_reference(parse_reference(ref))
+    say(f"pushing {ref} into the local registry (this machine's side of the SSH forward)")
+    say(f"pushed into the local registry: {_push(local, image_id, parsed.on(address), progress, conn)}")
+    try:
+        return stage_image(address, parsed.path, parsed.tag)
+    except StageError:  # one pull of the whole image: still only missing layers, but no resume point
+        return Staged((), ())
+
+
+def pull_through(remote: Engine, conn: Connection, ref: str, parsed: Reference, image_id: str, port: int, moved: Callable[[], int | None],
+                 staged: Staged, progress: Progress, say, how: tuple[str, str] = ("through the SSH connection", "through the SSH forward")) -> int:
+    """The host pulls the stages, then the image under a temporary name, from a registry on its own 127.0.0.1:``port`` (the build
+    machine's through a reverse forward, or a layer cache: Docker pulls plain HTTP from loopback); the real name goes only on the
+    complete, same-id image. ``moved()``: the bytes that reached the host so far (None: the pull's own count), for progress;
+    ``how``: where from, as the progress line and a failure say it. Returns the bytes the host's engine fetched."""
+    say(f"the host pulls the layers it lacks {how[0]}")  # the line is shown after the host's name already
+    via = f"127.0.0.1:{port}"
     temp = parsed.on(via)
-    tracker = PullProgress(progress, staged.sizes, lambda: forward.meter.down)
+    tracker = PullProgress(progress, staged.sizes, moved)
     try:
         for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
             _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker, conn)
-        _host_pull(remote, temp, tracker, conn)
+        fetched = _host_pull(remote, temp, tracker, conn)  # one tracker for all: the layers of every pull
         found = remote.image(temp)
         if found is None or found.id != image_id:
             raise DeliveryError(f"the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
@@ -193,11 +204,12 @@ def _pull_forwarded(remote: Engine, conn: Connection, ref: str, parsed, image_id
     except PullFailed as err:
         if err.disk_full:
             raise _disk_full(remote, err.message) from None
-        raise DeliveryError(f"pulling through the SSH forward failed: {err.message}",
+        raise DeliveryError(f"pulling {how[1]} failed: {err.message}",
                             "deploy again: only the layers still missing will move", host=remote.name) from None
     finally:
         _untag(remote, temp)
     _forget_temporary_names(remote, parsed, staged)
+    return fetched
 
 
 def _forget_temporary_names(remote: Engine, parsed, staged: Staged) -> None:

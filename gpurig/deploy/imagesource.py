@@ -33,14 +33,20 @@ def mover(image_spec: ImageSpec, local: Engine | None, printer: CountShown | Non
     """deploy's ``deliver``: the image from this machine's engine (or the spec's registry), its bytes counted on ``printer``."""
 
     def move(engine: Engine, conn: Connection, t: Target, say):
-        def count(done: int, total: int) -> None:
-            if printer is not None:
-                of = f" of {human_size(total)}" if total else ""  # a total not known yet is not "of 0 B"
-                printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done or 0)}{of}")
-
-        return send_from(local, engine, conn, t.image_ref, image_spec.registry or None, say=say, progress=count)
+        return send_from(local, engine, conn, t.image_ref, image_spec.registry or None, say=say, progress=counter(printer, conn, t))
 
     return move
+
+
+def counter(printer: CountShown | None, conn: Connection, t: Target):
+    """The progress callback of one host's delivery of ``t``'s image: its bytes on ``printer``."""
+
+    def count(done: int, total: int) -> None:
+        if printer is not None:
+            of = f" of {human_size(total)}" if total else ""  # a total not known yet is not "of 0 B"
+            printer.count(conn.name, done, total, f"{t.image_ref}: {human_size(done or 0)}{of}")
+
+    return count
 
 
 def send_from(local: Engine | None, engine: Engine, conn: Connection, ref: str, registry: str | None, **how) -> Delivery:

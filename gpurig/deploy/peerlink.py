@@ -5,7 +5,8 @@ and never through the build machine's link:
 
 - a one-time Ed25519 key, made here for this link alone;
 - its public half appended to the serving host's authorized_keys (the first file sshd reads that its login user may
-  write, from ``sshd -T``), restricted to this one forward: ``restrict,port-forwarding,permitopen="127.0.0.1:N",
+  write, from ``sshd -T``) by a script on a channel of its own that takes the line out again when the channel ends
+  (closed by ``close``, by Ctrl-C's interrupt, or with the connection), restricted to this one forward: ``restrict,port-forwarding,permitopen="127.0.0.1:N",
   command="/bin/false"``, so the key opens no shell, no other port, no agent or X11;
 - its private half sent to the pulling host on a channel's stdin to checks/peer_tunnel.py (never in a command line,
   a process list or a log), which runs ``ssh -N -L`` with the serving host's key pinned from the build machine's own
@@ -75,14 +76,24 @@ def key_files(sshd_t: str, login: str) -> list[str]:
     return expanded
 
 
+# Hosts pulling from one serving host add and remove their lines at once: each change holds a lock (a folder: mkdir is
+# atomic everywhere), and a missing file is created without truncating the one another link just made; a lock left by
+# a killed script is broken after about 5 s.
+_LOCK = r"""lock="${{TMPDIR:-/tmp}}/gpurig-keys-$(id -u).lock"
+take() {{ i=0; until mkdir "$lock" 2>/dev/null; do i=$((i+1)); if [ $i -gt 100 ]; then rmdir "$lock" 2>/dev/null || true; i=0; fi; sleep 0.05; done; }}
+give() {{ rmdir "$lock" 2>/dev/null || true; }}
+"""
 # Run as the serving host's login user: the first file it may write (made with 0600 where it is missing), the line appended.
 _ADD = r"""set -eu
 cd
 umask 077
-for f in {files}; do
+""" + _LOCK + r"""for f in {files}; do
   d=$(dirname -- "$f")
-  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; : > "$f"; fi
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; fi
+  take
+  : >> "$f"
   printf '%s\n' {line} >> "$f"
+  give
   echo "$(cd -- "$d" && pwd)/$(basename -- "$f")"
   exit 0
 done
@@ -90,11 +101,13 @@ exit 4
 """
 # The line out again, the file kept (its inode, owner and mode): only the lines without the marker are written back.
 _REMOVE = r"""set -u
-f={path}
+""" + _LOCK + r"""f={path}
 [ -f "$f" ] || exit 0
 t=$(mktemp) || exit 1
+take
 grep -vF -- {marker} "$f" > "$t" || true
 cat "$t" > "$f"
+give
 rm -f -- "$t"
 """
 
@@ -110,6 +123,7 @@ class PeerLink:
     key_file: str = ""  # the serving host's authorized_keys file holding the line
     marker: str = ""
     _stream: Any = field(default=None, repr=False)
+    _guard: Any = field(default=None, repr=False)  # a channel on the serving host whose end takes the key's line out
 
     def close(self) -> None:
         """End the tunnel and take the key's line out; safe twice, and what cannot be undone is logged, not raised."""
@@ -119,9 +133,30 @@ class PeerLink:
                 stream.close()  # stdin ends: peer_tunnel.py stops ssh and removes its folder
             except OSError as err:
                 log.info("%s: closing the tunnel's channel: %s", self.puller.name, err)
-        if self.key_file:
-            path, self.key_file = self.key_file, ""
+        guard, self._guard = self._guard, None
+        path, self.key_file = self.key_file, ""
+        if guard is not None and end_guard(guard):
+            return  # the guard took the line out
+        if path:
             remove_key(self.server, path, self.marker)
+
+
+def end_guard(guard: Any, wait_s: float = 15) -> bool:
+    """End the guard's stdin and wait for it to exit (its removal done); False when it did not say so in time."""
+    try:
+        guard.settimeout(wait_s)
+        guard.shutdown_write()
+        while guard.recv(4096):
+            pass
+        return True
+    except OSError as err:  # socket.timeout among them
+        log.info("the one-time key's guard did not end: %s", err)
+        return False
+    finally:
+        try:
+            guard.close()
+        except OSError:
+            pass
 
 
 def remove_key(server: Connection, path: str, marker: str) -> None:
@@ -145,7 +180,7 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
     private, public = one_time_key(marker)
     link = PeerLink(server, puller, target_port, marker=marker)
     try:
-        link.key_file = add_key(server, login, restricted_line(public, target_port))
+        link.key_file, link._guard = guarded_key(server, login, restricted_line(public, target_port), marker)
         source = shipped_text(TUNNEL)
         args = ["--address", address, "--ssh-port", str(ssh_port), "--login", login, "--target-port", str(target_port), "--host-key", host_key]
         opener = puller.stream_opener(embedded_line(source, "peer_tunnel.py", args))
@@ -166,11 +201,71 @@ def open_peer_link(server: Connection, puller: Connection, address: str, target_
         raise
 
 
-def add_key(server: Connection, login: str, line: str) -> str:
-    """Append ``line`` to the first authorized_keys file sshd reads for ``login`` that it may write; that file's path."""
+def guarded_key(server: Connection, login: str, line: str, marker: str) -> tuple[str, Any]:
+    """``add_key``, on a channel that stays open and takes the line out again when it ends, whoever ends it: (the file, the
+    channel). After Ctrl-C the connection runs no new command (``remove_key`` cannot), but the interrupt closes its channels,
+    which ends this one; and the line never exists without its channel. Where the host is this machine: ``add_key``, no channel."""
+    files = _key_files_of(server, login)
+    script = _GUARDED.format(files=" ".join(shlex.quote(f) for f in files), line=shlex.quote(line), marker=shlex.quote(marker))
+    opener = server.stream_opener(f"sh -c {shlex.quote(script)}")
+    if opener is None:
+        return add_key(server, login, line), None
+    guard: Any = opener(30)
+    said = b""
+    try:
+        while not said.endswith(b"\n"):
+            chunk = guard.recv(4096)
+            if not chunk:
+                break
+            said += chunk
+    except OSError:
+        said = b""
+    path = said.decode(errors="replace").strip()
+    if not path.startswith("/"):
+        end_guard(guard)
+        raise PeerLinkError(f"sshd reads keys for {login} only from files it may not write ({', '.join(files) or 'none'})",
+                            "", host=server.name)
+    return path, guard
+
+
+# Run as the serving host's login user on a channel of its own: _ADD, then wait for the channel's end (stdin closes), deaf
+# to the hangup a lost connection may send, then the line out again as _REMOVE does.
+_GUARDED = r"""set -u
+trap '' HUP INT TERM PIPE
+cd
+umask 077
+""" + _LOCK + r"""added=""
+for f in {files}; do
+  d=$(dirname -- "$f")
+  if [ -e "$f" ]; then [ -w "$f" ] || continue; else mkdir -p -- "$d" 2>/dev/null && [ -w "$d" ] || continue; fi
+  take
+  : >> "$f"
+  printf '%s\n' {line} >> "$f"
+  give
+  added="$(cd -- "$d" && pwd)/$(basename -- "$f")"
+  break
+done
+[ -n "$added" ] || {{ echo none; exit 4; }}
+echo "$added"
+cat >/dev/null 2>&1
+t=$(mktemp) || exit 1
+take
+grep -vF -- {marker} "$added" > "$t" || true
+cat "$t" > "$added"
+give
+rm -f -- "$t"
+"""
+
+
+def _key_files_of(server: Connection, login: str) -> list[str]:
     spec = shlex.quote(f"user={login},host=gpurig-peer,addr=127.0.0.1")
     asked = server.admin(f'PATH="$PATH:/usr/sbin:/sbin" sshd -T -C {spec}', warn=True, timeout=30)  # root's to read; else the defaults
-    files = key_files(asked.stdout if asked.exited == 0 else "", login)
+    return key_files(asked.stdout if asked.exited == 0 else "", login)
+
+
+def add_key(server: Connection, login: str, line: str) -> str:
+    """Append ``line`` to the first authorized_keys file sshd reads for ``login`` that it may write; that file's path."""
+    files = _key_files_of(server, login)
     script = _ADD.format(files=" ".join(shlex.quote(f) for f in files), line=shlex.quote(line))
     result = server.run(f"sh -c {shlex.quote(script)}", warn=True, timeout=30)
     if result.exited != 0 or not result.stdout.strip():

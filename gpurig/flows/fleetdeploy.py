@@ -29,7 +29,8 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
     lines; exits non-zero when a host did not succeed. ``show_token``: Jupyter's token in its URL even where no terminal reads it."""
     from gpurig.deploy import containers as container_specs
     from gpurig.deploy.apply import DeployJob, container_doc, deploy_host
-    from gpurig.deploy.imagesource import local_engine_if_any, mover, resolve
+    from gpurig.deploy.fanoutwire import fleet_fanout
+    from gpurig.deploy.imagesource import counter, local_engine_if_any, mover, resolve
     from gpurig.report.changes import host_documents, print_diffs, result_rows
     from gpurig.report.deliveryprogress import ProgressPrinter
     from gpurig.steps.plan import outcome
@@ -43,8 +44,15 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
         targets[host.name] = [resolve(image_spec, s, local) for s in specs]
 
     printer = ProgressPrinter() if err_console.is_terminal or opts.verbose else None
+    plain = mover(image_spec, local, printer)
+    # several hosts needing one image: the build machine sends it into the fleet about once (gpurig.deploy.fanout)
+    fan = None if opts.check or len(chosen) < 2 else fleet_fanout(
+        chosen, targets, opts.settings.inventory, registry=image_spec.registry or None, local=local, plain=plain,
+        progress_for=lambda conn, t: counter(printer, conn, t))
+    if len(chosen) > 1 and (opts.check or opts.verbose):
+        show_tree(chosen, targets, opts, image_spec.registry or None, local)
     job = DeployJob(
-        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=mover(image_spec, local, printer),
+        targets=targets, assign_gpus=container_specs.assign_gpus, deliver=fan or plain,
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
         progress=printer.phase if printer is not None else (lambda host, text: None),
         show_token=show_token or (err_console if opts.json == "-" else console).is_terminal,
@@ -54,13 +62,17 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
         return outcome(deploy_host(conn, job), lambda r: f"{r.step}: {r.reason}")
 
     def annotate(rep: FleetReport) -> dict:
-        return {"hosts": host_documents(rep, "containers", container_doc)}
+        return {"hosts": host_documents(rep, "containers", container_doc), **({"fan_out": fan.summary()} if fan else {})}
 
     try:
-        report = run_hosts(opts, chosen, work, label="deploy", schema=SCHEMA, annotate=annotate)
+        report = run_hosts(opts, chosen, fan.wrap(work) if fan else work, label="deploy", schema=SCHEMA, annotate=annotate)
     finally:
+        if fan:
+            fan.close()  # whatever a host left: caches, links (their one-time keys), forwards, the registry
         if local:
             local.close()
+    if fan:
+        print_fanout(fan.summary())
     columns = [Column("host"), Column("container"), Column("status", styles=STATUS_STYLE), Column("action"),
                Column("image", drop=2), Column("moved", drop=1), Column("reason")]
     opts.show(columns, result_rows(report, lambda s: deploy_cells(s, opts.check), 4), doc=fleet_document(opts, report, SCHEMA, **annotate(report)))
@@ -72,6 +84,31 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
     exit_for(report)
 
 
+def show_tree(chosen: Sequence[Host], targets: dict[str, list[Target]], opts: HostOptions, registry: str | None, local) -> None:
+    """Who would pull from whom (--check, -v), on stderr."""
+    from gpurig.deploy.fanouttree import describe, plan_tree
+    from gpurig.deploy.fanoutwire import members
+    from gpurig.deploy.registry import find_registry_binary
+
+    if registry or local is None or find_registry_binary() is None:
+        return
+    for ref, ms in members(chosen, targets, opts.settings.inventory).items():
+        err_console.print(f"fan-out of {outside(ref)}:", highlight=False)
+        for line in describe(plan_tree(ms)):
+            err_console.print(f"  {outside(line)}", highlight=False, soft_wrap=True)
+
+
+def print_fanout(summary: list[dict]) -> None:
+    """One line per image: the bytes out of the build machine against the image's size, and what the hosts received."""
+    from gpurig.deploy.progress import human_size
+
+    for s in summary:
+        if not any(h["method"] == "fan-out" for h in s["hosts"].values()):
+            continue  # nothing moved this way (the image was on every host, say)
+        err_console.print(f"fan-out of {outside(s['image'])}: {human_size(s['sent'])} out of the build machine for {len(s['hosts'])} hosts "
+                          f"(the image is {human_size(s['size'])}; {human_size(s['received'])} received in all)", highlight=False, soft_wrap=True)
+
+
 def deploy_cells(s: StepResult, check: bool) -> list[str]:
     """action, image, moved, reason of one container."""
     from gpurig.deploy.progress import human_size
@@ -79,7 +116,8 @@ def deploy_cells(s: StepResult, check: bool) -> list[str]:
     action = s.changes[0].summary if s.changes else "none"
     action = f"would {action}" if check and s.changes else action
     d = s.details
-    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']})" if d.get("delivery") else ""
+    source = f" from {d['delivery_source']}" if d.get("delivery_source") else ""
+    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']}{source})" if d.get("delivery") else ""
     reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
     if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
         reason = f"{reason}\n" if reason else ""

@@ -86,6 +86,15 @@ class FabricSettings:
 
 
 @dataclass(frozen=True)
+class DeliverySettings:
+    """``gpurig_delivery``: this host's part in fleet delivery (gpurig.deploy.fanout), where hosts pass image layers to each other."""
+
+    peer: bool = True  # false: never serves layers to another host (it still pulls from its parent or the build machine)
+    address: str | None = None  # where the other hosts reach this host's sshd; None: its ansible_host
+    port: int | None = None  # that sshd's port; None: its ansible_port, else 22
+
+
+@dataclass(frozen=True)
 class HostProfile:
     """Everything the inventory asks of one host, typed. Steps plan from this and the host's facts."""
 
@@ -103,6 +112,7 @@ class HostProfile:
     slurm: SlurmSettings = SlurmSettings()
     slurm_expect_drained: bool = False  # a Slurm node meant to stay drained: provision warns of its drain instead of failing
     fabric: FabricSettings = FabricSettings()
+    delivery: DeliverySettings = DeliverySettings()
 
 
 class _Reader:
@@ -279,6 +289,15 @@ def _fabric(r: _Reader, value: Any) -> FabricSettings:
     )
 
 
+def _delivery(r: _Reader, value: Any) -> DeliverySettings:
+    m = r.mapping("gpurig_delivery", value, ("peer", "address", "port"))
+    return DeliverySettings(
+        peer=r.boolean("gpurig_delivery.peer", m["peer"]) if "peer" in m else True,
+        address=r.text("gpurig_delivery.address", m["address"], _ADDRESS, "10.0.0.11") if "address" in m else None,
+        port=r.bounded("gpurig_delivery", m, "port", (1, 65535), 22) if "port" in m else None,
+    )
+
+
 def _slurm(r: _Reader, value: Any) -> SlurmSettings:
     m = r.mapping("gpurig_slurm", value, ("cluster", "def_mem_per_cpu", "health_interval", "min_job_age", "rest"))
 
@@ -309,6 +328,7 @@ _READERS: dict[str, Callable[[_Reader, Any], Any] | None] = {
     "gpurig_containers": _containers,
     "gpurig_slurm": _slurm,
     "gpurig_fabric": _fabric,
+    "gpurig_delivery": _delivery,
     "gpurig_slurm_expect_drained": lambda r, v: r.boolean("gpurig_slurm_expect_drained", v),
 }
 PROFILE_KEYS = tuple(_READERS)

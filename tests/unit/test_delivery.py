@@ -257,10 +257,10 @@ def test_a_delivery_line_names_the_host_once_and_a_count_without_a_total_says_no
         raise Stop
 
     monkeypatch.setattr(delivery, "_host_pull", no_pull)
-    forward = SimpleNamespace(port=5000, meter=Meter())
+    meter = Meter()
     with pytest.raises(Stop):
-        delivery._pull_forwarded(SimpleNamespace(name="wt-h1", untag=lambda ref: None), None, "pytorch:slim", parse_reference("pytorch:slim"), "sha256:x",
-                                 forward, Staged((), ()), None, said.append)
+        delivery.pull_through(SimpleNamespace(name="wt-h1", untag=lambda ref: None), None, "pytorch:slim", parse_reference("pytorch:slim"), "sha256:x",
+                              5000, lambda: meter.down, Staged((), ()), None, said.append)
     assert said and "wt-h1" not in said[0]  # the printer puts "wt-h1: " before it: "wt-h1: wt-h1 pulls" said it twice
 
     shown: list[str] = []

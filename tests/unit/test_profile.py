@@ -8,7 +8,7 @@ import pytest
 
 from gpurig.errors import InventoryError
 from gpurig.inventory import Host, load_inventory
-from gpurig.inventory.profile import PROFILE_KEYS, DriverSettings, GpuExpectation, host_profile
+from gpurig.inventory.profile import PROFILE_KEYS, DeliverySettings, DriverSettings, GpuExpectation, host_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +52,15 @@ def test_every_setting_is_read_into_its_type():
     assert p.images[1].endswith("jupyter") and p.containers[0]["name"] == "alice"
 
 
+def test_gpurig_delivery_is_read_and_an_unknown_key_is_one_line_with_the_valid_keys():
+    p = profile(gpurig_delivery={"peer": False, "address": "10.0.0.7", "port": 2222})
+    assert (p.delivery.peer, p.delivery.address, p.delivery.port) == (False, "10.0.0.7", 2222)
+    assert profile().delivery == DeliverySettings() and DeliverySettings().peer
+    message = error(gpurig_delivery={"peers": False})
+    assert "gpurig_delivery.peers is not a known key" in message and "did you mean 'peer'?" in message
+    assert "valid keys in gpurig_delivery: peer, address, port" in message and "\n" not in message
+
+
 def test_a_host_without_gpurig_vars_gets_the_defaults():
     p = profile(ansible_user="ubuntu")
     assert p.daemon == {} and p.driver.install is False and p.docker.source == "distro" and not p.become
@@ -89,6 +98,10 @@ def test_unknown_nested_key_is_named_with_its_path():
         ({"gpurig_containers": {"name": "a"}}, "gpurig_containers must be a list"),
         ({"gpurig_containers": ["a"]}, "gpurig_containers[0] must be a mapping"),
         ({"gpurig_gpu_count": 8, "gpurig_gpus": {"count": 4}}, "gpurig_gpus.count and gpurig_gpu_count are both set"),
+        ({"gpurig_delivery": {"peer": "no"}}, "gpurig_delivery.peer must be true or false"),
+        ({"gpurig_delivery": {"port": 0}}, "gpurig_delivery.port must be from 1 to 65535"),
+        ({"gpurig_delivery": {"address": "10.0.0.1; rm -rf /"}}, "gpurig_delivery.address must be a string like '10.0.0.11'"),
+        ({"gpurig_delivery": "10.0.0.1"}, "gpurig_delivery must be a mapping, not a string"),
     ],
 )
 def test_wrong_values_are_one_clear_error(vars, fragment):

@@ -87,3 +87,45 @@ def test_a_serving_host_whose_key_is_not_the_pinned_one_is_refused_and_its_key_l
     assert "host key" in str(refused.value).lower() or "verification" in str(refused.value).lower()
     assert key_lines(login_user) == before
     assert not left_behind(login_user)
+
+
+def test_after_ctrl_c_the_serving_hosts_key_line_goes_with_its_guard_though_no_command_can_run(pair, web_on_loopback, login_user):
+    import time
+
+    server, server_sshd, puller = pair
+    before = key_lines(login_user)
+    link = open_peer_link(server, puller, "127.0.0.1", web_on_loopback, ssh_port=server_sshd.port)
+    try:
+        assert len(key_lines(login_user)) == len(before) + 1
+        server.interrupt()  # as the fleet does on Ctrl-C: no new command runs there, its channels are closed
+        puller.interrupt()
+        end = time.monotonic() + 20
+        while key_lines(login_user) != before and time.monotonic() < end:
+            time.sleep(0.1)  # polling interval while the guard's removal runs on the host, not a synchronisation sleep
+        assert key_lines(login_user) == before
+    finally:
+        link.close()
+    end = time.monotonic() + 20
+    while left_behind(login_user) and time.monotonic() < end:
+        time.sleep(0.1)  # the tunnel script stops ssh and removes its folder once its stdin ends
+    assert not left_behind(login_user)
+
+
+def test_links_opened_and_closed_at_once_to_one_serving_host_each_keep_their_own_key_line(pair, web_on_loopback, login_user):
+    """As a parent's children link to it at once: no add truncates or rewrites away another's line, no removal another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, server_sshd, puller = pair
+    before = key_lines(login_user)
+    with ThreadPoolExecutor(3) as pool:
+        links = list(pool.map(lambda _: open_peer_link(server, puller, "127.0.0.1", web_on_loopback, ssh_port=server_sshd.port), range(3)))
+    try:
+        assert len(key_lines(login_user)) == len(before) + 3
+        for link in links:
+            with urllib.request.urlopen(f"http://127.0.0.1:{link.port}/", timeout=10) as answer:
+                assert answer.read() == b"asked for /"
+    finally:
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda link: link.close(), links))
+    assert key_lines(login_user) == before
+    assert not left_behind(login_user)

@@ -1,0 +1,372 @@
+"""Fleet delivery: an image sent into the fleet about once, the hosts of one deploy passing its layers to each other.
+
+``FanOut`` is shared by the host threads of one `gpurig deploy` and called
+like ``imagesource.mover``'s deliver. The tree is fixed first
+(gpurig.deploy.fanouttree). A host that has children in it starts a layer
+cache (checks/layer_cache.py, gpurig.deploy.layercache) on its loopback
+whose upstream is its own parent: the build machine's registry through a
+reverse forward (the image pushed there once), or its parent's cache through
+a peer link (gpurig.deploy.peerlink); its dockerd pulls from that cache while
+the children pull through it too. A host without children pulls straight
+through its forward or link. Every pull uses delivery's stages, temporary
+name, id check and tag (``delivery.pull_through``).
+
+A child waits for its parent's cache (bounded); when the parent will not
+serve (the image was there already, its deploy ended before its delivery,
+the link was refused, the wait ran out) it goes to the parent's parent, up
+to the build machine, and its note says why. Where fan-out cannot be used at
+all for a host (no docker-registry here, the forward refused), that host
+takes today's path (``plain``). A parent keeps its cache and its own link
+until every started host below it has finished its pull and closed its
+link; ``host_done`` (each host's work ends with it: success, failure,
+Ctrl-C) then stops the cache and closes its links and forward; ``close``
+ends whatever is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpurig.connect.connection import ChannelError
+from gpurig.connect.forward import Meter
+from gpurig.deploy import delivery
+from gpurig.deploy.delivery import Delivery
+from gpurig.deploy.fanouttree import BUILD_MACHINE, K, Member, chain, descendants, plan_tree
+from gpurig.deploy.stages import Staged
+from gpurig.errors import GpurigError
+
+if TYPE_CHECKING:
+    from gpurig.connect.connection import Connection
+    from gpurig.connect.engine import Engine
+    from gpurig.deploy.apply import Target
+
+log = logging.getLogger(__name__)
+
+WAIT_S = 1800.0  # how long a host waits for its parent's cache (the parent may be pushing a big image first)
+START_GRACE_S = 30.0  # from the run's start, how long a host whose work has not begun is waited for (unreachable: it never will)
+TICK_S = 0.2  # how often a wait looks at Ctrl-C
+
+Deliver = Callable[["Engine", "Connection", "Target", Callable[[str], None]], Delivery]
+
+
+class NotThisWay(Exception):
+    """The build machine cannot feed fan-out (no docker-registry, the push failed): the host takes today's path; says why."""
+
+
+class BuildSide(Protocol):
+    def prepare(self, ref: str, image_id: str, conn: Connection, progress, say) -> int: ...  # the registry's port
+
+    def staged(self, ref: str) -> Staged: ...
+
+    def close(self) -> None: ...
+
+
+class HostSide(Protocol):
+    """What fan-out does on hosts; unit tests give a fake."""
+
+    def start_cache(self, conn: Connection, upstream_port: int) -> Any: ...  # .port, .stop() -> counts
+
+    def open_link(self, server: Connection, puller: Connection, address: str, port: int, ssh_port: int) -> Any: ...  # .port, .close()
+
+    def open_forward(self, conn: Connection, port: int, meter: Meter) -> Any: ...  # .port, .close()
+
+    def pull(self, engine: Engine, conn: Connection, ref: str, image_id: str, port: int, moved, staged: Staged, progress, say,
+             how: tuple[str, str]) -> int: ...
+
+
+@dataclass(eq=False)
+class Node:
+    """One host in one image's tree, and what it holds while it serves (guarded by FanOut.cond)."""
+
+    member: Member
+    parent: str | None
+    state: str = "waiting"  # waiting | serving | refused | closing
+    why: str = ""  # why it does not serve
+    started: bool = False  # its work began
+    finished: bool = False  # its delivery ended (pulled, failed, or none)
+    conn: Any = None
+    port: int = 0  # its cache's, on its loopback
+    cache: Any = None
+    upstream: Any = None  # the forward or link its cache fetches through
+    via: str | None = None  # the host that link reaches (None: the build machine's forward)
+    pullers: set = field(default_factory=set)  # hosts whose link into its cache is open
+    counts: dict = field(default_factory=dict)  # the cache's closing counts
+
+    @property
+    def host(self) -> str:
+        return self.member.host
+
+
+class FanOut:
+    """The deliver callable of one deploy run over several hosts (``__call__``), with ``wrap`` for each host's work."""
+
+    def __init__(self, members: Mapping[str, Sequence[Member]], plain: Deliver, build: BuildSide, hosts: HostSide, *,
+                 progress_for: Callable[[Connection, Target], Callable[[int, int], None]] = lambda conn, t: lambda done, total: None,
+                 k: int = K, wait_s: float = WAIT_S, start_grace_s: float = START_GRACE_S) -> None:
+        self.plans = {ref: plan_tree(ms, k) for ref, ms in members.items() if len(ms) > 1}
+        self.nodes = {ref: {m.host: Node(m, self.plans[ref][m.host]) for m in ms} for ref, ms in members.items() if ref in self.plans}
+        self.plain, self.build, self.hosts, self.progress_for = plain, build, hosts, progress_for
+        self.wait_s, self.start_grace_s = wait_s, start_grace_s
+        self.cond = threading.Condition()
+        self.forwards: list[tuple[str, Meter]] = []  # (image, meter) of every forward from the build machine
+        self.sizes: dict[str, int] = {}
+        self.delivered: dict[str, dict[str, Delivery]] = {}
+        self.closed = False
+        self.t0: float | None = None  # when the first host's work began
+
+    # --- each host's work ------------------------------------------------------------------------
+
+    def wrap(self, work: Callable[[Connection], Any]) -> Callable[[Connection], Any]:
+        """``work`` that tells fan-out when the host begins and ends (its children are released however it ends)."""
+
+        def run(conn: Connection) -> Any:
+            self.started(conn.name)
+            try:
+                return work(conn)
+            finally:
+                self.host_done(conn)
+
+        return run
+
+    def started(self, host: str) -> None:
+        with self.cond:
+            self.t0 = self.t0 if self.t0 is not None else time.monotonic()
+            for nodes in self.nodes.values():
+                if host in nodes:
+                    nodes[host].started = True
+            self.cond.notify_all()
+
+    def host_done(self, conn: Connection) -> None:
+        """The host's work ended: what it would have served goes elsewhere; what it serves closes once the hosts below are done."""
+        for ref, nodes in self.nodes.items():
+            node = nodes.get(conn.name)
+            if node is None:
+                continue
+            self._refuse(node, "it did not deliver the image (its deploy needed none, or ended before)")
+            self._finish(node)
+            if node.state == "serving":
+                self._wait_below(ref, node, conn)
+                self._close(node)
+
+    # --- the deliver callable ----------------------------------------------------------------------
+
+    def __call__(self, engine: Engine, conn: Connection, t: Target, say: Callable[[str], None]) -> Delivery:
+        nodes = self.nodes.get(t.image_ref)
+        node = nodes.get(conn.name) if nodes else None
+        if node is None or t.image is None or self.closed:
+            return self.plain(engine, conn, t, say)
+        started = time.monotonic()
+        try:
+            d = self._deliver(t.image_ref, node, engine, conn, t, say)
+        except BaseException as err:
+            self._refuse(node, f"its delivery failed ({getattr(err, 'problem', None) or err})")
+            raise
+        finally:
+            self._finish(node)
+        d = replace(d, seconds=time.monotonic() - started)
+        with self.cond:
+            self.delivered.setdefault(t.image_ref, {})[conn.name] = d
+        return d
+
+    def _deliver(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Target, say) -> Delivery:
+        assert t.image is not None
+        image_id = t.image.id
+        self.sizes[ref] = t.image.size
+        if engine.image(image_id) is not None:
+            say(f"{ref} is on the host already (the same image id): nothing moves")
+            delivery._tag(engine, image_id, ref)
+            self._refuse(node, f"{ref} was on it already")
+            return Delivery("present", 0, image_id)
+        progress = self.progress_for(conn, t)
+        nodes = self.nodes[ref]
+        whys: list[str] = []
+        for above in chain(self.plans[ref], conn.name):
+            if above is None:
+                break
+            parent = nodes[above]
+            why = self._attach(parent, conn)
+            if why is None:
+                m = parent.member
+                try:
+                    link = self.hosts.open_link(parent.conn, conn, m.address, parent.port, m.ssh_port)
+                except GpurigError as err:
+                    self._detach(parent, conn.name)
+                    delivery._checkpoint(conn)
+                    why = f"cannot reach {above} at {m.address}:{m.ssh_port}: {err.problem}"
+                else:
+                    say(f"pulls from {above}'s layer cache (through {m.address}:{m.ssh_port})")
+                    try:
+                        moved = self._through(ref, node, engine, conn, t, link, above, None, progress, say)
+                    except delivery.DeliveryError as err:
+                        # a host that serves no one tries further up (only the layers still missing move); one that
+                        # serves, or a full disk, fails as today's delivery does
+                        if node.upstream is link or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                            raise
+                        why = f"could not pull from {above}'s layer cache: {err.problem}"
+                    else:
+                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
+                    finally:
+                        if node.upstream is not link:  # not kept for a cache of its own
+                            self._let_go(parent, conn.name, link)
+            whys.append(why)
+        say(f"pulls from {BUILD_MACHINE}")
+        try:
+            port = self.build.prepare(ref, image_id, conn, progress, say)
+            meter = Meter()
+            forward = self.hosts.open_forward(conn, port, meter)
+        except (NotThisWay, ChannelError) as err:  # today's path for this host (save-load, most likely), and why
+            self._refuse(node, "it could not use fan-out")
+            why = err.problem if isinstance(err, ChannelError) else str(err)
+            d = self.plain(engine, conn, t, say)
+            return replace(d, note="; ".join(n for n in (_note(conn.name, whys, None), f"no fan-out: {why}", d.note) if n))
+        with self.cond:
+            self.forwards.append((ref, meter))
+        try:
+            self._through(ref, node, engine, conn, t, forward, None, meter, progress, say)
+        finally:
+            if node.upstream is not forward:
+                _close_quietly(forward)
+        return Delivery("fan-out", meter.total, image_id, note=_note(conn.name, whys, None), source=BUILD_MACHINE)
+
+    def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Target, upstream: Any, source: str | None,
+                 meter: Meter | None, progress, say) -> int:
+        """The host pulls through ``upstream`` (a forward or a link on its loopback): via a cache of its own when it has
+        children to serve, else straight; returns the bytes its engine fetched."""
+        assert t.image is not None
+        port = upstream.port
+        if node.member.peer and any(p == node.host for p in self.plans[ref].values()):
+            try:
+                cache = self.hosts.start_cache(conn, upstream.port)
+            except GpurigError as err:
+                delivery._checkpoint(conn)
+                self._refuse(node, f"its layer cache did not start: {err.problem}")
+            else:
+                with self.cond:
+                    node.conn, node.port, node.cache, node.upstream, node.via = conn, cache.port, cache, upstream, source
+                    node.state = "serving" if node.state == "waiting" else node.state  # else close() or host_done stop it
+                    self.cond.notify_all()
+                port = cache.port
+                say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
+        where = f"{source}'s layer cache" if source else BUILD_MACHINE
+        how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
+        fetched = self.hosts.pull(engine, conn, ref, t.image.id, port, (lambda: meter.down) if meter else (lambda: None),
+                                  self.build.staged(ref), progress, say, how)
+        return fetched
+
+    # --- waiting on a parent, and a parent on the hosts below it ---------------------------------------
+
+    def _attach(self, parent: Node, conn: Connection) -> str | None:
+        """None once ``conn``'s host may open a link into ``parent``'s cache (it counts as pulling there); else why not."""
+        begun = time.monotonic()
+        with self.cond:
+            while parent.state == "waiting":
+                delivery._checkpoint(conn)
+                waited = time.monotonic() - begun
+                if not parent.started and self._late():
+                    return f"{parent.host} does not serve: its deploy had not begun after {self.start_grace_s:.0f} s"
+                if waited > self.wait_s:
+                    return f"{parent.host} does not serve: its layer cache did not start within {self.wait_s:.0f} s"
+                self.cond.wait(TICK_S)
+            if parent.state == "serving":
+                parent.pullers.add(conn.name)
+                return None
+            return f"{parent.host} does not serve: {parent.why or 'it closed its layer cache'}"
+
+    def _late(self) -> bool:
+        """A host whose work has not begun by now will not be waited for (unreachable, or queued behind --forks)."""
+        return self.t0 is None or time.monotonic() - self.t0 > self.start_grace_s
+
+    def _detach(self, parent: Node, host: str) -> None:
+        with self.cond:
+            parent.pullers.discard(host)
+            self.cond.notify_all()
+
+    def _let_go(self, parent: Node, host: str, link: Any) -> None:
+        _close_quietly(link)  # the one-time key out of the parent's authorized_keys (through the parent's connection)
+        self._detach(parent, host)
+
+    def _refuse(self, node: Node, why: str) -> None:
+        with self.cond:
+            if node.state == "waiting":
+                node.state, node.why = "refused", why
+                self.cond.notify_all()
+
+    def _finish(self, node: Node) -> None:
+        with self.cond:
+            node.finished = True
+            self.cond.notify_all()
+
+    def _wait_below(self, ref: str, node: Node, conn: Connection) -> None:
+        """Until every started host below ``node`` finished its pull and no link into its cache is open (bounded; Ctrl-C ends it)."""
+        below = [self.nodes[ref][h] for h in descendants(self.plans[ref], node.host)]
+        deadline = time.monotonic() + self.wait_s
+        with self.cond:
+            while (node.pullers or any(not n.finished and (n.started or not self._late()) for n in below)) and not conn.interrupted:
+                if time.monotonic() > deadline:
+                    log.warning("%s: closing its layer cache with %s still pulling", node.host, ", ".join(sorted(node.pullers)) or "hosts")
+                    break
+                self.cond.wait(TICK_S)
+            node.state = "closing"  # no new link: a host that comes now goes further up
+            self.cond.notify_all()
+
+    def _close(self, node: Node) -> None:
+        with self.cond:
+            cache, upstream, node.cache, node.upstream = node.cache, node.upstream, None, None
+        if cache is not None:
+            try:
+                node.counts = cache.stop() or {}
+            except Exception as err:  # noqa: BLE001 - closing must go on to the links whatever one part says
+                log.warning("%s: stopping its layer cache: %s", node.host, err)
+        if upstream is not None:
+            parent = next((nodes[node.via] for nodes in self.nodes.values() if nodes.get(node.host) is node and node.via), None)
+            if parent is not None:
+                self._let_go(parent, node.host, upstream)
+            else:
+                _close_quietly(upstream)
+
+    # --- the run's end ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Whatever is still held (a run that ended abruptly): caches stopped, links and forwards closed, the registry stopped."""
+        self.closed = True
+        for nodes in self.nodes.values():
+            for node in nodes.values():
+                with self.cond:
+                    node.state = "closing" if node.state == "serving" else node.state
+                self._close(node)
+        self.build.close()
+
+    def sent(self, ref: str) -> int:
+        """Bytes the build machine sent out for ``ref`` (every forward's, down)."""
+        with self.cond:
+            return sum(m.down for r, m in self.forwards if r == ref)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per image: its size, the bytes out of the build machine, the bytes the hosts received, and who pulled from whom."""
+        out = []
+        for ref in self.plans:
+            got = self.delivered.get(ref, {})
+            out.append({"image": ref, "size": self.sizes.get(ref, 0), "sent": self.sent(ref),
+                        "received": sum(d.bytes_moved for d in got.values()),
+                        "hosts": {h: {"source": d.source, "bytes": d.bytes_moved, "method": d.method} for h, d in got.items()},
+                        "tree": dict(self.plans[ref])})
+        return out
+
+
+def _note(host: str, whys: list[str], source: str | None) -> str:
+    """Why a host did not pull from its planned parent: 'a100-03 cannot reach a100-01 at ...: delivered from the build machine'."""
+    if not whys:
+        return ""
+    return f"{host} {'; '.join(whys)}: delivered from {source or BUILD_MACHINE}"
+
+
+def _close_quietly(thing: Any) -> None:
+    try:
+        thing.close()
+    except Exception as err:  # noqa: BLE001 - a forward or link whose connection is gone: nothing more to do
+        log.info("closing %s: %s", type(thing).__name__, err)

@@ -1,0 +1,116 @@
+"""A host's layer cache (checks/layer_cache.py) started over its SSH connection for one run, and stopped with its counts.
+
+The script runs on a channel: its stdin is the channel's, so when gpurig
+closes it (the run's end, a failure, Ctrl-C: the interrupt closes every
+channel) the cache stops and nothing of it listens. The shell line that
+starts it removes its store folder once it has exited, whichever way, so no
+layer is left in the login user's home.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpurig.connect.connection import Connection
+from gpurig.connect.launcher import embedded_line
+from gpurig.errors import HostError
+from gpurig.skeleton import shipped_text
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "checks/layer_cache.py"
+START_TIMEOUT_S = 45
+STOP_TIMEOUT_S = 30
+
+
+class LayerCacheError(HostError):
+    """A cache that did not start on a host; the host pulls without one (its children go elsewhere)."""
+
+
+@dataclass
+class LayerCache:
+    """A running cache: ``port`` on the host's 127.0.0.1."""
+
+    host: str
+    port: int
+    store: str
+    _stream: Any = field(default=None, repr=False)
+
+    def stop(self) -> dict[str, int]:
+        """Stop it (stdin ends) and return its closing counts (fetched, served, blobs; empty when it said none); safe twice."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return {}
+        data = b""
+        try:
+            stream.settimeout(STOP_TIMEOUT_S)
+            stream.shutdown_write()
+            while True:
+                chunk = stream.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as err:
+            log.info("%s: stopping the layer cache: %s", self.host, err)
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+        for line in reversed(data.decode(errors="replace").splitlines()):
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(said, dict) and said.get("event") == "stopped":
+                return {k: int(said.get(k) or 0) for k in ("fetched", "served", "blobs")}
+        return {}
+
+
+def start_cache(conn: Connection, upstream_port: int) -> LayerCache:
+    """A cache on ``conn``'s host whose upstream is its own 127.0.0.1:``upstream_port`` (a forward to the build machine's registry,
+    or a peer link to its parent's cache); LayerCacheError when it does not say it listens."""
+    store = f".cache/gpurig/layer-cache-{secrets.token_hex(6)}"  # under the login user's home, where the channel starts
+    args = ["--upstream", f"http://127.0.0.1:{int(upstream_port)}", "--store", store]
+    line = embedded_line(shipped_text(SCRIPT), "layer_cache.py", args)
+    # deaf to the hangup a lost connection may send; the store goes once the cache has exited (stdin closed)
+    script = f"trap '' HUP; {line}; rm -rf -- {shlex.quote(store)}"
+    wrapped = f"sh -c {shlex.quote(script)}"
+    opener = conn.stream_opener(wrapped)
+    if opener is None:
+        raise LayerCacheError("the host is this machine: it serves no other host", "", host=conn.name)
+    stream: Any = opener(START_TIMEOUT_S)
+    cache = LayerCache(conn.name, 0, store, stream)
+    try:
+        said = _first_line(stream)
+        if said.get("event") != "listening":
+            raise LayerCacheError(f"its layer cache did not start: {said.get('why') or 'it said nothing (is python3 on the host?)'}",
+                                  "", host=conn.name)
+        cache.port = int(said["port"])
+        stream.settimeout(None)
+        return cache
+    except BaseException:
+        cache.stop()
+        raise
+
+
+def _first_line(stream: Any) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = stream.recv(4096)
+        except OSError as err:
+            return {"why": f"no answer: {err or type(err).__name__}"}
+        if not chunk:
+            break
+        data += chunk
+    try:
+        said = json.loads(data.decode(errors="replace").strip().splitlines()[0]) if data.strip() else {}
+    except ValueError:
+        return {"why": data.decode(errors="replace").strip()[-200:]}
+    return said if isinstance(said, dict) else {}
