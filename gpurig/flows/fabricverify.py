@@ -328,7 +328,7 @@ def gather(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings])
              "fix": f"set gpurig_fabric.address (or gpurig_fabric.interface) on {first}"}]}})
     others = together(run.ranked[1:], lambda h: ranks.facts(h, master))
     facts.update(others)
-    run = replace(run, master=master, facts={h: f for h, f in facts.items() if isinstance(f, dict)})
+    run = replace(run, master=master, port=own.port, facts={h: f for h, f in facts.items() if isinstance(f, dict)})
     doomed = missing_interfaces(run)
     if doomed:  # its rank could not send, and the others would wait their whole timeout for it
         err_console.print(f"the all-reduce was not started: {outside(doomed)}", highlight=False, soft_wrap=True)
@@ -368,8 +368,10 @@ def fabric_records_with_culprit(ranks: Ranks, run: FabricRun, settings: Mapping[
         return largest_busbw(docs.get(subset[0]))
 
     expected, _ = promise(run.as_ran())
-    tested, threshold = culprit.search(run.ranked, measure, expected * PASS_FRACTION if expected else None)
-    return [*records, culprit.culprit_record(culprit.judge(tested, threshold))]
+    floor = expected * PASS_FRACTION if expected else None
+    tested, threshold = culprit.search(run.ranked, measure, floor)
+    # "only with every host at once" only where the pairs reached the promise: judged against each other, they say nothing of it
+    return [*records, culprit.culprit_record(culprit.judge(tested, threshold, culprit.basis(floor, threshold)), total_slow=threshold == floor)]
 
 
 def present(opts: HostOptions, verdict: HostVerdict, run: FabricRun, seconds: float, junit: str | None) -> None:

@@ -8,7 +8,7 @@ real all-reduces.
 
 from __future__ import annotations
 
-from gpurig.verify.culprit import ALL_PAIRS_UP_TO, culprit_record, judge, plan_pairs, search
+from gpurig.verify.culprit import ALL_PAIRS_UP_TO, basis, culprit_record, judge, plan_pairs, search
 
 FAST, SLOW, THRESHOLD = 11.0, 0.11, 9.0
 
@@ -98,3 +98,20 @@ def test_a_host_whose_pairs_fail_is_named():
 def test_without_a_promise_a_host_far_below_its_peers_is_still_found():
     result, _ = found(hosts(5), threshold=None, slow_hosts={"h04"})
     assert result.hosts == ("h04",) and result.threshold == 0.5 * FAST
+
+
+def test_without_a_promise_one_slow_host_among_three_is_found_though_two_pairs_of_three_are_slow():
+    result, calls = found(hosts(3), threshold=None, slow_hosts={"h02"})
+    assert result.hosts == ("h02",) and result.threshold == 0.5 * FAST and len(calls) == 3
+
+
+def test_a_promise_no_pair_reaches_judges_the_pairs_against_the_best_and_says_so():
+    # gloo's CPUs short of a fast link's promise: every pair under it, one host far under the others
+    result, _ = found(hosts(3), threshold=100.0, slow_hosts={"h01"})
+    assert result.hosts == ("h01",) and result.threshold == 0.5 * FAST
+    names = hosts(3)
+    measure, _ = fleet_model(names, slow_hosts={"h01"})
+    tested, used = search(names, measure, 100.0)
+    r = culprit_record(judge(tested, used, basis(100.0, used)))
+    assert r.status == "fail" and "(half the best pair's busbw: no pair reached the links' promise, 100 GB/s)" in r.detail
+    assert basis(THRESHOLD, THRESHOLD) == "" and "promise no speed" in basis(None, 5.5)

@@ -241,3 +241,24 @@ def test_a_host_whose_facts_show_no_such_interface_starts_no_rank_and_the_run_sa
     assert got["fabric.checked"].status == "fail"
     assert got["fabric.checked"].detail == f"nothing was measured: the ranks were not started, as {why}"
     assert fv.missing_interfaces(dataclasses.replace(gathered, interfaces={})) == ""  # every host has a usable one: ranks go
+
+
+def test_pairs_short_of_the_promise_are_judged_against_the_best_one_and_none_slower_passes():
+    # gloo on 10 GbE: the ring and every pair under the 0.9 GB/s floor, as the CPUs limit them
+    hosts = ("a", "b", "c")
+    ten = {h: facts(h, iface(speed=10000)) for h in hosts}
+    run = FabricRun(hosts, ten, {"a": dict(rank0(busbw_gbs=0.4, world=3), backend="gloo")}, master="10.0.0.1", backend="gloo")
+    settings = {h: FabricSettings() for h in hosts}
+
+    def even(ranks, subset, master, settings, port, sizes):
+        return {subset[0]: rank0(busbw_gbs=0.7, world=2)}
+
+    got = {r.id: r for r in fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), run, settings, runner=even)}
+    assert got["fabric.busbw"].status == "warn"
+    assert got["fabric.culprit"].status == "pass" and "half the best pair's busbw: no pair reached the links' promise" in got["fabric.culprit"].detail
+
+    def one_slow(ranks, subset, master, settings, port, sizes):
+        return {subset[0]: rank0(busbw_gbs=0.1 if "b" in subset else 0.7, world=2)}
+
+    got = {r.id: r for r in fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), run, settings, runner=one_slow)}
+    assert got["fabric.culprit"].status == "fail" and got["fabric.culprit"].measured == ["b"]
