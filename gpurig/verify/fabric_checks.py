@@ -184,12 +184,18 @@ def rendezvous_record(run: FabricRun) -> Record:
     return rec("fabric.rendezvous", "pass", len(checked), len(hosts), "hosts", f"{run.master} is reachable from {', '.join(checked)}")
 
 
-def held_addresses(facts: Mapping[str, Any] | None) -> dict[str, str]:
-    """{address: interface} of every address a host's facts show, without prefix lengths."""
+def held_addresses(facts: Mapping[str, Any] | None, data_only: bool = False) -> dict[str, str]:
+    """{address: interface} of every address a host's facts show, without prefix lengths; ``data_only``: not those of
+    loopback, bridges (docker0) or a container network's devices, nor link-local ones."""
     held = {}
     for iface in (facts or {}).get("interfaces") or ():
+        name = str(iface.get("name"))
+        if data_only and (iface.get("type") == "loopback" or iface.get("bridge") or name.startswith(VIRTUAL_PREFIXES)):
+            continue
         for text in iface.get("addresses") or ():
-            held[str(text).split("/")[0].lower()] = str(iface.get("name"))
+            addr = str(text).split("/")[0].lower()
+            if not (data_only and (addr.startswith("fe80:") or _loopback(addr))):
+                held[addr] = name
     return held
 
 
@@ -205,7 +211,7 @@ def rendezvous_cause(run: FabricRun, failed: list[str]) -> tuple[str, str]:
     first, port = hosts[0], f"port {run.port}" if run.port else "its port"
     held = held_addresses(run.facts.get(first))
     if run.master.lower() not in held:
-        shown = ", ".join(f"{a} on {i}" for a, i in held.items() if not _loopback(a) and not a.startswith("fe80:")) or "no address"
+        shown = ", ".join(f"{a} on {i}" for a, i in held_addresses(run.facts.get(first), data_only=True).items()) or "no address"
         return (f"{run.master} is not an address of {first} (rank 0, which holds {shown}): no rank answers there, unless it is "
                 f"forwarded to {first}",
                 f"set gpurig_fabric.address on {first} to an address it holds that the other hosts reach (ip -o addr on {first}), "

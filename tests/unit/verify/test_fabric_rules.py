@@ -300,7 +300,9 @@ def test_a_rendezvous_no_other_rank_got_through_to_names_rank_0s_host_and_its_po
 
 def test_a_rendezvous_address_rank_0_does_not_hold_is_named_with_what_it_holds():
     ranks = {h: said_rendezvous(i) for i, h in enumerate(HOSTS)}
-    run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, ranks, master="192.0.2.254", port=29500)
+    docker0 = iface("docker0", None, 1500, addrs=("172.17.0.1/16",), virtual=True, bridge=True)
+    docs = {h: facts(h, iface(addrs=("10.0.0.1/24", "fe80::1/64")), docker0) for h in HOSTS}
+    run = FabricRun(HOSTS, docs, ranks, master="192.0.2.254", port=29500)
     r = by_id(fabric_records(run))["fabric.rendezvous"]
     assert r.status == "fail"
     assert r.detail.startswith("192.0.2.254 is not an address of a100-01 (rank 0, which holds 10.0.0.1 on eth1): no rank answers "
