@@ -119,6 +119,11 @@ def rank_args(rank: int, world: int, master: str, port: int, sizes: Sequence[int
     return args + (["--interface", interface] if interface else [])
 
 
+def sizes_up_to(max_mb: int) -> tuple[int, ...]:
+    """The sizes measured: DEFAULT_SIZES up to ``max_mb`` MB (gpurig_fabric.max_size_mb of rank 0), 4 kB at least."""
+    return tuple(s for s in DEFAULT_SIZES if s <= max_mb << 20) or DEFAULT_SIZES[:1]
+
+
 def rank_timeout(timeout: float, nsizes: int) -> float:
     """The longest a rank's container may run: its watchdog's phases (rendezvous, warm-up, latency, each size) and a start."""
     return timeout * (3 + nsizes) + 60
@@ -333,7 +338,7 @@ def gather(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings])
     if doomed:  # its rank could not send, and the others would wait their whole timeout for it
         err_console.print(f"the all-reduce was not started: {outside(doomed)}", highlight=False, soft_wrap=True)
         return replace(run, not_started=doomed)
-    return replace(run, ranks=run_ranks(ranks, run.ranked, master, settings, own.port, DEFAULT_SIZES))
+    return replace(run, ranks=run_ranks(ranks, run.ranked, master, settings, own.port, sizes_up_to(own.max_size_mb)))
 
 
 def missing_interfaces(run: FabricRun) -> str:

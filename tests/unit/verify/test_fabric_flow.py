@@ -141,9 +141,15 @@ def profile(value):
 
 
 def test_gpurig_fabric_is_declared_with_its_keys_and_defaults():
-    assert profile({}) == FabricSettings(None, None, 29500, 60)
-    assert profile({"interface": "^docker,lo", "address": "10.0.0.11", "port": 29511, "timeout": 15}) == FabricSettings(
-        "^docker,lo", "10.0.0.11", 29511, 15)
+    assert profile({}) == FabricSettings(None, None, 29500, 60, 256)
+    assert profile({"interface": "^docker,lo", "address": "10.0.0.11", "port": 29511, "timeout": 15, "max_size_mb": 64}) == FabricSettings(
+        "^docker,lo", "10.0.0.11", 29511, 15, 64)
+
+
+def test_the_sizes_measured_stop_at_gpurig_fabric_max_size_mb():
+    assert fv.sizes_up_to(256) == fv.DEFAULT_SIZES and len(fv.DEFAULT_SIZES) == 9
+    assert fv.sizes_up_to(64) == (4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+    assert fv.sizes_up_to(100)[-1] == 64 << 20 and fv.sizes_up_to(1) == (4096, 16384, 65536, 262144, 1 << 20)
 
 
 @pytest.mark.parametrize(("value", "said"), [
@@ -152,6 +158,7 @@ def test_gpurig_fabric_is_declared_with_its_keys_and_defaults():
     ({"address": "$(id)"}, "gpurig_fabric.address must be a string like"),
     ({"port": 80}, "gpurig_fabric.port must be from 1024 to 65535, not 80"),
     ({"timeout": "15"}, "gpurig_fabric.timeout must be a whole number"),
+    ({"max_size_mb": 512}, "gpurig_fabric.max_size_mb must be from 1 to 256, not 512"),
     ("eth0", "gpurig_fabric must be a mapping"),
 ])
 def test_gpurig_fabric_mistakes_are_one_error_naming_the_key(value, said):
