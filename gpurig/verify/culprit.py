@@ -9,7 +9,8 @@ pairs are all measured; when both halves pass but their whole did not, the
 two ring links across the cut are measured. A slow pair whose hosts both lack
 a fine result elsewhere is measured once more with a host known fine, so one
 slow host is told from a slow link; a slow pair is measured once more (the
-better figure kept) before it is blamed. ``judge`` names the slow hosts (every pair
+better figure kept) before it is blamed, unless it failed short of a quarter
+of the threshold. ``judge`` names the slow hosts (every pair
 they are in is slow, their partners are fine elsewhere) and the slow links
 (a pair slow while both its hosts are fine with others); ``culprit_record``
 says it as a record with the fix.
@@ -26,6 +27,7 @@ from gpurig.verify.records import Record
 ALL_PAIRS_UP_TO = 8  # 28 pair tests at most; above, halving needs ~2 log2(n) group tests and a leaf's 6 pairs
 LEAF = 4
 RELATIVE_SLOW = 0.5  # without a promise the pairs reach: a pair under half the best pair is slow
+NOT_NOISE = 0.25  # a pair under a quarter of the threshold is slow beyond doubt: no second run (another job's burst halves, not quarters)
 
 Measure = Callable[[tuple[str, ...]], "float | None"]
 
@@ -86,7 +88,7 @@ def search(hosts: Sequence[str], measure: Measure, threshold: float | None = Non
     elif threshold is None:
         threshold = float("inf")
     for t in pairs:  # measured once more before it is blamed: one run slowed by other work is no slow link
-        if t.slow(threshold):
+        if t.slow(threshold) and (t.busbw is None or t.busbw >= NOT_NOISE * threshold):
             again = measure(t.hosts)
             if again is not None and (t.busbw is None or again > t.busbw):
                 done[t.hosts] = Tested(t.hosts, again)

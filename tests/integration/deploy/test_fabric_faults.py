@@ -13,8 +13,9 @@ the three hosts' own links. The faults are made from this machine in a host's
 network namespace (tests/integration/deploy/fabrickit.py: ``nsenter``, never
 through gpurig), and removed after each test, also when it fails:
 
-- a token bucket (``tc qdisc ... tbf``; this kernel has no netem) on one
-  host's eth0: the pairwise culprit search names that host;
+- a token bucket (``tc qdisc ... tbf``; this kernel has no netem) of
+  250 Mb/s on one host's eth0, sizes up to 64 MB: the pairwise culprit
+  search names that host;
 - iptables dropping the rendezvous port on rank 0's eth0: fabric.rendezvous
   names rank 0's host and its port;
 - ``gpurig_fabric.address`` set to an address no host holds (TEST-NET-1):
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import pytest
 
-from .fabrickit import NAMES, PORT, UNHELD, deliver, dropped_port, eth0_address, faults_left, show, token_bucket, verify_fabric
+from .fabrickit import MAX_SIZE_MB, NAMES, PORT, UNHELD, deliver, dropped_port, eth0_address, faults_left, show, token_bucket, verify_fabric
 from .gpuhost import DEFAULT_DRIVER
 
 SIZES = 9  # 4 kB .. 256 MB, x4: what verify --level fabric measures
@@ -90,7 +91,7 @@ def test_three_hosts_pass_with_busbw_measured_at_every_size(fabric, fabric_fleet
 def test_a_rate_limited_host_is_named_by_the_pairwise_search(fabric, fabric_fleet):
     hosts, _ = fabric_fleet
     with token_bucket(hosts[1]):
-        got = fabric()
+        got = fabric({name: {"max_size_mb": MAX_SIZE_MB} for name in NAMES})
     assert got.rc == 1, got.output
     records = got.records
     assert records["fabric.busbw"]["status"] in ("warn", "fail"), records["fabric.busbw"]  # a warn with gloo on 10 Gb/s links
@@ -98,6 +99,7 @@ def test_a_rate_limited_host_is_named_by_the_pairwise_search(fabric, fabric_flee
     culprit = records["fabric.culprit"]
     assert culprit["status"] == "fail" and culprit["measured"] == [NAMES[1]], culprit
     assert culprit["detail"].startswith(f"{NAMES[1]} is slow with every partner") and "NIC, cable" in culprit["fix"], culprit
+    assert "fabric.allreduce.64MB" in records and "fabric.allreduce.256MB" not in records  # gpurig_fabric.max_size_mb
 
 
 def test_a_blocked_rendezvous_port_names_rank_0s_host_and_the_port(fabric, fabric_fleet):

@@ -178,7 +178,7 @@ def test_a_short_busbw_reruns_pairs_at_the_largest_size_and_names_the_host_slow_
 
     def pairs(ranks, subset, master, settings, port, sizes):
         asked.append((subset, master, port, sizes))
-        return {subset[0]: rank0(busbw_gbs=2.0 if "c" in subset else 11.0, world=len(subset))}
+        return {subset[0]: rank0(busbw_gbs=4.0 if "c" in subset else 11.0, world=len(subset))}
 
     ranks = fv.Ranks("img:1", {}, {}, "", "")
     got = {r.id: r for r in fv.fabric_records_with_culprit(ranks, run, settings, runner=pairs)}
@@ -186,7 +186,7 @@ def test_a_short_busbw_reruns_pairs_at_the_largest_size_and_names_the_host_slow_
     assert got["fabric.culprit"].status == "fail" and got["fabric.culprit"].measured == ["c"]
     assert "c is slow with every partner" in got["fabric.culprit"].detail
     assert [a[0] for a in asked] == [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"), ("b", "d"), ("c", "d"),
-                                     ("a", "c"), ("b", "c"), ("c", "d")]  # every pair, then the slow ones once more
+                                     ("a", "c"), ("b", "c"), ("c", "d")]  # every pair, then the slow ones once more (4.0 of 9)
     assert {(a[1], a[2], a[3]) for a in asked} == {("10.0.0.1", 29500, (256 << 20,))}
 
 
