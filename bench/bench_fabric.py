@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -98,7 +99,9 @@ def main() -> None:
         say("image: gpurig build --variant slim --cuda cpu ...")
         image = built["slim"]
         say("image: into each host's engine ...")
+        start = time.monotonic()
         fk.deliver(image, hosts, docker, work)
+        delivered = time.monotonic() - start
         for host in hosts:
             host.set_driver(None)
         scenarios = {
@@ -117,7 +120,8 @@ def main() -> None:
                 say(fk.show(f"run {run + 1}: {name}", got))
                 rows.append((name, got))
         print()
-        print("verify --level fabric across 3 systemd hosts (gloo, CPU slim image), one line per run:")
+        print(f"verify --level fabric across 3 systemd hosts (gloo, CPU slim image; moved into the 3 engines in {delivered:.0f} s), "
+              "one line per run:")
         print(f"  {'scenario':30s} {'exit':>4s} {'wall s':>7s} {'busbw 256MB':>12s}  records that did not pass")
         for name, got in rows:
             bad = [r for r in got.records.values() if r["status"] in ("fail", "warn")]

@@ -28,6 +28,8 @@ where nothing else of this machine listens.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .fabrickit import MAX_SIZE_MB, NAMES, PORT, UNHELD, deliver, dropped_port, eth0_address, faults_left, show, token_bucket, verify_fabric
@@ -40,7 +42,9 @@ SIZES = 9  # 4 kB .. 256 MB, x4: what verify --level fabric measures
 def fabric_fleet(fleet, cpu_images, docker_engine, tmp_path_factory):
     """(hosts, image): the fleet with the slim image in every engine and no GPU driver; the driver back at the end."""
     image = cpu_images["slim"]
+    start = time.monotonic()
     deliver(image, fleet, docker_engine, tmp_path_factory.mktemp("fabric-image"))
+    print(f"\nthe slim image into the hosts' engines: {time.monotonic() - start:.1f}s")  # -s shows it (the module's own setup cost)
     try:
         for host in fleet:
             host.set_driver(None)  # nvidia-smi fails as without a driver: no GPU host, so the ranks run gloo
