@@ -102,12 +102,13 @@ def search(hosts: Sequence[str], measure: Measure, threshold: float | None = Non
     return list(done.values()), threshold
 
 
-def basis(floor: float | None, threshold: float) -> str:
-    """How ``search`` chose ``threshold`` where it is not ``floor`` (the links' promise x the pass fraction), for the record."""
+def basis(floor: float | None, threshold: float, why: str = "the links promise no speed") -> str:
+    """How ``search`` chose ``threshold`` where it is not ``floor`` (the links' promise x the pass fraction), for the record;
+    ``why`` there was no floor."""
     if threshold == floor:
         return ""
     if floor is None:
-        return "half the best pair's busbw: the links promise no speed"
+        return f"half the best pair's busbw: {why}"
     return f"half the best pair's busbw: no pair reached the links' promise, {floor:.3g} GB/s"
 
 

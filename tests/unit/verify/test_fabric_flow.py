@@ -263,7 +263,13 @@ def test_pairs_short_of_the_promise_are_judged_against_the_best_one_and_none_slo
 
     got = {r.id: r for r in fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), run, settings, runner=even)}
     assert got["fabric.busbw"].status == "warn"
-    assert got["fabric.culprit"].status == "pass" and "half the best pair's busbw: no pair reached the links' promise" in got["fabric.culprit"].detail
+    assert got["fabric.culprit"].status == "pass" and "half the best pair's busbw: gloo's CPUs, not the links, set the pace" in got["fabric.culprit"].detail
+
+    def around_the_promise(ranks, subset, master, settings, port, sizes):  # seen: two pairs just over 0.9, one just under
+        return {subset[0]: rank0(busbw_gbs=0.8 if subset == ("b", "c") else 0.95, world=2)}
+
+    got = {r.id: r for r in fv.fabric_records_with_culprit(fv.Ranks("img:1", {}, {}, "", ""), run, settings, runner=around_the_promise)}
+    assert got["fabric.culprit"].status == "pass", got["fabric.culprit"]  # not "the link b <-> c is slow"
 
     def one_slow(ranks, subset, master, settings, port, sizes):
         return {subset[0]: rank0(busbw_gbs=0.1 if "b" in subset else 0.7, world=2)}
