@@ -122,13 +122,13 @@ def main() -> None:
         print()
         print(f"verify --level fabric across 3 systemd hosts (gloo, CPU slim image; moved into the 3 engines in {delivered:.0f} s), "
               "one line per run:")
-        print(f"  {'scenario':30s} {'exit':>4s} {'wall s':>7s} {'busbw 256MB':>12s}  records that did not pass")
+        print(f"  {'scenario':30s} {'exit':>4s} {'wall s':>7s} {'busbw largest':>13s}  records that did not pass")
         for name, got in rows:
             bad = [r for r in got.records.values() if r["status"] in ("fail", "warn")]
             said = "; ".join(f"{r['status']} {r['id']}" + (f" {r['measured']}" if r["id"] == "fabric.culprit" else "") for r in bad)
             busbw = got.busbw()
             shown = f"{busbw:.3f} GB/s" if busbw is not None else "-"
-            print(f"  {name:30s} {got.rc:>4d} {got.seconds:7.1f} {shown:>12s}  {said or '-'}")
+            print(f"  {name:30s} {got.rc:>4d} {got.seconds:7.1f} {shown:>13s}  {said or '-'}")
     finally:
         maker.remove()
         if built is not None:
