@@ -83,6 +83,7 @@ class FabricSettings:
     address: str | None = None  # the rendezvous address when this host is rank 0; else its address on the interface
     port: int = 29500  # the rendezvous' TCP port on rank 0
     timeout: int = 60  # seconds the rendezvous, and each all-reduce, may take
+    max_size_mb: int = 256  # the largest all-reduce measured (MB): 256 takes seconds per iteration on a 1 Gb/s link
 
 
 @dataclass(frozen=True)
@@ -279,13 +280,14 @@ def _containers(r: _Reader, value: Any) -> tuple[Mapping[str, Any], ...]:
 
 
 def _fabric(r: _Reader, value: Any) -> FabricSettings:
-    m = r.mapping("gpurig_fabric", value, ("interface", "address", "port", "timeout"))
+    m = r.mapping("gpurig_fabric", value, ("interface", "address", "port", "timeout", "max_size_mb"))
 
     return FabricSettings(
         interface=r.text("gpurig_fabric.interface", m["interface"], _INTERFACES, "eth0") if "interface" in m else None,
         address=r.text("gpurig_fabric.address", m["address"], _ADDRESS, "10.0.0.11") if "address" in m else None,
         port=r.bounded("gpurig_fabric", m, "port", (1024, 65535), 29500),
         timeout=r.bounded("gpurig_fabric", m, "timeout", (5, 3600), 60),
+        max_size_mb=r.bounded("gpurig_fabric", m, "max_size_mb", (1, 256), 256),
     )
 
 

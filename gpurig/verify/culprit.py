@@ -8,7 +8,9 @@ of its own and the slow halves are halved again down to ``LEAF`` hosts, whose
 pairs are all measured; when both halves pass but their whole did not, the
 two ring links across the cut are measured. A slow pair whose hosts both lack
 a fine result elsewhere is measured once more with a host known fine, so one
-slow host is told from a slow link. ``judge`` names the slow hosts (every pair
+slow host is told from a slow link; a slow pair is measured once more (the
+better figure kept) before it is blamed, unless it failed short of a quarter
+of the threshold. ``judge`` names the slow hosts (every pair
 they are in is slow, their partners are fine elsewhere) and the slow links
 (a pair slow while both its hosts are fine with others); ``culprit_record``
 says it as a record with the fix.
@@ -17,7 +19,6 @@ says it as a record with the fix.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ from gpurig.verify.records import Record
 
 ALL_PAIRS_UP_TO = 8  # 28 pair tests at most; above, halving needs ~2 log2(n) group tests and a leaf's 6 pairs
 LEAF = 4
-RELATIVE_SLOW = 0.5  # without a promise from the links: a pair under half the median pair is slow
+RELATIVE_SLOW = 0.5  # without a promise the pairs reach: a pair under half the best pair is slow
+NOT_NOISE = 0.25  # a pair under a quarter of the threshold is slow beyond doubt: no second run (another job's burst halves, not quarters)
 
 Measure = Callable[[tuple[str, ...]], "float | None"]
 
@@ -50,6 +52,7 @@ class Culprit:
     unresolved: tuple[tuple[str, str], ...]  # slow pairs with no fine host to tell host from link
     tested: tuple[Tested, ...]
     threshold: float
+    basis: str = ""  # how the threshold was chosen, where not from the links' promise
 
 
 def plan_pairs(hosts: Sequence[str]) -> list[tuple[str, str]]:
@@ -60,8 +63,9 @@ def plan_pairs(hosts: Sequence[str]) -> list[tuple[str, str]]:
 def search(hosts: Sequence[str], measure: Measure, threshold: float | None = None) -> tuple[list[Tested], float]:
     """(every test made, the threshold used): all pairs for small fleets, ring halving for large ones.
 
-    ``threshold`` is the busbw a healthy pair reaches (the links' promise times the pass fraction); None:
-    half the median of the pair results, so that without link speeds one host far below its peers still shows.
+    ``threshold`` is the busbw a healthy pair reaches (the links' promise times the pass fraction); None, or one
+    that no pair reaches (gloo's CPUs short of a fast link's promise): half the best pair's, so that one host far
+    below its peers still shows. Not the median pair's: with one slow host among three, two pairs of three are slow.
     """
     done: dict[tuple[str, ...], Tested] = {}
 
@@ -77,9 +81,18 @@ def search(hosts: Sequence[str], measure: Measure, threshold: float | None = Non
     else:
         _halve(list(hosts), run, threshold)
     pairs = [t for t in done.values() if len(t.hosts) == 2]
-    if threshold is None:
-        figures = [t.busbw for t in pairs if t.busbw is not None]
-        threshold = RELATIVE_SLOW * statistics.median(figures) if figures else float("inf")
+    figures = [t.busbw for t in pairs if t.busbw is not None]
+    compared = len({h for t in pairs for h in t.hosts}) >= 3  # two hosts alone: nothing to compare their one pair with
+    if figures and (threshold is None or (compared and not any(b >= threshold for b in figures))):
+        threshold = RELATIVE_SLOW * max(figures)
+    elif threshold is None:
+        threshold = float("inf")
+    for t in pairs:  # measured once more before it is blamed: one run slowed by other work is no slow link
+        if t.slow(threshold) and (t.busbw is None or t.busbw >= NOT_NOISE * threshold):
+            again = measure(t.hosts)
+            if again is not None and (t.busbw is None or again > t.busbw):
+                done[t.hosts] = Tested(t.hosts, again)
+    pairs = [t for t in done.values() if len(t.hosts) == 2]
     fine = _fine_hosts(done.values(), threshold)
     for t in list(pairs):  # a slow pair of two unknowns: each with a fine host tells a slow host from a slow link
         if t.slow(threshold) and fine and not set(t.hosts) & fine:
@@ -87,6 +100,16 @@ def search(hosts: Sequence[str], measure: Measure, threshold: float | None = Non
             for host in t.hosts:
                 run((host, ref))
     return list(done.values()), threshold
+
+
+def basis(floor: float | None, threshold: float, why: str = "the links promise no speed") -> str:
+    """How ``search`` chose ``threshold`` where it is not ``floor`` (the links' promise x the pass fraction), for the record;
+    ``why`` there was no floor."""
+    if threshold == floor:
+        return ""
+    if floor is None:
+        return f"half the best pair's busbw: {why}"
+    return f"half the best pair's busbw: no pair reached the links' promise, {floor:.3g} GB/s"
 
 
 def _halve(group: list[str], run: Callable[[Sequence[str]], Tested], threshold: float | None) -> None:
@@ -113,7 +136,7 @@ def _fine_hosts(tested: Iterable[Tested], threshold: float) -> set[str]:
     return {h for t in tested if not t.slow(threshold) for h in t.hosts}
 
 
-def judge(tested: Sequence[Tested], threshold: float) -> Culprit:
+def judge(tested: Sequence[Tested], threshold: float, basis: str = "") -> Culprit:
     """Slow hosts (slow with every partner, while those partners are fine elsewhere) and slow links (both ends fine elsewhere)."""
     fine = _fine_hosts(tested, threshold)
     slow_pairs = [(t.hosts[0], t.hosts[1]) for t in tested if len(t.hosts) == 2 and t.slow(threshold)]
@@ -124,7 +147,7 @@ def judge(tested: Sequence[Tested], threshold: float) -> Culprit:
         if x in hosts or y in hosts:
             continue
         (links if x in fine and y in fine else unresolved).append((x, y))
-    return Culprit(tuple(hosts), tuple(links), tuple(unresolved), tuple(tested), threshold)
+    return Culprit(tuple(hosts), tuple(links), tuple(unresolved), tuple(tested), threshold, basis)
 
 
 def culprit_record(found: Culprit, total_slow: bool = True) -> Record:
@@ -135,15 +158,16 @@ def culprit_record(found: Culprit, total_slow: bool = True) -> Record:
 
     pairs = [t for t in found.tested if len(t.hosts) == 2]
     limit = f">= {found.threshold:.3g}"
+    basis = f" ({found.basis})" if found.basis else ""
     if found.hosts:
         said = "; ".join(f"{h} is slow with every partner ({figures(h)} GB/s)" for h in found.hosts)
         return Record("fabric", "fabric.culprit", "fail", list(found.hosts), limit, "GB/s",
-                      f"{said}, while its partners reach {limit} GB/s with other hosts",
+                      f"{said}, while its partners reach {limit} GB/s with other hosts{basis}",
                       "check that host's NIC, cable and switch port (fabric.speed, ethtool IFACE, ibstat), then rerun")
     if found.links:
         said = "; ".join(f"{x} <-> {y}" for x, y in found.links)
         return Record("fabric", "fabric.culprit", "fail", [list(p) for p in found.links], limit, "GB/s",
-                      f"the link {said} is slow, though each host reaches {limit} GB/s with others",
+                      f"the link {said} is slow, though each host reaches {limit} GB/s with others{basis}",
                       "check the path between them: the switch ports and uplinks (ISL) it crosses, a VLAN or route that detours")
     if found.unresolved:
         said = "; ".join(f"{x} <-> {y}" for x, y in found.unresolved)
@@ -154,7 +178,7 @@ def culprit_record(found: Culprit, total_slow: bool = True) -> Record:
         return Record("fabric", "fabric.culprit", "skip", detail="skipped: no pair was measured")
     if total_slow:
         return Record("fabric", "fabric.culprit", "warn", len(pairs), limit, "pairs",
-                      f"all {len(pairs)} pairs tested reach {limit} GB/s: the shortfall shows only with every host at once "
+                      f"all {len(pairs)} pairs tested reach {limit} GB/s{basis}: the shortfall shows only with every host at once "
                       "(switch oversubscription or uplinks, or one host's CPU/PCIe under the full ring)",
                       "check the switch's uplink capacity and the ring's path (NCCL_DEBUG=INFO, NCCL_TOPO_DUMP_FILE)")
-    return Record("fabric", "fabric.culprit", "pass", len(pairs), limit, "pairs", f"all {len(pairs)} pairs tested reach {limit} GB/s")
+    return Record("fabric", "fabric.culprit", "pass", len(pairs), limit, "pairs", f"all {len(pairs)} pairs tested reach {limit} GB/s{basis}")

@@ -22,8 +22,9 @@ from typing import Any
 # the promise is the line rate times this; a run passes at PASS_FRACTION of the promise (100 GbE: 12.5 x 0.9 x 0.8 = 9 GB/s).
 LINK_EFFICIENCY = 0.9
 PASS_FRACTION = 0.8
-# gloo reduces on the CPU, one thread per peer: on links faster than ~10 Gb/s it is CPU-bound, so a shortfall there says
-# more of the CPUs than of the link and is a warn, not a fail. A link slower than its peers still fails (fabric.speed).
+# gloo reduces on the CPU, one thread per peer: from ~10 Gb/s links on (10 GbE itself included) it is CPU-bound, so a
+# shortfall there says more of the CPUs than of the link and is a warn, not a fail; fabric.culprit then looks for a host or
+# link slower than the others. A link slower than its peers still fails (fabric.speed).
 GLOO_LINK_LIMIT_MBPS = 10_000
 MIN_VERDICT_BYTES = 64 << 20  # below this an all-reduce is latency-bound: its busbw promises nothing about the link
 VIRTUAL_PREFIXES = ("docker", "br-", "virbr", "veth", "cni", "flannel", "cali", "lo")
@@ -86,7 +87,8 @@ class Link:
     speed_mbps: int | None = None
     mtu: int | None = None
     operstate: str | None = None
-    virtual: bool = False
+    virtual: bool = False  # not a device of its own (sysfs /virtual/): a bond, a VLAN, a veth, a bridge, loopback
+    plumbing: bool = False  # a bridge, loopback, or a container network's own device (docker0, vethXXX, cni0): not a data path
     problem: str = ""  # why no usable interface was found
 
     @property
@@ -102,6 +104,7 @@ class FabricRun:
     facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> fabric_facts document
     ranks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> fabric_allreduce document
     master: str = ""  # the rendezvous address
+    port: int | None = None  # the rendezvous' TCP port (rank 0's gpurig_fabric.port)
     backend: str = "nccl"  # nccl | gloo: what the ranks were to run; as_ran() takes rank 0's word for it
     interface: str | None = None  # gpurig_fabric.interface, else NCCL_SOCKET_IFNAME
     excluded: Mapping[str, str] = field(default_factory=dict)  # host -> why its single-host verify kept it out
@@ -185,8 +188,9 @@ def chosen_link(host: str, facts: Mapping[str, Any] | None, run: FabricRun) -> L
     iface = next((i for i in interfaces if _matches(str(i.get("name")), "=" + name)), None)
     if iface is None:
         return Link(host, name, how, problem=f"{host} has no interface {name}")
+    plumbing = iface.get("type") == "loopback" or bool(iface.get("bridge")) or name.startswith(VIRTUAL_PREFIXES)
     return Link(host, name, how, iface.get("speed_mbps"), iface.get("mtu"), iface.get("operstate"),
-                bool(iface.get("virtual")) or iface.get("type") == "loopback" or bool(iface.get("bridge")))
+                bool(iface.get("virtual")) or plumbing, plumbing)
 
 
 def links(run: FabricRun) -> list[Link]:

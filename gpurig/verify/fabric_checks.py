@@ -79,10 +79,10 @@ def busbw_record(run: FabricRun) -> Record:
     speeds = sorted({lk.speed_mbps for lk in links(run) if lk.speed_mbps})
     culprit = (f"{slow.where} runs at {slow.speed_mbps} Mb/s, the others at {speeds[-1]}: check its cable/port; "
                if slow and len(speeds) > 1 and slow.speed_mbps == speeds[0] else "")
-    cpu_bound = run.backend == "gloo" and (slow is None or (slow.speed_mbps or 0) > GLOO_LINK_LIMIT_MBPS)
+    cpu_bound = run.backend == "gloo" and (slow is None or (slow.speed_mbps or 0) >= GLOO_LINK_LIMIT_MBPS)
     return rec("fabric.busbw", "warn" if cpu_bound and not culprit else "fail", round(got, 3), shown, "GB/s",
                f"{culprit}busbw {got:.3g} GB/s at {label} against {shown} expected ({how})"
-               + ("; gloo reduces on the CPU and rarely fills links over 10 Gb/s" if cpu_bound else ""),
+               + ("; gloo reduces on the CPU and rarely fills links of 10 Gb/s or more" if cpu_bound else ""),
                "fix the slow link named; then rerun verify --level fabric" if culprit else
                "look at the pairwise results (fabric.culprit) for the slow host or link; check NCCL_DEBUG=INFO's chosen transport")
 
@@ -118,13 +118,17 @@ def mtu_record(run: FabricRun) -> Record:
 
 
 def interface_record(run: FabricRun) -> Record:
-    """The interface each rank uses exists, is up, is a real NIC (not docker0/a bridge/loopback) and is where the route goes."""
+    """The interface each rank uses exists, is up, is a data path (not docker0/a bridge/loopback) and is where the route goes.
+
+    A virtual device that is no bridge (a bond, a VLAN, a macvlan, a container host's own eth0) is the host's data
+    path, said in the detail; whether it reaches the others is the rendezvous' record.
+    """
     bad, odd, seen = [], [], []
     for lk in links(run):
         route = _route_to(run.facts.get(lk.host), run.master)
         if lk.problem:
             bad.append(f"{lk.host}: {lk.problem}")
-        elif lk.virtual:
+        elif lk.plumbing:
             bad.append(f"{lk.where} ({lk.how}) is a virtual/bridge interface: traffic to other hosts goes through NAT or nowhere")
         elif lk.operstate not in ("up", "unknown"):
             bad.append(f"{lk.where} ({lk.how}) is {lk.operstate}")
@@ -137,7 +141,9 @@ def interface_record(run: FabricRun) -> Record:
     if odd:
         return rec("fabric.interface", "warn", seen, run.interface, "", "; ".join(odd) + ": fine when the data network is "
                    "another than the rendezvous', a mistake when it is not", FIX_INTERFACE)
-    return rec("fabric.interface", "pass", seen, run.interface, "", "every host sends over a real, up interface")
+    virtual = [lk.where for lk in links(run) if lk.virtual]
+    also = f" ({', '.join(virtual)}: a virtual device, as a bond, a VLAN or a container host's own veth is)" if virtual else ""
+    return rec("fabric.interface", "pass", seen, run.interface, "", f"every host sends over an up interface that is no bridge{also}")
 
 
 def _route_to(facts: Mapping[str, Any] | None, addr: str) -> Mapping[str, Any] | None:
@@ -153,7 +159,8 @@ def _loopback(addr: str) -> bool:
 
 def rendezvous_record(run: FabricRun) -> Record:
     """The rendezvous address reachable from every host: its route in each host's facts, and each rank's own word."""
-    bad = []
+    bad: list[str] = []
+    failed: list[str] = []  # the hosts whose rank said it could not meet the others
     hosts = [h for h in run.hosts if h not in run.excluded]
     if _loopback(run.master) and len(hosts) > 1:
         bad.append(f"{run.master} is a loopback address: each host reaches only itself")
@@ -162,17 +169,60 @@ def rendezvous_record(run: FabricRun) -> Record:
         said = next((r for r in ranked.get("records") or () if r.get("id") == "fabric.rendezvous" and r.get("status") == "fail"), None)
         if said:
             bad.append(f"from {host}: {said.get('detail')}")
+            failed.append(host)
         elif route and route.get("error"):
             bad.append(f"{run.master} is unreachable from {host}: {route['error']}")
         elif route and str(route.get("dev", "")).startswith(VIRTUAL_PREFIXES[:4]) and not route.get("local"):
             bad.append(f"{host} routes {run.master} over {route['dev']}, a local bridge: the address is not another host's")
     if bad:
-        return rec("fabric.rendezvous", "fail", None, run.master, "", "; ".join(bad),
-                   "use rank 0's address on a network every host routes to (ip route get ADDR on each), and open its TCP port")
+        cause, fix = rendezvous_cause(run, failed)
+        return rec("fabric.rendezvous", "fail", None, run.master, "", "; ".join(([cause] if cause else []) + bad),
+                   fix or "use rank 0's address on a network every host routes to (ip route get ADDR on each), and open its TCP port")
     checked = [h for h in hosts if _route_to(run.facts.get(h), run.master) or h in run.ranks]
     if not checked:
         return rec("fabric.rendezvous", "skip", None, run.master, "", "skipped: no host's route or rank output was gathered")
     return rec("fabric.rendezvous", "pass", len(checked), len(hosts), "hosts", f"{run.master} is reachable from {', '.join(checked)}")
+
+
+def held_addresses(facts: Mapping[str, Any] | None, data_only: bool = False) -> dict[str, str]:
+    """{address: interface} of every address a host's facts show, without prefix lengths; ``data_only``: not those of
+    loopback, bridges (docker0) or a container network's devices, nor link-local ones."""
+    held = {}
+    for iface in (facts or {}).get("interfaces") or ():
+        name = str(iface.get("name"))
+        if data_only and (iface.get("type") == "loopback" or iface.get("bridge") or name.startswith(VIRTUAL_PREFIXES)):
+            continue
+        for text in iface.get("addresses") or ():
+            addr = str(text).split("/")[0].lower()
+            if not (data_only and (addr.startswith("fe80:") or _loopback(addr))):
+                held[addr] = name
+    return held
+
+
+def rendezvous_cause(run: FabricRun, failed: list[str]) -> tuple[str, str]:
+    """(what the facts say of a rendezvous the ranks of ``failed`` could not make, its fix); ("", "") when they say nothing.
+
+    Rank 0's host does not hold the address (nobody answers there, unless it is forwarded to it), or it does and no
+    other rank got through to its port (a firewall on it or on the way).
+    """
+    hosts = [h for h in run.hosts if h not in run.excluded]
+    if not failed or len(hosts) < 2 or not run.facts.get(hosts[0]) or _loopback(run.master):
+        return "", ""
+    first, port = hosts[0], f"port {run.port}" if run.port else "its port"
+    held = held_addresses(run.facts.get(first))
+    if run.master.lower() not in held:
+        shown = ", ".join(f"{a} on {i}" for a, i in held_addresses(run.facts.get(first), data_only=True).items()) or "no address"
+        return (f"{run.master} is not an address of {first} (rank 0, which holds {shown}): no rank answers there, unless it is "
+                f"forwarded to {first}",
+                f"set gpurig_fabric.address on {first} to an address it holds that the other hosts reach (ip -o addr on {first}), "
+                "or remove it: its rank's interface address is used")
+    others = [h for h in hosts[1:] if h in failed]
+    if others != hosts[1:]:
+        return "", ""
+    return (f"{first} (rank 0) holds {run.master} on {held[run.master.lower()]}, but no other rank got through to its {port}: "
+            f"a firewall on {first}, or on the way to it, drops it",
+            f"open TCP {port} on {first} to the other hosts (iptables -S INPUT, nft list ruleset, ufw status; a cloud's security "
+            f"group), or set gpurig_fabric.port on {first} to a port that is open")
 
 
 def ib_record(run: FabricRun) -> Record:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,31 @@ def deploy_host(docker_engine, container_kit, systemd_images, host_key, tmp_path
         deploy = DeployHost(host)
         deploy.baseline = frozenset(deploy.containers())
         yield deploy
+    finally:
+        maker.remove()
+
+
+@pytest.fixture(scope="session")
+def fleet(deploy_host, docker_engine, container_kit, systemd_images, host_key, tmp_path_factory) -> list[DeployHost]:
+    """Three provisioned hosts with stand-in GPUs, each its own network namespace and Docker engine, on Docker's default
+    bridge: the session's deploy host and two more, booted side by side on first use; removed at the end.
+
+    Shared by the rollout and the fabric modules (once per worker, not once per module: a fabric test moves the 1 GB
+    slim image into each, which then stays). Images on the extra hosts' own volumes, not RAM, for that image's sake.
+    """
+    work = tmp_path_factory.mktemp("fleet-hosts")
+    keys = authorized_keys(work / "keys", container_kit.login, host_key)
+    maker = SystemdHosts(docker_engine, container_kit, systemd_images, keys, host_key)
+
+    def boot(i: int) -> DeployHost:
+        host = maker.make("debian12", storage="volume")
+        prepare_host(host, work / f"host{i}")
+        return DeployHost(host)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            extra = list(pool.map(boot, (1, 2)))
+        yield [deploy_host, *extra]
     finally:
         maker.remove()
 

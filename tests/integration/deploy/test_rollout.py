@@ -1,8 +1,9 @@
 """`gpurig rollout` over three loopback systemd hosts, as a user runs it: one host fails verify and is rolled back, then fixed.
 
-The hosts are the session's deploy host and two more booted and provisioned
-the same way (tests/integration/deploy/gpuhost.py), side by side, for this
-module only. No GPU exists here, so what a GPU verify would find comes from
+The hosts are the session's ``fleet`` (tests/integration/deploy/conftest.py):
+its deploy host and two more booted and provisioned the same way
+(tests/integration/deploy/gpuhost.py), shared with the fabric faults'
+module. No GPU exists here, so what a GPU verify would find comes from
 stand-ins, as elsewhere in these tests: the images are a few MB (made on
 this machine from its own binaries) whose ``python3`` replays a passing
 torch probe document, and the host probe gpurig sends is replaced (in the
@@ -18,18 +19,15 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
-from systemd_kit import SystemdHosts, authorized_keys
 
 from gpurig.deploy.rollplan import verified_hosts
 
-from .conftest import DeployHost
 from .cpuimages import make_project
-from .gpuhost import DEFAULT_DRIVER, REPO, prepare_host
+from .gpuhost import DEFAULT_DRIVER, REPO
 from .test_deploy import HOST_ULIMITS
 
 OLD_DRIVER = "535.183.01"
@@ -79,26 +77,6 @@ echo "$2" > "$root/etc/rollout-image"
 tar -C "$root" -c . | docker import -c 'CMD ["/usr/bin/sleep", "infinity"]' -c "LABEL $3" - "$1" >/dev/null
 rm -rf "$root"
 """
-
-
-@pytest.fixture(scope="module")
-def fleet(deploy_host, docker_engine, container_kit, systemd_images, host_key, tmp_path_factory):
-    """Three provisioned hosts with stand-in GPUs: the session's deploy host and two more, booted side by side; removed at the end."""
-    work = tmp_path_factory.mktemp("rollout-hosts")
-    keys = authorized_keys(work / "keys", container_kit.login, host_key)
-    maker = SystemdHosts(docker_engine, container_kit, systemd_images, keys, host_key)
-
-    def boot(i: int) -> DeployHost:
-        host = maker.make("debian12", storage="tmpfs")
-        prepare_host(host, work / f"host{i}")
-        return DeployHost(host)
-
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            extra = list(pool.map(boot, (1, 2)))
-        yield [deploy_host, *extra]
-    finally:
-        maker.remove()
 
 
 @pytest.fixture(scope="module")

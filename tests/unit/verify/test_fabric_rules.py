@@ -265,3 +265,59 @@ def test_rank_zero_is_the_first_host_not_left_out_and_its_backend_counts():
     run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, {"a100-02": gloo}, master="10.0.0.1", excluded={"a100-01": "host.driver"})
     assert run.rank0 is gloo and run.as_ran().backend == "gloo"
     assert by_id(fabric_records(run))["fabric.busbw"].status == "warn"  # gloo on 100 Gb/s: CPU-bound, not the link's fault
+
+
+def test_a_virtual_interface_that_is_no_bridge_is_a_data_path_and_a_bridge_or_veth_is_not():
+    # a bond, a VLAN or a container host's own eth0 (a veth seen from inside: sysfs files it under /virtual/) carries the traffic
+    bond = {h: facts(h, iface("bond0", 20000, virtual=True), route_dev="bond0") for h in HOSTS}
+    r = by_id(fabric_records(FabricRun(HOSTS, bond, {HOSTS[0]: rank0()}, master="10.0.0.1", interface="bond0")))["fabric.interface"]
+    assert r.status == "pass" and "a100-01's bond0" in r.detail and "virtual device" in r.detail
+    assert "virtual" not in by_id(fabric_records(fleet(interface="eth1")))["fabric.interface"].detail
+    # the end of a container network's veth pair on the host, by its name: not a path to the other hosts
+    veth = facts("a100-02", iface("veth3f2a1b", 10000, 1500, virtual=True), route_dev="veth3f2a1b")
+    r = by_id(fabric_records(fleet({"a100-02": veth}, interface="veth")))["fabric.interface"]
+    assert r.status == "fail" and "a100-02's veth3f2a1b" in r.detail and "virtual/bridge" in r.detail
+
+
+def said_rendezvous(rank):
+    return {"probe": "fabric", "sizes": [], "records": [{"id": "fabric.rendezvous", "status": "fail",
+                                                         "detail": f"rank {rank} could not meet the other ranks at 10.0.0.1:29500"}]}
+
+
+def test_a_rendezvous_no_other_rank_got_through_to_names_rank_0s_host_and_its_port():
+    ranks = {h: said_rendezvous(i) for i, h in enumerate(HOSTS)}
+    run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, ranks, master="10.0.0.1", port=29500)
+    r = by_id(fabric_records(run))["fabric.rendezvous"]
+    assert r.status == "fail"
+    assert r.detail.startswith("a100-01 (rank 0) holds 10.0.0.1 on eth1, but no other rank got through to its port 29500: "
+                               "a firewall on a100-01, or on the way to it, drops it; from a100-01: rank 0 could not meet")
+    assert r.fix.startswith("open TCP port 29500 on a100-01 to the other hosts")
+    # one rank alone failed: not rank 0's port (the others got through): the host is named by its own line, no cause said
+    run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, {HOSTS[0]: rank0(), "a100-03": said_rendezvous(2)}, master="10.0.0.1", port=29500)
+    r = by_id(fabric_records(run))["fabric.rendezvous"]
+    assert r.detail.startswith("from a100-03: rank 2") and "ip route get" in r.fix
+
+
+def test_a_rendezvous_address_rank_0_does_not_hold_is_named_with_what_it_holds():
+    ranks = {h: said_rendezvous(i) for i, h in enumerate(HOSTS)}
+    docker0 = iface("docker0", None, 1500, addrs=("172.17.0.1/16",), virtual=True, bridge=True)
+    docs = {h: facts(h, iface(addrs=("10.0.0.1/24", "fe80::1/64")), docker0) for h in HOSTS}
+    run = FabricRun(HOSTS, docs, ranks, master="192.0.2.254", port=29500)
+    r = by_id(fabric_records(run))["fabric.rendezvous"]
+    assert r.status == "fail"
+    assert r.detail.startswith("192.0.2.254 is not an address of a100-01 (rank 0, which holds 10.0.0.1 on eth1): no rank answers "
+                               "there, unless it is forwarded to a100-01; from a100-01:")
+    assert r.fix.startswith("set gpurig_fabric.address on a100-01 to an address it holds")
+    # an address rank 0 does not hold is no fault while the ranks meet there (a NAT that forwards it)
+    run = FabricRun(HOSTS, {h: facts(h) for h in HOSTS}, {HOSTS[0]: rank0()}, master="192.0.2.254", port=29500)
+    assert by_id(fabric_records(run))["fabric.rendezvous"].status == "pass"
+
+
+def test_gloo_on_10_gbe_itself_warns_and_on_a_slower_link_fails():
+    ten = {h: facts(h, iface(speed=10000)) for h in HOSTS}  # 10000 Mb/s: promise 1.25 x 0.9, floor 0.9 GB/s
+    run = FabricRun(HOSTS, ten, {HOSTS[0]: dict(rank0(0.4), backend="gloo")}, master="10.0.0.1", backend="gloo")
+    r = by_id(fabric_records(run))["fabric.busbw"]
+    assert r.status == "warn" and "gloo reduces on the CPU" in r.detail
+    one = {h: facts(h, iface(speed=1000)) for h in HOSTS}  # 1 GbE: floor 0.09 GB/s, gloo keeps up with it
+    run = FabricRun(HOSTS, one, {HOSTS[0]: dict(rank0(0.05), backend="gloo")}, master="10.0.0.1", backend="gloo")
+    assert by_id(fabric_records(run))["fabric.busbw"].status == "fail"
