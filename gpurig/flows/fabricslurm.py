@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpurig.errors import GpurigError, InventoryError
-from gpurig.flows.fabricverify import DEFAULT_SIZES, FACTS_PROBE, RANK_PROBE, fabric_records_with_culprit, fabric_verdict, present
+from gpurig.flows.fabricverify import FACTS_PROBE, RANK_PROBE, fabric_records_with_culprit, fabric_verdict, present, sizes_up_to
 from gpurig.flows.fleettask import HostOptions, WaitLines, interrupted, select_hosts, slurm_reach
 from gpurig.report import err_console, outside
 
@@ -116,10 +116,12 @@ def fabric_slurm(opts: HostOptions, plan: VerifyPlan, partition: str | None, pen
 
 
 def fabricqueue_job(nodes: tuple[FabricNode, ...], image: str, first: FabricSettings, partition: str | None, gpus: int,
-                    sizes: tuple[int, ...] = DEFAULT_SIZES, facts: bool = True) -> FabricJob:
+                    sizes: tuple[int, ...] | None = None, facts: bool = True) -> FabricJob:
+    """The job of ``nodes``: rank 0's (``first``'s) port and timeout, the sizes up to its gpurig_fabric.max_size_mb unless given."""
     from gpurig.slurm.fabricjob import FabricJob
 
-    return FabricJob(nodes, image, first.port, float(first.timeout), tuple(sizes), secrets.token_hex(4), partition, gpus, facts)
+    measured = tuple(sizes) if sizes is not None else sizes_up_to(first.max_size_mb)
+    return FabricJob(nodes, image, first.port, float(first.timeout), measured, secrets.token_hex(4), partition, gpus, facts)
 
 
 def one_job(ctl: Controller, reach, cluster: ClusterHosts, job: FabricJob, facts_source: str, rank_source: str,
@@ -134,7 +136,7 @@ def one_job(ctl: Controller, reach, cluster: ClusterHosts, job: FabricJob, facts
     from gpurig.verify.fabric import FabricRun
 
     hosts = tuple(n.host for n in job.nodes)
-    run = FabricRun(hosts, interface=job.nodes[0].interface, interfaces={n.host: n.interface for n in job.nodes})
+    run = FabricRun(hosts, interface=job.nodes[0].interface, interfaces={n.host: n.interface for n in job.nodes}, port=job.port)
     script = fabricjob.batch_script(job, facts_source, rank_source)
     try:
         ident = fabricqueue.submit(ctl.conn, script)
