@@ -182,11 +182,12 @@ def test_the_fabric_level_through_slurm_all_reduces_across_the_nodes_in_one_job(
     assert got["fabric.rendezvous"]["status"] == "pass" and doc["master"] == hosts.nodes[1].sh(
         f"getent ahostsv4 {nodes[0]} | awk 'NR == 1 {{print $1}}'").stdout.strip()
     assert got["fabric.mtu"]["status"] == "pass" and got["fabric.speed"]["status"] == "pass"
-    # the truth of these nodes, which are containers: their eth0 is a veth (a 10 Gb/s one), never a data network's NIC,
-    # so the level fails; gloo on a shared 2-core machine rarely fills the promise, and then each pair runs as a job of its own
-    assert got["fabric.interface"]["status"] == "fail" and "is a virtual/bridge interface" in got["fabric.interface"]["detail"]
-    assert got["fabric.busbw"]["status"] in ("pass", "fail") and ("fabric.culprit" in got) == (got["fabric.busbw"]["status"] == "fail")
-    assert proc.returncode == 1 and doc["passed"] is False
+    # these nodes are containers: their eth0 is a veth (10 Gb/s, a container host's own data interface, as over SSH);
+    # gloo reduces on the CPU and rarely fills a 10 Gb/s promise, which warns, and then each pair runs as a job of its own
+    assert got["fabric.interface"]["status"] == "pass", got["fabric.interface"]
+    assert got["fabric.busbw"]["status"] in ("pass", "warn") and ("fabric.culprit" in got) == (got["fabric.busbw"]["status"] == "warn")
+    assert not [r for r in got.values() if r["status"] == "fail"], proc.stdout[-3000:]
+    assert proc.returncode == 0 and doc["passed"] is True
     assert 'name="fabric (2 hosts)"' in junit.read_text()
     kept = [json.loads(line) for line in (work / ".gpurig" / "history" / "verify.jsonl").read_text().splitlines()]
     assert (kept[-1]["host"], kept[-1]["hosts"], kept[-1]["level"]) == ("*fabric*", nodes, "fabric")
