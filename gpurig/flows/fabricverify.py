@@ -334,18 +334,13 @@ def gather(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings])
     others = together(run.ranked[1:], lambda h: ranks.facts(h, master))
     facts.update(others)
     run = replace(run, master=master, port=own.port, facts={h: f for h, f in facts.items() if isinstance(f, dict)})
+    from gpurig.verify.fabric import missing_interfaces
+
     doomed = missing_interfaces(run)
     if doomed:  # its rank could not send, and the others would wait their whole timeout for it
         err_console.print(f"the all-reduce was not started: {outside(doomed)}", highlight=False, soft_wrap=True)
         return replace(run, not_started=doomed)
     return replace(run, ranks=run_ranks(ranks, run.ranked, master, settings, own.port, sizes_up_to(own.max_size_mb)))
-
-
-def missing_interfaces(run: FabricRun) -> str:
-    """What the facts already show no rank can get past (a host with no usable interface, or no such one); "" when none."""
-    from gpurig.verify.fabric import links
-
-    return "; ".join(lk.problem for lk in links(run) if lk.problem and run.facts.get(lk.host))
 
 
 def fabric_records_with_culprit(ranks: Ranks, run: FabricRun, settings: Mapping[str, FabricSettings],

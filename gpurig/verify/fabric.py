@@ -197,6 +197,11 @@ def links(run: FabricRun) -> list[Link]:
     return [chosen_link(h, run.facts.get(h), run) for h in run.hosts if h not in run.excluded]
 
 
+def missing_interfaces(run: FabricRun) -> str:
+    """What the facts already show no rank can get past (a host with no usable interface, or no such one); "" when none."""
+    return "; ".join(lk.problem for lk in links(run) if lk.problem and run.facts.get(lk.host))
+
+
 # ---- what the links promise -----------------------------------------------------------------------
 
 

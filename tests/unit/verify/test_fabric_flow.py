@@ -16,7 +16,7 @@ from gpurig.errors import InventoryError
 from gpurig.flows import fabricverify as fv
 from gpurig.inventory import Host
 from gpurig.inventory.profile import FabricSettings, host_profile
-from gpurig.verify.fabric import FabricRun
+from gpurig.verify.fabric import FabricRun, missing_interfaces
 from gpurig.verify.fabric_checks import fabric_records
 from gpurig.verify.records import HostVerdict, Record
 from tests.unit.verify.test_fabric_rules import facts, iface, rank0
@@ -248,7 +248,7 @@ def test_a_host_whose_facts_show_no_such_interface_starts_no_rank_and_the_run_sa
     assert got["fabric.interface"].status == "fail" and got["fabric.interface"].detail == f"c: {why}"
     assert got["fabric.checked"].status == "fail"
     assert got["fabric.checked"].detail == f"nothing was measured: the ranks were not started, as {why}"
-    assert fv.missing_interfaces(dataclasses.replace(gathered, interfaces={})) == ""  # every host has a usable one: ranks go
+    assert missing_interfaces(dataclasses.replace(gathered, interfaces={})) == ""  # every host has a usable one: ranks go
 
 
 def test_pairs_short_of_the_promise_are_judged_against_the_best_one_and_none_slower_passes():
