@@ -73,6 +73,19 @@ def read_actions(root: Path) -> VerifyHistory:
                       and isinstance(e.get("action"), str))
 
 
+def _attempt(call: Callable[[], Any], missing: type[GpurigError], missing_result: str) -> tuple[int, str, str, Any]:
+    """An action's (status, result, detail, what ``call`` returned): 200 and its answer; 404 and ``missing_result`` for ``missing``
+    (no such job or container); 502 for a host that could not be asked; 500 for a bug, which must answer the page too."""
+    try:
+        return 200, "", "", call()
+    except missing as err:
+        return 404, missing_result, err.problem, None
+    except GpurigError as err:
+        return 502, "failed", str(err), None
+    except Exception as err:
+        return 500, "failed", f"{type(err).__name__}: {err}", None
+
+
 class Desk:
     """The page's requests that reach a host: ``read_log(job, lines)``, ``cancel(job)`` (jobact) and ``stop(host, name)``
     (containerlife) are the library's calls,
@@ -116,16 +129,9 @@ class Desk:
             wanted = check_job_id(job)
         except ConfigError as err:
             return Reply.line(404, err.problem)
-        status, host = 200, ""
-        try:
-            done = self.cancel_call(wanted)
-        except NoSuchJob as err:
-            status, result, detail = 404, "failed", err.problem
-        except GpurigError as err:
-            status, result, detail = 502, "failed", str(err)
-        except Exception as err:
-            status, result, detail = 500, "failed", f"{type(err).__name__}: {err}"
-        else:
+        host = ""
+        status, result, detail, done = _attempt(lambda: self.cancel_call(wanted), NoSuchJob, "failed")
+        if status == 200:
             wanted, host = done.view.id, done.view.host
             result = "cancelled" if done.changed else "ended already"
             detail = done.detail
@@ -147,16 +153,9 @@ class Desk:
             return Reply.line(404, f"no container {excerpt(name)} on host {excerpt(host)}")
         from gpurig.flows.containerlife import NoSuchContainer
 
-        status = 200
-        try:
-            done = self.stop_call(host, name)
-        except NoSuchContainer as err:
-            status, result, detail = 404, "refused", err.problem
-        except GpurigError as err:
-            status, result, detail = 502, "failed", str(err)
-        except Exception as err:
-            status, result, detail = 500, "failed", f"{type(err).__name__}: {err}"
-        else:
+        stop_call = self.stop_call
+        status, result, detail, done = _attempt(lambda: stop_call(host, name), NoSuchContainer, "refused")
+        if status == 200:
             result = "stopped" if done.changed else "not running"
             detail = done.detail
         assert self.root is not None  # a Desk that allows actions has a project (checked when it was made)
