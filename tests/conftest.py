@@ -114,6 +114,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=places.__getitem__)  # stable: within a folder, the order pytest collected
 
 
+@pytest.hookimpl(optionalhook=True)  # the suite also runs without xdist (-p no:xdist, -n 0)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """--dist loadfile, with each of ONE_WORKER_FOLDERS one unit of work (None: xdist's own for any other --dist)."""
     if config.getoption("dist", None) != "loadfile":

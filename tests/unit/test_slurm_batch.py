@@ -13,6 +13,8 @@ code a test gives its rank, or waits for the TERM that stops it (143).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -73,6 +75,8 @@ with open(os.path.join(here, "..", f"rank{rank}.json"), "w") as f:
 then = open(os.path.join(here, f"exit{rank}")).read()
 if then.strip() == "wait":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with open(os.path.join(here, f"waiting{rank}"), "w") as f:  # the fixture stops a rank that srun never stopped
+        f.write(str(os.getpid()))
     while True:
         signal.pause()
 sys.exit(int(then))
@@ -105,7 +109,12 @@ def cluster(tmp_path, monkeypatch):
         records = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
         return done.returncode, records
 
-    return run
+    yield run
+    for waiting in bin_dir.glob("waiting*"):  # a rank left waiting for a TERM (a failed test, a timeout) ends with the test
+        try:
+            os.kill(int(waiting.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def script(**env: str) -> str:
