@@ -156,7 +156,7 @@ def bench_args(doc: str, script: str, tools: str, more=None) -> tuple[argparse.N
     if os.geteuid() != 0:
         sys.exit(f"{script} must run as root: it starts sshd hosts and creates a throwaway login user")
     chosen = args.only.split(",")
-    venv_bin = args.tools_venv / "bin"
+    venv_bin = args.tools_venv.absolute() / "bin"  # the tools run with the bench's work folder as their cwd
     for tool, binary in {"pyinfra": "pyinfra", "ansible": "ansible"}.items():
         if tool in chosen and not (venv_bin / binary).exists():
             sys.exit(f"{venv_bin / binary} missing: pip install ansible-core pyinfra into {args.tools_venv}")
