@@ -12,7 +12,6 @@ shell that way (or through ``quote``).
 from __future__ import annotations
 
 import getpass
-import http.client
 import secrets
 import shlex
 import threading
@@ -26,6 +25,8 @@ from gpurig.connect.streams import Streams
 from gpurig.errors import HostError, error_line
 
 if TYPE_CHECKING:
+    import http.client
+
     from gpurig.connect.forward import LocalForward, Meter, ReverseForward
     from gpurig.connect.target import SSHTarget
 

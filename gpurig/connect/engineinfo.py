@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import posixpath
-import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -188,6 +187,8 @@ def saved_layers(chunks: Iterator[bytes]) -> tuple[dict[str, int], list[dict]]:
     Both of ``docker save``'s layouts: the legacy one (``<id>/layer.tar``, a
     layer saved once already a link to it) and the OCI one (``blobs/sha256/<digest>``).
     """
+    import tarfile  # here: every facts run imports this module, and only delivery reads a saved image
+
     sizes: dict[str, int] = {}
     links: dict[str, str] = {}
     manifest: list[dict] = []
