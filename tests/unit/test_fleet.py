@@ -167,3 +167,34 @@ def test_ctrl_c_as_the_run_starts_is_an_interrupted_run_not_a_crash(tmp_path):
         run_fleet(hosts(2), lambda c: None, connector=connector(tmp_path), events=CtrlCAtStart())
     assert [(r.host, r.reason) for r in stop.value.report.results] == [("l0", "interrupted"), ("l1", "interrupted")]
     assert stop.value.exit_code == 130
+
+
+def test_ctrl_c_while_the_hosts_are_handed_out_keeps_what_a_started_host_did_and_starts_no_other(tmp_path, monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pytest
+
+    from gpurig.connect import fleet
+    from gpurig.results import FleetInterrupted
+
+    began, ran = threading.Event(), []
+    submit = ThreadPoolExecutor.submit
+
+    def submit_then_ctrl_c(pool, fn, *args):
+        submit(pool, fn, *args)
+        assert began.wait(20)
+        raise KeyboardInterrupt  # as submit returns: whatever it returned is lost to the caller
+
+    def work(conn):
+        ran.append(conn.name)
+        began.set()
+        return "did it"
+
+    monkeypatch.setattr(fleet.ThreadPoolExecutor, "submit", submit_then_ctrl_c)
+    with pytest.raises(FleetInterrupted) as stop:
+        run_fleet(hosts(3), work, connector=connector(tmp_path))
+    results = {r.host: (r.status, r.reason, r.data) for r in stop.value.report.results}
+    assert results["l0"] == (Status.OK, "", "did it")  # found, although the Ctrl-C came before every host was handed out
+    assert results["l1"][1] == results["l2"][1] == "interrupted"
+    assert ran == ["l0"]
