@@ -82,7 +82,7 @@ def task(*args, **kwargs):
     """``invoke.task`` whose GpurigErrors become one line on stderr and a non-zero exit.
 
     Used as ``@task`` or ``@task(help={...})``, exactly like Invoke's own
-    (positional ``pre`` tasks too). Logging is set up from ``-v`` (paramiko
+    (positional ``pre`` tasks too). Logging is set up from ``-v`` (the SSH library
     stays silent below -vv), and a closed stdout (``| head``) ends quietly.
     """
 

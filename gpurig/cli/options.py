@@ -37,7 +37,7 @@ from gpurig.report import err_console, outside
 from gpurig.report.tables import FORMATS
 from gpurig.strict import validate
 
-# The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
+# The connection and fleet machinery (the SSH library among it) loads when a task body runs, not when its flags are read.
 if TYPE_CHECKING:
     from gpurig.flows.fleettask import HostOptions
     from gpurig.inventory import Host
@@ -58,7 +58,7 @@ CONNECT_HELP = {
     "ask_sudo_password": "prompt once for the sudo password (else $GPURIG_SUDO_PASSWORD)",
 }
 OUTPUT_HELP = {
-    "verbose": "say more, repeated for more: -v gpurig's steps, -vv debug with paramiko's log and tracebacks",
+    "verbose": "say more, repeated for more: -v gpurig's steps, -vv debug with the SSH library's log and tracebacks",
     "json": "also write a JSON report to this file (- = stdout)",
     "format": "table (default) | tsv | json: how to print the result",
 }

@@ -21,7 +21,7 @@ from gpurig.errors import Finished, InventoryError
 from gpurig.report import console, err_console, outside
 from gpurig.report.tables import document, show
 
-# The connection and fleet machinery (paramiko among it) loads when a task body runs, not when its flags are read.
+# The connection and fleet machinery (the SSH library among it) loads when a task body runs, not when its flags are read.
 if TYPE_CHECKING:
     from gpurig.config import Settings
     from gpurig.connect.connection import Connection

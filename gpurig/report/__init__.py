@@ -14,6 +14,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from gpurig.connect import LIBRARY_LOGGERS
 from gpurig.strict.validate import printable
 
 
@@ -39,9 +40,8 @@ def outside(text: object) -> str:
     return escape(printable(text))
 
 
-# Loggers whose lines only help someone debugging gpurig itself: paramiko logs every failed
-# handshake as ~65 traceback lines, which would bury the one reason line per host.
-_NOISY = ("paramiko",)
+# Loggers whose lines only help someone debugging gpurig itself (the SSH library's: see gpurig.connect).
+_NOISY = LIBRARY_LOGGERS
 
 
 class _StderrHandler(logging.Handler):
@@ -68,7 +68,7 @@ class _StderrHandler(logging.Handler):
 def configure_logging(verbosity: int = 0) -> None:
     """The one place that decides what is logged and where: 0 warnings, 1 (-v) info, 2 (-vv) debug, to stderr.
 
-    Lines go one each to stderr (tracebacks only at -vv). paramiko's own lines
+    Lines go one each to stderr (tracebacks only at -vv). The SSH library's own lines
     (every failed handshake is ~65 traceback lines) pass only at -vv; below
     that they are dropped, never printed by logging's last-resort handler.
     """

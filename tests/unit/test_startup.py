@@ -27,6 +27,7 @@ from gpurig.cli import TASK_MODULES, build_collection
 LIGHT = {
     "gpurig", "gpurig.cli", "gpurig.cli.base", "gpurig.cli.options", "gpurig.config", "gpurig.errors",
     "gpurig.files", "gpurig.status", "gpurig.strict", "gpurig.strict.validate", "gpurig.report", "gpurig.report.tables",
+    "gpurig.connect",  # the package alone: the SSH library's logger names, which report's logging set-up reads; it imports nothing
 }
 # Libraries no flag parsing needs (each costs 20-110 ms to import; Invoke itself brings asyncio, unittest.mock).
 HEAVY = ("docker", "paramiko", "requests", "urllib3", "jinja2", "cryptography", "nacl", "rich.live", "rich.progress")
