@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from gpurig.connect.connection import Connection
+    from gpurig.connect.connector import Connector
     from gpurig.connect.engine import Engine
     from gpurig.deploy.apply import Target
     from gpurig.deploy.fanout import FanOut
@@ -122,10 +123,10 @@ def batch_fanout(opts: HostOptions, in_order: Sequence[Host], targets, registry:
         yield None
         return
     by_name = {h.name: h for h in in_order}
-    connector = make_connector(opts)
+    made: list[Connector] = []  # the connector of the held connections, once fan-out is used
 
     def own(host: str) -> Connection:
-        conn = connector.open(by_name[host])
+        conn = made[0].open(by_name[host])
         try:
             conn.connect()
         except BaseException:
@@ -133,16 +134,19 @@ def batch_fanout(opts: HostOptions, in_order: Sequence[Host], targets, registry:
             raise
         return conn
 
+    fan = fleet_fanout(in_order, targets, opts.settings.inventory, registry=registry, local=local, plain=plain,
+                       progress_for=lambda conn, t: counter(printer, conn, t), own=own, label="rollout")
+    if fan is None:
+        yield None
+        return
+    made.append(make_connector(opts))
     try:
-        fan = fleet_fanout(in_order, targets, opts.settings.inventory, registry=registry, local=local, plain=plain,
-                           progress_for=lambda conn, t: counter(printer, conn, t), own=own, label="rollout")
-        try:
-            yield fan
-        finally:
-            if fan:
-                fan.close()
+        yield fan
     finally:
-        connector.close()
+        try:
+            fan.close()
+        finally:
+            made[0].close()
 
 
 def prune_old(opts: HostOptions, chosen, state: RolloutState, image_id: str) -> None:
