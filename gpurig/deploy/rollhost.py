@@ -14,7 +14,7 @@ so the rollback moves nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from gpurig.deploy.rollplan import DONE, FAILED, ROLLED_BACK, STARTED, RolloutSt
 from gpurig.errors import counted
 from gpurig.results import Outcome
 from gpurig.status import Status
+from gpurig.steps.plan import StepResult
 
 # (connection, container name) -> (passed, why not: the first failing record, its fix)
 Verify = Callable[[Connection, str], "tuple[bool, str, str]"]
@@ -67,7 +68,7 @@ def roll_host(conn: Connection, job: RolloutJob) -> Outcome:
     return Outcome(changed=True, detail="new image, verify passed", data=moved)
 
 
-def delivered(results) -> dict[str, Any]:
+def delivered(results: Sequence[StepResult]) -> dict[str, Any]:
     """How the new image came to the host (the first of its containers' deliveries): method, source, bytes, note; {} for none."""
     for r in results:
         if r.details.get("delivery"):
