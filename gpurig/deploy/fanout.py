@@ -32,7 +32,9 @@ ended (``host_done`` waits for nothing); ``begin`` starts each batch (the
 start grace counts from it, a host of an earlier batch that never began
 never will, and a cache no host still to come needs is stopped) and
 ``close``, in the rollout's ``finally``, ends the rest with those
-connections.
+connections. A rollout's host that holds the image already (a rollout tried
+before left it) still serves: it starts its cache, pulls nothing, and its
+cache fetches from its parent what its children ask for.
 """
 
 from __future__ import annotations
@@ -180,11 +182,19 @@ class FanOut:
         assert t.image is not None
         image_id = t.image.id
         self.sizes[ref] = t.image.size
-        if engine.image(image_id) is not None:
+        present = engine.image(image_id) is not None
+        if present:
             say(f"{ref} is on the host already (the same image id): nothing moves")
             delivery._tag(engine, image_id, ref)
-            self._refuse(node, f"{ref} was on it already")
-            return Delivery("present", 0, image_id)
+            if self.own is None or not self._serves(ref, node):  # a rollout's host still serves its later batches: a cache, no pull
+                self._refuse(node, f"{ref} was on it already")
+                return Delivery("present", 0, image_id)
+
+        def done(moved: int, source: str | None) -> Delivery:
+            if present:
+                return Delivery("present", 0, image_id)
+            return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, source), source=source or BUILD_MACHINE)
+
         progress = self.progress_for(conn, t)
         nodes = self.nodes[ref]
         feed = self._feeder(ref, node, conn)  # the connection its cache and what feeds it run on, where it serves
@@ -203,9 +213,9 @@ class FanOut:
                     delivery._checkpoint(conn)
                     why = f"cannot reach {above} at {m.address}:{m.ssh_port}: {err.problem}"
                 else:
-                    say(f"pulls from {above}'s layer cache (through {m.address}:{m.ssh_port})")
+                    say(f"{'feeds its layer cache' if present else 'pulls'} from {above}'s layer cache (through {m.address}:{m.ssh_port})")
                     try:
-                        moved = self._through(ref, node, engine, conn, feed, t, link, above, None, progress, say)
+                        moved = self._through(ref, node, engine, conn, feed, t, link, above, None, progress, say, pull=not present)
                     except delivery.DeliveryError as err:
                         # a host that serves no one tries further up (only the layers still missing move); one that
                         # serves, or a full disk, fails as today's delivery does
@@ -213,29 +223,31 @@ class FanOut:
                             raise
                         why = f"could not pull from {above}'s layer cache: {err.problem}"
                     else:
-                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
+                        return done(moved, above)
                     finally:
                         if node.upstream is not link:  # not kept for a cache of its own
                             self._let_go(parent, conn.name, link)
             whys.append(why)
-        say(f"pulls from {BUILD_MACHINE}")
+        say(f"{'feeds its layer cache' if present else 'pulls'} from {BUILD_MACHINE}")
         try:
             port = self.build.prepare(ref, image_id, conn, progress, say)
             meter = Meter()
             forward = self.hosts.open_forward(feed, port, meter)
         except (NotThisWay, ChannelError) as err:  # today's path for this host (save-load, most likely), and why
             self._refuse(node, "it could not use fan-out")
+            if present:
+                return done(0, None)
             why = err.problem if isinstance(err, ChannelError) else str(err)
             d = self.plain(engine, conn, t, say)
             return replace(d, note="; ".join(n for n in (_note(conn.name, whys, None), f"no fan-out: {why}", d.note) if n))
         with self.cond:
             self.forwards.append((ref, meter))
         try:
-            self._through(ref, node, engine, conn, feed, t, forward, None, meter, progress, say)
+            self._through(ref, node, engine, conn, feed, t, forward, None, meter, progress, say, pull=not present)
         finally:
             if node.upstream is not forward:
                 _close_quietly(forward)
-        return Delivery("fan-out", meter.total, image_id, note=_note(conn.name, whys, None), source=BUILD_MACHINE)
+        return done(meter.total, None)
 
     def _serves(self, ref: str, node: Node) -> bool:
         return node.member.peer and node.state == "waiting" and any(p == node.host for p in self.plans[ref].values())
@@ -258,9 +270,9 @@ class FanOut:
         return held
 
     def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, feed: Connection, t: Wanted, upstream: Any,
-                 source: str | None, meter: Meter | None, progress, say) -> int:
+                 source: str | None, meter: Meter | None, progress, say, pull: bool = True) -> int:
         """The host pulls through ``upstream`` (a forward or a link on its loopback): via a cache of its own (on ``feed``) when it
-        has children to serve, else straight; returns the bytes its engine fetched."""
+        has children to serve, else straight; returns the bytes its engine fetched (none where it holds the image: not ``pull``)."""
         assert t.image is not None
         port = upstream.port
         if self._serves(ref, node):
@@ -276,6 +288,8 @@ class FanOut:
                     self.cond.notify_all()
                 port = cache.port
                 say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
+        if not pull:
+            return 0
         where = f"{source}'s layer cache" if source else BUILD_MACHINE
         how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
         fetched = self.hosts.pull(engine, conn, ref, t.image.id, port, (lambda: meter.down) if meter else (lambda: None),

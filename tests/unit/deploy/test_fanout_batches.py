@@ -86,6 +86,20 @@ def test_a_later_batch_pulls_from_an_earlier_batchs_host_whose_own_work_has_ende
     assert fan.summary()[0]["sent"] == IMAGE.size
 
 
+def test_a_host_that_holds_the_image_already_still_serves_the_later_batches_through_a_cache():
+    hosts, opened = HeldHosts(), {}
+    fan = batched(["h0", "h1", "h2"], hosts, opened)
+    fan.begin(["h0"])
+    canary = run(fan, ["h0"], present={"h0"})  # a rollout tried before left the image there
+    assert (canary["h0"].method, canary["h0"].bytes_moved) == ("present", 0)
+    assert not [e for e in hosts.log if e[0] == "pull"]  # it pulled nothing; its cache fetches what its children ask for
+    fan.begin(["h1", "h2"])
+    later = run(fan, ["h1", "h2"])
+    assert later["h1"].source == later["h2"].source == "h0" and not later["h1"].note
+    fan.close()
+    assert not hosts.open_things() and all(c.closed for c in opened.values())
+
+
 def test_a_cache_no_host_still_to_come_needs_stops_when_the_next_batch_begins():
     hosts, opened = HeldHosts(), {}
     fan = batched(["h0", "h1", "h2"], hosts, opened, k=1)  # a chain: h0 <- h1 <- h2
