@@ -23,18 +23,13 @@ link; ``host_done`` (each host's work ends with it: success, failure,
 Ctrl-C) then stops the cache and closes its links and forward; ``close``
 ends whatever is left.
 
-A rollout runs its batches one after another, each its own fleet run, so
-a parent's work (and its connection) ends before its later batches'
-children pull. There fan-out is given ``own``, which opens a connection
-fan-out holds itself: a host that serves runs its cache, and the link or
-forward that feeds it, on that one, and keeps serving after its own work
-ended (``host_done`` waits for nothing); ``begin`` starts each batch (the
-start grace counts from it, a host of an earlier batch that never began
-never will, and a cache no host still to come needs is stopped) and
-``close``, in the rollout's ``finally``, ends the rest with those
-connections. A rollout's host that holds the image already (a rollout tried
-before left it) still serves: it starts its cache, pulls nothing, and its
-cache fetches from its parent what its children ask for.
+A rollout's batches are fleet runs one after another, so a parent's work
+(and its connection) ends before its later batches' children pull: given
+``own`` (a connection fan-out holds), a serving host runs its cache and
+what feeds it there, serves past its own work, even holding the image
+already (its cache then fetches what its children ask for); ``begin``
+starts each batch (the start grace, hosts that never began, idle caches
+stopped) and ``close``, in the rollout's ``finally``, ends the rest.
 """
 
 from __future__ import annotations
