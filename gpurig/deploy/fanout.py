@@ -184,6 +184,7 @@ class FanOut:
             if self.own is None or not self._serves(ref, node):  # a rollout's host still serves its later batches: a cache, no pull
                 self._refuse(node, f"{ref} was on it already")
                 return Delivery("present", 0, image_id)
+        whys: list[str] = []  # why it did not pull from a host above
 
         def done(moved: int, source: str | None) -> Delivery:
             if present:
@@ -193,7 +194,8 @@ class FanOut:
         progress = self.progress_for(conn, t)
         nodes = self.nodes[ref]
         feed = self._feeder(ref, node, conn)  # the connection its cache and what feeds it run on, where it serves
-        whys: list[str] = []
+        if present and not self._serves(ref, node):  # no connection to serve from: nothing to do
+            return done(0, None)
         for above in chain(self.plans[ref], conn.name):
             if above is None:
                 break
