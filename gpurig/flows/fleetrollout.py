@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from gpurig.verify.runner import VerifyPlan
 
 SCHEMA = "gpurig.rollout/1"
-COLUMNS = [Column("host"), Column("batch", drop=2), Column("runs", drop=1), Column("why"), Column("moved", drop=3)]
+COLUMNS = [Column("host"), Column("batch", drop=2), Column("runs", drop=1), Column("why")]
+MOVED = "moved"  # each JSON row's key for what the host's delivery moved, and from where; the table's why cell says it on a line of its own
 
 
 def roll_out(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpec, plan: VerifyPlan, *, variant: str, to: str, canary: int,
@@ -245,13 +246,15 @@ def host_targets(host, image_spec, variant: str, ref: str, local: Engine | None,
 
 def present(opts: HostOptions, rows: list[list[str]], state: RolloutState, ref: str, image_id: str, check: bool = False,
             fan_out: list | None = None) -> None:
-    """The table (or tsv/json), and the JSON report (--json): the rows, each host's state entry, the state file, and where fan-out
-    moved the image, who got it from whom (``fan_out``: FanOut.summary())."""
+    """The table (or tsv/json), and the JSON report (--json): the rows ([*COLUMNS, moved]), each host's state entry, the state file,
+    and where fan-out moved the image, who got it from whom (``fan_out``: FanOut.summary())."""
     doc = document(SCHEMA, {"image_ref": ref, "image_id": image_id or None, "level": state.doc.get("level"), "state_file": str(state.path),
-                            "rows": [{c.json_key: cell for c, cell in zip(COLUMNS, row)} for row in rows],
+                            "rows": [{**{c.json_key: cell for c, cell in zip(COLUMNS, row)}, MOVED: row[-1]} for row in rows],
                             "hosts": [state.entry(row[0]) or {"host": row[0]} for row in rows], **({"fan_out": fan_out} if fan_out else {})},
                    inventory=str(opts.settings.inventory), check=opts.check)
     if opts.json:
         write_report(opts.json, doc)
     title = f"rollout to {ref}" + (" (check: nothing changed)" if check else "")
-    opts.show(COLUMNS, rows, title=title, doc=doc)
+    # the moved text under the why: a column of its own would fold the others at 80 columns
+    table = [[*row[:3], f"{row[3]}\nmoved {row[4]}" if row[4] else row[3]] for row in rows]
+    opts.show(COLUMNS, table, title=title, doc=doc)
