@@ -1,7 +1,8 @@
 """Fleet delivery: an image sent into the fleet about once, the hosts of one deploy passing its layers to each other.
 
-``FanOut`` is shared by the host threads of one `gpurig deploy` and called
-like ``imagesource.mover``'s deliver. The tree is fixed first
+``FanOut`` is shared by the host threads of one `gpurig deploy` (or one
+`gpurig rollout`, or the nodes of one Slurm job) and called like
+``imagesource.mover``'s deliver. The tree is fixed first
 (gpurig.deploy.fanouttree). A host that has children in it starts a layer
 cache (checks/layer_cache.py, gpurig.deploy.layercache) on its loopback
 whose upstream is its own parent: the build machine's registry through a
@@ -21,6 +22,14 @@ until every started host below it has finished its pull and closed its
 link; ``host_done`` (each host's work ends with it: success, failure,
 Ctrl-C) then stops the cache and closes its links and forward; ``close``
 ends whatever is left.
+
+A rollout's batches are fleet runs one after another, so a parent's work
+(and its connection) ends before its later batches' children pull: given
+``own`` (a connection fan-out holds), a serving host runs its cache and
+what feeds it there, serves past its own work, even holding the image
+already (its cache then fetches what its children ask for); ``begin``
+starts each batch (the start grace, hosts that never began, idle caches
+stopped) and ``close``, in the rollout's ``finally``, ends the rest.
 """
 
 from __future__ import annotations
@@ -30,20 +39,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gpurig.connect.connection import ChannelError
 from gpurig.connect.forward import Meter
 from gpurig.deploy import delivery
 from gpurig.deploy.delivery import Delivery
+from gpurig.deploy.fanoutsides import BuildSide, Deliver, HostSide, NotThisWay, Wanted
 from gpurig.deploy.fanouttree import BUILD_MACHINE, K, Member, chain, descendants, plan_tree
-from gpurig.deploy.stages import Staged
 from gpurig.errors import GpurigError
 
 if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
-    from gpurig.deploy.apply import Target
 
 log = logging.getLogger(__name__)
 
@@ -51,32 +59,6 @@ WAIT_S = 1800.0  # how long a host waits for its parent's cache (the parent may 
 START_GRACE_S = 30.0  # from the run's start, how long a host whose work has not begun is waited for (unreachable: it never will)
 TICK_S = 0.2  # how often a wait looks at Ctrl-C
 
-Deliver = Callable[["Engine", "Connection", "Target", Callable[[str], None]], Delivery]
-
-
-class NotThisWay(Exception):
-    """The build machine cannot feed fan-out (no docker-registry, the push failed): the host takes today's path; says why."""
-
-
-class BuildSide(Protocol):
-    def prepare(self, ref: str, image_id: str, conn: Connection, progress, say) -> int: ...  # the registry's port
-
-    def staged(self, ref: str) -> Staged: ...
-
-    def close(self) -> None: ...
-
-
-class HostSide(Protocol):
-    """What fan-out does on hosts; unit tests give a fake."""
-
-    def start_cache(self, conn: Connection, upstream_port: int) -> Any: ...  # .port, .stop() -> counts
-
-    def open_link(self, server: Connection, puller: Connection, address: str, port: int, ssh_port: int) -> Any: ...  # .port, .close()
-
-    def open_forward(self, conn: Connection, port: int, meter: Meter) -> Any: ...  # .port, .close()
-
-    def pull(self, engine: Engine, conn: Connection, ref: str, image_id: str, port: int, moved, staged: Staged, progress, say,
-             how: tuple[str, str]) -> int: ...
 
 
 @dataclass(eq=False)
@@ -106,8 +88,9 @@ class FanOut:
     """The deliver callable of one deploy run over several hosts (``__call__``), with ``wrap`` for each host's work."""
 
     def __init__(self, members: Mapping[str, Sequence[Member]], plain: Deliver, build: BuildSide, hosts: HostSide, *,
-                 progress_for: Callable[[Connection, Target], Callable[[int, int], None]] = lambda conn, t: lambda done, total: None,
-                 k: int = K, wait_s: float = WAIT_S, start_grace_s: float = START_GRACE_S) -> None:
+                 progress_for: Callable[[Connection, Wanted], Callable[[int, int], None]] = lambda conn, t: lambda done, total: None,
+                 k: int = K, wait_s: float = WAIT_S, start_grace_s: float = START_GRACE_S, own: Callable[[str], Connection] | None = None,
+                 label: str = "deploy") -> None:
         self.plans = {ref: plan_tree(ms, k) for ref, ms in members.items() if len(ms) > 1}
         self.nodes = {ref: {m.host: Node(m, self.plans[ref][m.host]) for m in ms} for ref, ms in members.items() if ref in self.plans}
         self.plain, self.build, self.hosts, self.progress_for = plain, build, hosts, progress_for
@@ -117,7 +100,11 @@ class FanOut:
         self.sizes: dict[str, int] = {}
         self.delivered: dict[str, dict[str, Delivery]] = {}
         self.closed = False
-        self.t0: float | None = None  # when the first host's work began
+        self.t0: float | None = None  # when the first host's work began (a rollout: its batch)
+        self.own, self.label = own, label  # ``own(host)``: a connection fan-out holds (a rollout); what a host's work is called
+        self.held: list[Connection] = []
+        self.begun: set[str] = set()  # a rollout: the hosts of the batches begun so far
+        self.over: set[str] = set()  # ... and of those before the current one (a host there that never began, never will)
 
     # --- each host's work ------------------------------------------------------------------------
 
@@ -133,6 +120,19 @@ class FanOut:
 
         return run
 
+    def begin(self, hosts: Sequence[str]) -> None:
+        """A rollout's next batch, ``hosts``, begins now; the caches no host still to come pulls through are stopped."""
+        with self.cond:
+            self.over, self.begun = set(self.begun), self.begun | set(hosts)
+            self.t0 = time.monotonic()
+            idle = [(ref, n) for ref, nodes in self.nodes.items() for n in reversed(nodes.values())  # the hosts below first
+                    if n.state == "serving" and all(self.nodes[ref][h].finished or h in self.over for h in descendants(self.plans[ref], n.host))]
+            for _, n in idle:
+                n.state = "closing"
+            self.cond.notify_all()
+        for _, n in idle:
+            self._close(n)
+
     def started(self, host: str) -> None:
         with self.cond:
             self.t0 = self.t0 if self.t0 is not None else time.monotonic()
@@ -147,15 +147,15 @@ class FanOut:
             node = nodes.get(conn.name)
             if node is None:
                 continue
-            self._refuse(node, "it did not deliver the image (its deploy needed none, or ended before)")
+            self._refuse(node, f"it did not deliver the image (its {self.label} needed none, or ended before)")
             self._finish(node)
-            if node.state == "serving":
+            if node.state == "serving" and self.own is None:  # else it serves on fan-out's own connection until begin or close
                 self._wait_below(ref, node, conn)
                 self._close(node)
 
     # --- the deliver callable ----------------------------------------------------------------------
 
-    def __call__(self, engine: Engine, conn: Connection, t: Target, say: Callable[[str], None]) -> Delivery:
+    def __call__(self, engine: Engine, conn: Connection, t: Wanted, say: Callable[[str], None]) -> Delivery:
         nodes = self.nodes.get(t.image_ref)
         node = nodes.get(conn.name) if nodes else None
         if node is None or t.image is None or self.closed:
@@ -173,18 +173,29 @@ class FanOut:
             self.delivered.setdefault(t.image_ref, {})[conn.name] = d
         return d
 
-    def _deliver(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Target, say) -> Delivery:
+    def _deliver(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Wanted, say) -> Delivery:
         assert t.image is not None
         image_id = t.image.id
         self.sizes[ref] = t.image.size
-        if engine.image(image_id) is not None:
+        present = engine.image(image_id) is not None
+        if present:
             say(f"{ref} is on the host already (the same image id): nothing moves")
             delivery._tag(engine, image_id, ref)
-            self._refuse(node, f"{ref} was on it already")
-            return Delivery("present", 0, image_id)
+            if self.own is None or not self._serves(ref, node):  # a rollout's host still serves its later batches: a cache, no pull
+                self._refuse(node, f"{ref} was on it already")
+                return Delivery("present", 0, image_id)
+        whys: list[str] = []  # why it did not pull from a host above
+
+        def done(moved: int, source: str | None) -> Delivery:
+            if present:
+                return Delivery("present", 0, image_id)
+            return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, source), source=source or BUILD_MACHINE)
+
         progress = self.progress_for(conn, t)
         nodes = self.nodes[ref]
-        whys: list[str] = []
+        feed = self._feeder(ref, node, conn)  # the connection its cache and what feeds it run on, where it serves
+        if present and not self._serves(ref, node):  # no connection to serve from: nothing to do
+            return done(0, None)
         for above in chain(self.plans[ref], conn.name):
             if above is None:
                 break
@@ -193,15 +204,15 @@ class FanOut:
             if why is None:
                 m = parent.member
                 try:
-                    link = self.hosts.open_link(parent.conn, conn, m.address, parent.port, m.ssh_port)
+                    link = self.hosts.open_link(parent.conn, feed, m.address, parent.port, m.ssh_port)
                 except GpurigError as err:
                     self._detach(parent, conn.name)
                     delivery._checkpoint(conn)
                     why = f"cannot reach {above} at {m.address}:{m.ssh_port}: {err.problem}"
                 else:
-                    say(f"pulls from {above}'s layer cache (through {m.address}:{m.ssh_port})")
+                    say(f"{'feeds its layer cache' if present else 'pulls'} from {above}'s layer cache (through {m.address}:{m.ssh_port})")
                     try:
-                        moved = self._through(ref, node, engine, conn, t, link, above, None, progress, say)
+                        moved = self._through(ref, node, engine, conn, feed, t, link, above, None, progress, say, pull=not present)
                     except delivery.DeliveryError as err:
                         # a host that serves no one tries further up (only the layers still missing move); one that
                         # serves, or a full disk, fails as today's delivery does
@@ -209,49 +220,73 @@ class FanOut:
                             raise
                         why = f"could not pull from {above}'s layer cache: {err.problem}"
                     else:
-                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
+                        return done(moved, above)
                     finally:
                         if node.upstream is not link:  # not kept for a cache of its own
                             self._let_go(parent, conn.name, link)
             whys.append(why)
-        say(f"pulls from {BUILD_MACHINE}")
+        say(f"{'feeds its layer cache' if present else 'pulls'} from {BUILD_MACHINE}")
         try:
             port = self.build.prepare(ref, image_id, conn, progress, say)
             meter = Meter()
-            forward = self.hosts.open_forward(conn, port, meter)
+            forward = self.hosts.open_forward(feed, port, meter)
         except (NotThisWay, ChannelError) as err:  # today's path for this host (save-load, most likely), and why
             self._refuse(node, "it could not use fan-out")
+            if present:
+                return done(0, None)
             why = err.problem if isinstance(err, ChannelError) else str(err)
             d = self.plain(engine, conn, t, say)
             return replace(d, note="; ".join(n for n in (_note(conn.name, whys, None), f"no fan-out: {why}", d.note) if n))
         with self.cond:
             self.forwards.append((ref, meter))
         try:
-            self._through(ref, node, engine, conn, t, forward, None, meter, progress, say)
+            self._through(ref, node, engine, conn, feed, t, forward, None, meter, progress, say, pull=not present)
         finally:
             if node.upstream is not forward:
                 _close_quietly(forward)
-        return Delivery("fan-out", meter.total, image_id, note=_note(conn.name, whys, None), source=BUILD_MACHINE)
+        return done(meter.total, None)
 
-    def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Target, upstream: Any, source: str | None,
-                 meter: Meter | None, progress, say) -> int:
-        """The host pulls through ``upstream`` (a forward or a link on its loopback): via a cache of its own when it has
-        children to serve, else straight; returns the bytes its engine fetched."""
+    def _serves(self, ref: str, node: Node) -> bool:
+        return node.member.peer and node.state == "waiting" and any(p == node.host for p in self.plans[ref].values())
+
+    def _feeder(self, ref: str, node: Node, conn: Connection) -> Connection:
+        """The connection a serving host's cache, and the link or forward it fetches through, run on: its work's (a deploy), or
+        one fan-out holds past that work (``own``: a rollout, whose later batches it serves)."""
+        if self.own is None or not self._serves(ref, node):
+            return conn
+        try:
+            held = self.own(conn.name)
+        except GpurigError as err:
+            delivery._checkpoint(conn)
+            self._refuse(node, f"no connection of fan-out's own to serve from: {err.problem}")
+            return conn
+        with self.cond:
+            self.held.append(held)
+        if self.closed:  # the run ended while it connected
+            _close_quietly(held)
+        return held
+
+    def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, feed: Connection, t: Wanted, upstream: Any,
+                 source: str | None, meter: Meter | None, progress, say, pull: bool = True) -> int:
+        """The host pulls through ``upstream`` (a forward or a link on its loopback): via a cache of its own (on ``feed``) when it
+        has children to serve, else straight; returns the bytes its engine fetched (none where it holds the image: not ``pull``)."""
         assert t.image is not None
         port = upstream.port
-        if node.member.peer and any(p == node.host for p in self.plans[ref].values()):
+        if self._serves(ref, node):
             try:
-                cache = self.hosts.start_cache(conn, upstream.port)
+                cache = self.hosts.start_cache(feed, upstream.port)
             except GpurigError as err:
                 delivery._checkpoint(conn)
                 self._refuse(node, f"its layer cache did not start: {err.problem}")
             else:
                 with self.cond:
-                    node.conn, node.port, node.cache, node.upstream, node.via = conn, cache.port, cache, upstream, source
+                    node.conn, node.port, node.cache, node.upstream, node.via = feed, cache.port, cache, upstream, source
                     node.state = "serving" if node.state == "waiting" else node.state  # else close() or host_done stop it
                     self.cond.notify_all()
                 port = cache.port
                 say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
+        if not pull:
+            return 0
         where = f"{source}'s layer cache" if source else BUILD_MACHINE
         how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
         fetched = self.hosts.pull(engine, conn, ref, t.image.id, port, (lambda: meter.down) if meter else (lambda: None),
@@ -267,8 +302,10 @@ class FanOut:
             while parent.state == "waiting":
                 delivery._checkpoint(conn)
                 waited = time.monotonic() - begun
+                if not parent.started and parent.host in self.over:
+                    return f"{parent.host} does not serve: its {self.label} never began (its batch ended without it)"
                 if not parent.started and self._late():
-                    return f"{parent.host} does not serve: its deploy had not begun after {self.start_grace_s:.0f} s"
+                    return f"{parent.host} does not serve: its {self.label} had not begun after {self.start_grace_s:.0f} s"
                 if waited > self.wait_s:
                     return f"{parent.host} does not serve: its layer cache did not start within {self.wait_s:.0f} s"
                 self.cond.wait(TICK_S)
@@ -339,6 +376,10 @@ class FanOut:
                 with self.cond:
                     node.state = "closing" if node.state == "serving" else node.state
                 self._close(node)
+        with self.cond:
+            held, self.held = self.held, []
+        for conn in held:  # what still ran on them ends with them (each key's guard takes its line out as its channel ends)
+            _close_quietly(conn)
         self.build.close()
 
     def sent(self, ref: str) -> int:

@@ -64,10 +64,22 @@ def descendants(parents: Mapping[str, str | None], host: str) -> list[str]:
     return [h for h in parents if h != host and host in chain(parents, h)]
 
 
-def describe(parents: Mapping[str, str | None]) -> list[str]:
-    """The tree as lines a person reads: 'a100-01 <- the build machine', 'a100-02, a100-03 <- a100-01'."""
+def describe(parents: Mapping[str, str | None], size: int = 0) -> list[str]:
+    """The tree as lines a person reads: 'a100-01 <- the build machine', 'a100-02, a100-03 <- a100-01'; with the image's ``size``,
+    what each source sends ('a100-02, a100-03 <- a100-01: serves 2.20 GB (1.10 GB to each of 2)') and a last line with the build
+    machine's total against what it would send each host without fan-out."""
+    from gpurig.deploy.progress import human_size
+
     served: dict[str | None, list[str]] = {}
     for host, parent in parents.items():
         served.setdefault(parent, []).append(host)
     order = [None, *parents]
-    return [f"{', '.join(served[p])} <- {p or BUILD_MACHINE}" for p in order if p in served]
+    lines = []
+    for p in (p for p in order if p in served):
+        n = len(served[p])
+        sends = f": {'serves' if p else 'sends'} {human_size(n * size)} " + (f"({human_size(size)} to each of {n})" if n > 1 else "once")
+        lines.append(f"{', '.join(served[p])} <- {p or BUILD_MACHINE}" + (sends if size else ""))
+    if size:
+        lines.append(f"{BUILD_MACHINE} sends {human_size(len(served.get(None, ())) * size)} in all for {len(parents)} hosts "
+                     f"(the image is {human_size(size)}; {human_size(len(parents) * size)} without fan-out)")
+    return lines

@@ -2,19 +2,24 @@
 
 ``fleet_fanout`` decides whether a deploy uses it (more than one host
 delivers an image built here, no spec registry, docker-registry here) and
-makes the ``FanOut`` with each image's members in inventory order.
+makes the ``FanOut`` with each image's members in the order given
+(inventory order; a rollout's batch order). ``job_fanout`` is the same for
+the nodes of one Slurm job, whose deliver is called as a job's is,
+``(engine, conn, ref)``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpurig.deploy import delivery
-from gpurig.deploy.fanout import Deliver, FanOut, NotThisWay
+from gpurig.deploy.delivery import Delivery
+from gpurig.deploy.fanout import Deliver, FanOut, NotThisWay, Wanted
 from gpurig.deploy.fanouttree import Member
 from gpurig.deploy.layercache import start_cache
 from gpurig.deploy.peerlink import open_peer_link
@@ -25,7 +30,6 @@ if TYPE_CHECKING:
     from gpurig.connect.connection import Connection
     from gpurig.connect.engine import Engine
     from gpurig.connect.forward import Meter
-    from gpurig.deploy.apply import Target
     from gpurig.inventory import Host
 
 
@@ -84,8 +88,8 @@ class RealHosts:
         return delivery.pull_through(engine, conn, ref, parsed, image_id, port, moved, staged, progress, say, how)
 
 
-def members(chosen: Sequence[Host], targets: Mapping[str, Sequence[Target]], inventory: str | Path) -> dict[str, list[Member]]:
-    """Each image built here -> the hosts that run it, in inventory order, with their gpurig_delivery."""
+def members(chosen: Sequence[Host], targets: Mapping[str, Sequence[Wanted]], inventory: str | Path) -> dict[str, list[Member]]:
+    """Each image built here -> the hosts that run it, in ``chosen``'s order, with their gpurig_delivery."""
     from gpurig.inventory.profile import host_profile
 
     out: dict[str, list[Member]] = {}
@@ -98,13 +102,37 @@ def members(chosen: Sequence[Host], targets: Mapping[str, Sequence[Target]], inv
     return {ref: ms for ref, ms in out.items() if len(ms) > 1}
 
 
-def fleet_fanout(chosen: Sequence[Host], targets: Mapping[str, Sequence[Target]], inventory: str | Path, *, registry: str | None,
-                 local: Engine | None, plain: Deliver, progress_for) -> FanOut | None:
+def fleet_fanout(chosen: Sequence[Host], targets: Mapping[str, Sequence[Wanted]], inventory: str | Path, *, registry: str | None,
+                 local: Engine | None, plain: Deliver, progress_for=None, **options: Any) -> FanOut | None:
     """The deploy's FanOut, or None where today's per-host delivery stays: one host, images only a registry has, no
-    docker-registry here, no engine here."""
+    docker-registry here, no engine here. ``options``: FanOut's (a rollout's ``own`` and ``label``)."""
     if local is None or registry or find_registry_binary() is None:
         return None
     found = members(chosen, targets, inventory)
     if not found:
         return None
-    return FanOut(found, plain, RegistrySide(local), RealHosts(), progress_for=progress_for)
+    return FanOut(found, plain, RegistrySide(local), RealHosts(), **({"progress_for": progress_for} if progress_for else {}), **options)
+
+
+@dataclass(frozen=True)
+class JobImage:
+    """A job's image as fan-out reads a target: its reference and the build machine's image."""
+
+    image_ref: str
+    image: Any
+
+
+JobDeliver = Callable[["Engine", "Connection", str], Delivery]  # a job's deliver (gpurig.jobs.placement): (engine, conn, ref)
+
+
+def job_fanout(nodes: Sequence[Host], ref: str, image: Any, inventory: str | Path, *, registry: str | None, local: Engine | None,
+               plain: JobDeliver) -> tuple[FanOut, JobDeliver] | None:
+    """The nodes of one job (a Slurm job's) sharing ``ref`` as a deploy's hosts do: the FanOut (its ``wrap`` around each node's
+    work, ``close`` after them) and the deliver to give the nodes in ``plain``'s place; None where each node gets it alone."""
+    if image is None or len(nodes) < 2:
+        return None
+    fan = fleet_fanout(nodes, {n.name: [JobImage(ref, image)] for n in nodes}, inventory, registry=registry, local=local,
+                       plain=lambda engine, conn, t, say: plain(engine, conn, t.image_ref), label="preparation")
+    if fan is None:
+        return None
+    return fan, lambda engine, conn, ref: fan(engine, conn, JobImage(ref, image), lambda text: None)

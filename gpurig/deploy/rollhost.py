@@ -14,7 +14,7 @@ so the rollback moves nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from gpurig.deploy.rollplan import DONE, FAILED, ROLLED_BACK, STARTED, RolloutSt
 from gpurig.errors import counted
 from gpurig.results import Outcome
 from gpurig.status import Status
+from gpurig.steps.plan import StepResult
 
 # (connection, container name) -> (passed, why not: the first failing record, its fix)
 Verify = Callable[[Connection, str], "tuple[bool, str, str]"]
@@ -49,23 +50,36 @@ def roll_host(conn: Connection, job: RolloutJob) -> Outcome:
     previous = job.state.previous(conn.name) or running(conn, targets)
     job.state.record(conn.name, state=STARTED, image_ref=job.image_ref, image_id=job.image_id, previous=previous, verify="not run",
                      level=job.level)
-    bad = [r for r in deploy_host(conn, job.deploy) if r.status == Status.FAILED]
+    results = deploy_host(conn, job.deploy)
+    moved = delivered(results)
+    bad = [r for r in results if r.status == Status.FAILED]
     if bad:
         why = "deploy failed: " + "; ".join(f"{r.step}: {r.reason}" for r in bad)
-        return back(conn, job, previous, FAILED, why, next((r.fix for r in bad if r.fix), ""), verify="not run")
+        return back(conn, job, previous, FAILED, why, next((r.fix for r in bad if r.fix), ""), verify="not run", moved=moved)
     for t in targets:
         passed, why, fix = job.verify(conn, t.spec.name)
         if not passed:
-            return back(conn, job, previous, ROLLED_BACK, f"{t.spec.name}: {why}" if len(targets) > 1 else why, fix, verify="failed")
+            return back(conn, job, previous, ROLLED_BACK, f"{t.spec.name}: {why}" if len(targets) > 1 else why, fix, verify="failed",
+                        moved=moved)
     now = running(conn, targets)
     ids = sorted({p["image_id"] for p in now.values() if p.get("image_id")})
     job.state.record(conn.name, state=DONE, image_ref=job.image_ref, image_id=ids[0] if len(ids) == 1 else job.image_id,
                      previous=previous, verify="passed", level=job.level, reason="")
-    return Outcome(changed=True, detail="new image, verify passed")
+    return Outcome(changed=True, detail="new image, verify passed", data=moved)
 
 
-def back(conn: Connection, job: RolloutJob, previous: dict, state: str, why: str, fix: str, *, verify: str) -> Outcome:
-    """Put every container back on the image id it ran before; record where the host is now and why."""
+def delivered(results: Sequence[StepResult]) -> dict[str, Any]:
+    """How the new image came to the host (the first of its containers' deliveries): method, source, bytes, note; {} for none."""
+    for r in results:
+        if r.details.get("delivery"):
+            return {k: r.details.get(k) for k in ("delivery", "delivery_source", "bytes_moved", "delivery_note")}
+    return {}
+
+
+def back(conn: Connection, job: RolloutJob, previous: dict, state: str, why: str, fix: str, *, verify: str,
+         moved: dict[str, Any] | None = None) -> Outcome:
+    """Put every container back on the image id it ran before; record where the host is now and why (``moved``: how the new
+    image came, the outcome's data)."""
     failed = roll_back(conn, job, previous)
     olds = [p for p in previous.values() if p.get("image_id")]
     if failed:
@@ -73,7 +87,7 @@ def back(conn: Connection, job: RolloutJob, previous: dict, state: str, why: str
     job.state.record(conn.name, state=state, image_ref=olds[0].get("image_ref", "") if olds else "",
                      image_id=olds[0]["image_id"] if olds else "", previous=previous, verify=verify, level=job.level, reason=why,
                      tried=job.image_ref)
-    return Outcome(status=Status.FAILED, detail=f"rolled back: {why}" if state == ROLLED_BACK else why, fix=fix)
+    return Outcome(status=Status.FAILED, detail=f"rolled back: {why}" if state == ROLLED_BACK else why, fix=fix, data=moved or {})
 
 
 def running(conn: Connection, targets: list[Target]) -> dict[str, dict[str, Any]]:

@@ -5,8 +5,8 @@ The deploy task and the CI chain's deploy stage run the same code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpurig.flows.fleettask import HostOptions, exit_for, fleet_document, run_hosts
 from gpurig.report import console, err_console, outside
@@ -85,7 +85,7 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
 
 
 def show_tree(chosen: Sequence[Host], targets: dict[str, list[Target]], opts: HostOptions, registry: str | None, local) -> None:
-    """Who would pull from whom (--check, -v), on stderr."""
+    """Who would pull from whom (--check, -v), on stderr, with the bytes each source sends where this machine's engine has the image."""
     from gpurig.deploy.fanouttree import describe, plan_tree
     from gpurig.deploy.fanoutwire import members
     from gpurig.deploy.registry import find_registry_binary
@@ -94,7 +94,8 @@ def show_tree(chosen: Sequence[Host], targets: dict[str, list[Target]], opts: Ho
         return
     for ref, ms in members(chosen, targets, opts.settings.inventory).items():
         err_console.print(f"fan-out of {outside(ref)}:", highlight=False)
-        for line in describe(plan_tree(ms)):
+        size = next((t.image.size for ts in targets.values() for t in ts if t.image_ref == ref and t.image is not None), 0)
+        for line in describe(plan_tree(ms), size or 0):
             err_console.print(f"  {outside(line)}", highlight=False, soft_wrap=True)
 
 
@@ -111,18 +112,23 @@ def print_fanout(summary: list[dict]) -> None:
 
 def deploy_cells(s: StepResult, check: bool) -> list[str]:
     """action, image, moved, reason of one container."""
-    from gpurig.deploy.progress import human_size
-
     action = s.changes[0].summary if s.changes else "none"
     action = f"would {action}" if check and s.changes else action
     d = s.details
-    source = f" from {d['delivery_source']}" if d.get("delivery_source") else ""
-    moved = f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']}{source})" if d.get("delivery") else ""
+    moved = moved_cell(d)
     reason = s.reason + (f"\nfix: {s.fix}" if s.fix else "")
     if d.get("delivery_note"):  # why the image took a slower path (e.g. save-load: no docker-registry here)
         reason = f"{reason}\n" if reason else ""
         reason += f"{d['delivery']}: {d['delivery_note']}"
     return [action, d.get("image", ""), moved, reason]
+
+
+def moved_cell(d: Mapping[str, Any]) -> str:
+    """What one delivery moved and how, from its details: "1.10 GB (fan-out from a100-01)"; "" where none happened."""
+    from gpurig.deploy.progress import human_size
+
+    source = f" from {d['delivery_source']}" if d.get("delivery_source") else ""
+    return f"{human_size(d.get('bytes_moved') or 0)} ({d['delivery']}{source})" if d.get("delivery") else ""
 
 
 def print_access(report: FleetReport, out) -> None:

@@ -52,7 +52,7 @@ def resolve_target(host: Host, request: jobspec.RunRequest, job: str, key: str, 
         template = jobspec.job_container(ContainerSpec(host=host.name, name="", variant="", image=request.image, entry=None), job, request)
         cuda = (image.labels.get("io.gpurig.cuda", "") if image else "") != compat.CPU
         return dataclasses.replace(base, container=template, image_ref=request.image, image=image, uid=_uid(image.user if image else ""),
-                         cuda=cuda, deliver=_deliver(local, None))
+                         cuda=cuda, deliver=_deliver(local, None), fan_out=_fan_out(request.image, image, local, None, source))
     image_spec = load_spec()
     template = container_for(host, image_spec, request.variant or "slim", source)
     image = local.image(template.image) if local else None
@@ -62,7 +62,8 @@ def resolve_target(host: Host, request: jobspec.RunRequest, job: str, key: str, 
     cuda = template.entry is not None and not template.entry.is_cpu
     return dataclasses.replace(base, container=jobspec.job_container(template, job, request), image_ref=template.image, image=image,
                      uid=image_spec.user.uid, cuda=cuda, matrix_cudas=tuple(e.cuda for e in image_spec.matrix),
-                     deliver=_deliver(local, image_spec.registry or None))
+                     deliver=_deliver(local, image_spec.registry or None),
+                     fan_out=_fan_out(template.image, image, local, image_spec.registry or None, source))
 
 
 def container_for(host: Host, image_spec: ImageSpec, variant: str, source: str | Path) -> ContainerSpec:
@@ -94,3 +95,10 @@ def _uid(user: str) -> int | None:
 def _deliver(local: Engine | None, registry: str | None):
     """deploy's delivery, from this machine's engine (where the image was built)."""
     return lambda engine, conn, ref: send_from(local, engine, conn, ref, registry)
+
+
+def _fan_out(ref: str, image, local: Engine | None, registry: str | None, source: str | Path):
+    """For a job over several nodes (Slurm's): nodes -> deploy's fan-out of the image among them, with the deliver it replaces."""
+    from gpurig.deploy.fanoutwire import job_fanout
+
+    return lambda nodes: job_fanout(nodes, ref, image, source, registry=registry, local=local, plain=_deliver(local, registry))

@@ -59,6 +59,8 @@ class JobTarget:
     cuda: bool = True  # whether the image is built for CUDA (the default GPU request follows it)
     matrix_cudas: tuple[str, ...] = ()
     deliver: Callable[[Engine, Connection, str], Any] | None = None  # (engine, conn, ref) -> Delivery
+    # nodes -> (a FanOut, the deliver its nodes use instead) where several nodes of one job (Slurm's) pass the image on; or None
+    fan_out: Callable[[Any], Any] | None = None
     check: bool = False
     say: Callable[[str], None] = lambda text: None
 

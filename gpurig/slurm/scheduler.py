@@ -112,7 +112,7 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     partition = partition_name(cluster, slurm.partition)
     phase(PREPARING)
     usable, left_out = usable_nodes(reach, cluster, partition, slurm.nodes)
-    ready = fleet(reach, usable, lambda conn: prepare(conn, target, login, check))
+    ready = prepare_nodes(reach, usable, target, login, check)
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
@@ -142,6 +142,20 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
         raise HostError(queued.reason, queued.fix, host=queued.host)
     phase(QUEUED)
     return Submitted(str(queued.data), tuple(h.name for h in usable), script, via, left_out)
+
+
+def prepare_nodes(reach: Reach, nodes, target, login: str, check: bool):
+    """Each node's ``prepare`` over the fleet; where several nodes need the image built here, they pass it on to each other as a
+    deploy's hosts do (gpurig.deploy.fanout: the build machine sends it about once), and whatever that left open is closed after."""
+    fanned = None if check or target.fan_out is None else target.fan_out(nodes)
+    if fanned is None:
+        return fleet(reach, nodes, lambda conn: prepare(conn, target, login, check))
+    fan, deliver = fanned
+    fed = dataclasses.replace(target, deliver=deliver)
+    try:
+        return fleet(reach, nodes, fan.wrap(lambda conn: prepare(conn, fed, login, check)))
+    finally:
+        fan.close()
 
 
 def prepare(conn: Connection, target, login: str, check: bool) -> Outcome:

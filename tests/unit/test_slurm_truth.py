@@ -104,7 +104,7 @@ def fleet_of(answers: dict[str, str], sent: list[str]):
 def job_target():
     spec = ContainerSpec(host=NODES[0], name="gpurig-job-slurm", variant="", image="img:1", entry=None)
     request = RunRequest(argv=("python", "train.py"), workdir=Path("."), name="train")
-    return SimpleNamespace(container=spec, image_ref="img:1", key="work-01", tree=None, deliver=None, request=request, image=None,
+    return SimpleNamespace(container=spec, image_ref="img:1", key="work-01", tree=None, deliver=None, fan_out=None, request=request, image=None,
                            matrix_cudas=(), cuda=False), request
 
 

@@ -246,3 +246,40 @@ def test_ctrl_c_mid_fan_out_leaves_no_key_no_process_and_nothing_listening(trio,
         assert ref not in names or h.image_id(ref) == local_id(docker_engine, ref)  # nothing half-moved carries the name
         assert not [n for n in names if n.startswith("127.0.0.1:")]
         assert not h.sh(f"ls -A /home/{h.user}/.cache/gpurig 2>/dev/null || true").stdout.strip()  # no cache's store left
+
+
+def test_a_rollouts_later_batches_pull_from_the_canary_and_nothing_is_left(trio, fleet_project, docker_engine, container_kit, tmp_path):
+    """`gpurig rollout --canary 1 --batch 1` over the three hosts: the canary gets the image from the build machine, the two later
+    batches (one host each, each its own fleet run) pull it through the canary's layer cache, which outlives the canary's batch."""
+    from .test_rollout import IMAGE_SCRIPT, PYTHON3
+    from .test_rollout import gpurig as with_standin_probe
+
+    ref = f"gpurig-fanout-roll-{uuid.uuid4().hex[:8]}:new"
+    python3 = tmp_path / "python3"
+    python3.write_text(PYTHON3)
+    label = f"{container_kit.label}={container_kit.session}"
+    subprocess.run(["sh", "-s", "--", ref, ref, label, str(python3)], input=IMAGE_SCRIPT, text=True, check=True, capture_output=True)
+    try:
+        project, inventory = fleet_project(ref)
+        doc = yaml.safe_load(inventory.read_text())
+        for host in doc["all"]["children"]["fleet"]["hosts"].values():  # a GPU container, as the rollout tests verify one
+            host["gpurig_containers"][0]["gpus"] = [0]
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        baseline = {h.name: listening(h) for h, _ in trio}
+        proc = ok(with_standin_probe(project, "rollout", "-i", str(inventory), "-l", "fleet", "--variant", "slim", "--to", ref,
+                                     "--canary", "1", "--batch", "1", "--json", "-", "-v"))
+        report = json.loads(proc.stdout)
+        want = local_id(docker_engine, ref)
+        assert [h.image_id(ref) for h, _ in trio] == [want] * 3
+        rows = {r["host"]: r for r in report["rows"]}
+        assert [rows[f"fan-{i}"]["batch"] for i in range(3)] == ["canary", "1", "2"], rows
+        assert all(r["why"] == "new image, verify passed" for r in rows.values()), rows
+        [fan] = report["fan_out"]
+        assert fan["hosts"]["fan-0"]["source"] == "the build machine"
+        assert fan["hosts"]["fan-1"]["source"] == fan["hosts"]["fan-2"]["source"] == "fan-0"
+        assert rows["fan-2"]["moved"].endswith("(fan-out from fan-0)") and fan["hosts"]["fan-2"]["bytes"] > 0
+        assert fan["sent"] <= 1.1 * fan["hosts"]["fan-0"]["bytes"] + (64 << 10)  # the build machine sent the image once
+        assert "fan-1, fan-2 <- fan-0" in proc.stderr and "out of the build machine for 3 hosts" in proc.stderr
+        assert settle(trio, baseline) == ({}, {})
+    finally:
+        docker_engine("image", "rm", "-f", ref, check=False)

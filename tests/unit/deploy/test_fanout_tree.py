@@ -45,6 +45,10 @@ def test_chains_descendants_and_the_lines_a_person_reads():
     assert chain(parents, "h5") == ["h2", "h0", None]
     assert descendants(parents, "h1") == ["h3", "h4"] and descendants(parents, "h0") == ["h1", "h2", "h3", "h4", "h5"]
     assert describe(parents) == ["h0 <- the build machine", "h1, h2 <- h0", "h3, h4 <- h1", "h5 <- h2"]
+    assert describe(parents, 1_100_000_000) == [
+        "h0 <- the build machine: sends 1.10 GB once", "h1, h2 <- h0: serves 2.20 GB (1.10 GB to each of 2)",
+        "h3, h4 <- h1: serves 2.20 GB (1.10 GB to each of 2)", "h5 <- h2: serves 1.10 GB once",
+        "the build machine sends 1.10 GB in all for 6 hosts (the image is 1.10 GB; 6.60 GB without fan-out)"]
 
 
 def test_members_are_the_hosts_running_an_image_built_here_with_where_their_peers_reach_them():
