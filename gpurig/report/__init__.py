@@ -26,8 +26,8 @@ def _width(stream) -> int | None:
     return 200
 
 
-console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err_console = Console(highlight=False, soft_wrap=True, stderr=True, width=_width(sys.stderr))
+console = Console(highlight=False, emoji=False, soft_wrap=True, width=_width(sys.stdout))
+err_console = Console(highlight=False, emoji=False, soft_wrap=True, stderr=True, width=_width(sys.stderr))
 
 
 def outside(text: object) -> str:

@@ -292,3 +292,12 @@ def test_images_and_the_build_summary_are_80_column_tables_with_every_column_in_
     assert "size" in text.splitlines()[1] and "see --format tsv" in text  # what does not fit is named, never cut
     header, line = render(columns, [row], fmt="tsv").splitlines()
     assert header.split("\t") == [c.name for c in columns] and line.split("\t") == list(row)
+
+
+def test_a_reference_that_ends_in_an_emoji_name_prints_as_written():
+    from gpurig.report import console, err_console, outside
+
+    for out in (console, err_console):
+        with out.capture() as captured:
+            out.print(f"fan-out of {outside('lab/train:new')}: 1.11 MB out of the build machine")  # ':new:' is rich's 🆕
+        assert captured.get() == "fan-out of lab/train:new: 1.11 MB out of the build machine\n"
