@@ -96,6 +96,7 @@ class Node:
     via: str | None = None  # the host that link reaches (None: the build machine's forward)
     pullers: set = field(default_factory=set)  # hosts whose link into its cache is open
     counts: dict = field(default_factory=dict)  # the cache's closing counts
+    broke: list = field(default_factory=list)  # why its own pull through its cache failed (it then pulled straight, serving no one)
 
     @property
     def host(self) -> str:
@@ -149,7 +150,7 @@ class FanOut:
                 continue
             self._refuse(node, "it did not deliver the image (its deploy needed none, or ended before)")
             self._finish(node)
-            if node.state == "serving":
+            if node.state == "serving" or node.broke:  # a broken cache too: its link up ends here, not at the run's end
                 self._wait_below(ref, node, conn)
                 self._close(node)
 
@@ -203,13 +204,14 @@ class FanOut:
                     try:
                         moved = self._through(ref, node, engine, conn, t, link, above, None, progress, say)
                     except delivery.DeliveryError as err:
-                        # a host that serves no one tries further up (only the layers still missing move); one that
-                        # serves, or a full disk, fails as today's delivery does
-                        if node.upstream is link or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                        # the host tries further up (only the layers still missing move), a serving one too: its own pull
+                        # failed through its cache and straight (_pull), so it serves no one now; a full disk fails as
+                        # today's delivery does
+                        if conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
                             raise
                         why = f"could not pull from {above}'s layer cache: {err.problem}"
                     else:
-                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, above), source=above)
+                        return Delivery("fan-out", moved, image_id, note=_note(conn.name, node.broke + whys, above), source=above)
                     finally:
                         if node.upstream is not link:  # not kept for a cache of its own
                             self._let_go(parent, conn.name, link)
@@ -231,7 +233,7 @@ class FanOut:
         finally:
             if node.upstream is not forward:
                 _close_quietly(forward)
-        return Delivery("fan-out", meter.total, image_id, note=_note(conn.name, whys, None), source=BUILD_MACHINE)
+        return Delivery("fan-out", meter.total, image_id, note=_note(conn.name, node.broke + whys, None), source=BUILD_MACHINE)
 
     def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, t: Target, upstream: Any, source: str | None,
                  meter: Meter | None, progress, say) -> int:
@@ -239,7 +241,7 @@ class FanOut:
         children to serve, else straight; returns the bytes its engine fetched."""
         assert t.image is not None
         port = upstream.port
-        if node.member.peer and any(p == node.host for p in self.plans[ref].values()):
+        if node.member.peer and node.state == "waiting" and any(p == node.host for p in self.plans[ref].values()):
             try:
                 cache = self.hosts.start_cache(conn, upstream.port)
             except GpurigError as err:
@@ -254,9 +256,25 @@ class FanOut:
                 say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
         where = f"{source}'s layer cache" if source else BUILD_MACHINE
         how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
-        fetched = self.hosts.pull(engine, conn, ref, t.image.id, port, (lambda: meter.down) if meter else (lambda: None),
-                                  self.build.staged(ref), progress, say, how)
-        return fetched
+        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, meter, progress, say, how)
+
+    def _pull(self, ref: str, node: Node, engine: Engine, conn: Connection, image_id: str, upstream: int, port: int, meter: Meter | None,
+              progress, say, how: tuple[str, str]) -> int:
+        """The host's pull from its loopback's ``port``; where that is its own cache and the pull fails (the cache died, say),
+        it serves no one from then on and pulls straight through ``upstream`` (its forward or link), saying why."""
+        moved = (lambda: meter.down) if meter else (lambda: None)
+        try:
+            return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how)
+        except delivery.DeliveryError as err:
+            if port == upstream or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                raise
+            why = f"could not pull through its own layer cache ({err.problem})"
+            with self.cond:
+                node.broke.append(why)
+                node.state, node.why = "closing", f"its layer cache failed: {err.problem}"  # no new host pulls through it
+                self.cond.notify_all()
+        say(f"{why}: pulls straight {how[1]}, serving no one")
+        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (how[1], how[1]))
 
     # --- waiting on a parent, and a parent on the hosts below it ---------------------------------------
 
@@ -340,6 +358,10 @@ class FanOut:
                     node.state = "closing" if node.state == "serving" else node.state
                 self._close(node)
         self.build.close()
+
+    def serves(self, host: str) -> set[str]:
+        """The images ``host`` is to serve to other hosts (its layer cache keeps them under its login user's home)."""
+        return {ref for ref, nodes in self.nodes.items() if host in nodes and nodes[host].member.peer and host in self.plans[ref].values()}
 
     def sent(self, ref: str) -> int:
         """Bytes the build machine sent out for ``ref`` (every forward's, down)."""
