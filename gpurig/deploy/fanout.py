@@ -254,27 +254,28 @@ class FanOut:
                     self.cond.notify_all()
                 port = cache.port
                 say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
-        where = f"{source}'s layer cache" if source else BUILD_MACHINE
-        how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
-        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, meter, progress, say, how)
+        where = f"from {source}'s layer cache" if source else f"from {BUILD_MACHINE}"
+        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, meter, progress, say, where)
 
     def _pull(self, ref: str, node: Node, engine: Engine, conn: Connection, image_id: str, upstream: int, port: int, meter: Meter | None,
-              progress, say, how: tuple[str, str]) -> int:
+              progress, say, where: str) -> int:
         """The host's pull from its loopback's ``port``; where that is its own cache and the pull fails (the cache died, say),
         it serves no one from then on and pulls straight through ``upstream`` (its forward or link), saying why."""
         moved = (lambda: meter.down) if meter else (lambda: None)
-        try:
-            return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how)
-        except delivery.DeliveryError as err:
-            if port == upstream or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
-                raise
-            why = f"could not pull through its own layer cache ({err.problem})"
-            with self.cond:
-                node.broke.append(why)
-                node.state, node.why = "closing", f"its layer cache failed: {err.problem}"  # no new host pulls through it
-                self.cond.notify_all()
-        say(f"{why}: pulls straight {how[1]}, serving no one")
-        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (how[1], how[1]))
+        if port != upstream:
+            via = f"{where} through its own layer cache"
+            how = (via, via)
+            try:
+                return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how)
+            except delivery.DeliveryError as err:
+                if conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                    raise
+                with self.cond:
+                    node.broke.append(f"could not pull {how[1]}: {err.problem}")
+                    node.state, node.why = "closing", f"its layer cache failed: {err.problem}"  # no new host pulls through it
+                    self.cond.notify_all()
+                say(f"{node.broke[-1]}; pulls straight {where}, serving no one")
+        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (where, where))
 
     # --- waiting on a parent, and a parent on the hosts below it ---------------------------------------
 

@@ -347,13 +347,13 @@ def test_a_serving_host_whose_own_pull_through_its_cache_breaks_pulls_straight_a
     cache, forward = (next(t for t in hosts.things if t.what == what and t.host == "h0") for what in ("cache", "forward"))
     assert hosts.log.index(("failed pull", "h0", cache.port)) < hosts.log.index(("pull", "h0", forward.port))  # then straight
     assert results["h0"].source == "the build machine" and results["h0"].note == (
-        "h0 could not pull through its own layer cache (pulling from the build machine failed: connection refused): "
-        "delivered from the build machine")
+        "h0 could not pull from the build machine through its own layer cache: pulling from the build machine through its own layer "
+        "cache failed: connection refused: delivered from the build machine")
     assert results["h1"].source == "h0"
     late = run(fan, ["h2"])["h2"]  # a host that comes after the break is sent up, and says why
     assert late.source == "the build machine"
-    assert late.note == "h2 h0 does not serve: its layer cache failed: pulling from the build machine failed: connection refused: " \
-                        "delivered from the build machine"
+    assert late.note == ("h2 h0 does not serve: its layer cache failed: pulling from the build machine through its own layer cache "
+                         "failed: connection refused: delivered from the build machine")
     assert not hosts.open_things() and [t.what for t in hosts.things].count("cache") == 1
 
 
@@ -363,7 +363,8 @@ def test_a_serving_host_whose_link_up_breaks_too_goes_further_up_for_itself():
     hosts.fails["h1"] = 2  # through its own cache, then straight through its link to h0: both refused
     got = run(fanout(names, hosts, k=1), names)  # h0 <- h1 <- h2
     assert got["h1"].method == "fan-out" and got["h1"].source == "the build machine"
-    assert got["h1"].note.startswith("h1 could not pull through its own layer cache (pulling from h0's layer cache failed: ")
+    assert got["h1"].note.startswith("h1 could not pull from h0's layer cache through its own layer cache: pulling from h0's layer "
+                                     "cache through its own layer cache failed: connection refused; ")
     assert "; could not pull from h0's layer cache: pulling from h0's layer cache failed: connection refused: " in got["h1"].note
     assert got["h1"].note.endswith(": delivered from the build machine")
     assert isinstance(got["h2"], Delivery) and got["h2"].source in ("h0", "h1")
