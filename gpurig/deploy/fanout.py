@@ -14,7 +14,10 @@ name, id check and tag (``delivery.pull_through``).
 A child waits for its parent's cache (bounded); when the parent will not
 serve (the image was there already, its deploy ended before its delivery,
 the link was refused, the wait ran out) it goes to the parent's parent, up
-to the build machine, and its note says why. Where fan-out cannot be used at
+to the build machine, and its note says why. A serving host whose own pull
+through its cache fails (the cache died) pulls straight through its forward
+or link and serves no one from then on (further up where that fails too);
+the hosts pulling through it go up as well. Where fan-out cannot be used at
 all for a host (no docker-registry here, the forward refused), that host
 takes today's path (``plain``). A parent keeps its cache and its own link
 until every started host below it has finished its pull and closed its
