@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -67,6 +67,7 @@ class DeployJob:
     health_s: float = 180.0  # how long a healthcheck may take to say healthy
     progress: Callable[[str, str], None] = lambda host, text: None
     show_token: bool = False  # Jupyter's token in the access lines (a person at a terminal, or --show-token)
+    serving: Callable[[str], Collection[str]] = lambda host: ()  # fleet delivery: the images a host serves to others (FanOut.serves)
 
 
 def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
@@ -78,7 +79,7 @@ def deploy_host(conn: Connection, job: DeployJob) -> list[StepResult]:
         state = read_host(conn, [v.source for t in targets for v in t.spec.volumes if not v.create])
         ours = engine.containers(label=NAME_LABEL)
         jobs = [c for c in engine.containers(label=JOB_LABEL) if c.running and c.device_ids]
-        refusals, devices = preflight(engine, targets, facts, info, state, ours, job, jobs)
+        refusals, devices = preflight(engine, targets, facts, info, state, ours, job, jobs, host=conn.name)
         if refusals:
             return [refused(t, refusals) for t in targets]
         moved: dict[str, Delivery] = {}
@@ -163,8 +164,9 @@ def container_doc(r: StepResult) -> dict[str, Any]:
 
 
 def preflight(engine: Engine, targets: list[Target], facts: Facts, info: EngineInfo, state: HostState, ours: list[ContainerInfo],
-              job: DeployJob, jobs: Sequence[ContainerInfo] = ()) -> tuple[list[Refusal], dict[str, Devices]]:
-    """Refusals, and each container's GPUs; ``jobs``: the running job containers (gpurig run), whose GPUs are held too."""
+              job: DeployJob, jobs: Sequence[ContainerInfo] = (), host: str = "") -> tuple[list[Refusal], dict[str, Devices]]:
+    """Refusals, and each container's GPUs; ``jobs``: the running job containers (gpurig run), whose GPUs are held too;
+    ``host``: its name (the images it serves to others are counted on its disk)."""
     specs = [t.spec for t in targets]
     refusals: list[Refusal] = []
     devices: dict[str, Devices] = {}
@@ -190,7 +192,7 @@ def preflight(engine: Engine, targets: list[Target], facts: Facts, info: EngineI
     refusals += check_runtime(planned, info)
     refusals += check_ports(planned, state.listening, ours)
     to_move = [p for p in planned if p.image is not None and engine.image(p.image.id) is None]
-    refusals += check_disk(to_move, facts, info.root_dir)
+    refusals += check_disk(to_move, facts, info.root_dir, job.serving(host), state.home)
     return refusals, devices
 
 

@@ -15,7 +15,10 @@ name, id check and tag (``delivery.pull_through``).
 A child waits for its parent's cache (bounded); when the parent will not
 serve (the image was there already, its deploy ended before its delivery,
 the link was refused, the wait ran out) it goes to the parent's parent, up
-to the build machine, and its note says why. Where fan-out cannot be used at
+to the build machine, and its note says why. A serving host whose own pull
+through its cache fails (the cache died) pulls straight through its forward
+or link and serves no one from then on (further up where that fails too);
+the hosts pulling through it go up as well. Where fan-out cannot be used at
 all for a host (no docker-registry here, the forward refused), that host
 takes today's path (``plain``). A parent keeps its cache and its own link
 until every started host below it has finished its pull and closed its
@@ -38,14 +41,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpurig.connect.connection import ChannelError
 from gpurig.connect.forward import Meter
 from gpurig.deploy import delivery
 from gpurig.deploy.delivery import Delivery
-from gpurig.deploy.fanoutsides import BuildSide, Deliver, HostSide, NotThisWay, Wanted
+from gpurig.deploy.fanoutsides import BuildSide, Deliver, HostSide, Node, NotThisWay, Wanted
 from gpurig.deploy.fanouttree import BUILD_MACHINE, K, Member, chain, descendants, plan_tree
 from gpurig.errors import GpurigError
 
@@ -58,30 +61,6 @@ log = logging.getLogger(__name__)
 WAIT_S = 1800.0  # how long a host waits for its parent's cache (the parent may be pushing a big image first)
 START_GRACE_S = 30.0  # from the run's start, how long a host whose work has not begun is waited for (unreachable: it never will)
 TICK_S = 0.2  # how often a wait looks at Ctrl-C
-
-
-
-@dataclass(eq=False)
-class Node:
-    """One host in one image's tree, and what it holds while it serves (guarded by FanOut.cond)."""
-
-    member: Member
-    parent: str | None
-    state: str = "waiting"  # waiting | serving | refused | closing
-    why: str = ""  # why it does not serve
-    started: bool = False  # its work began
-    finished: bool = False  # its delivery ended (pulled, failed, or none)
-    conn: Any = None
-    port: int = 0  # its cache's, on its loopback
-    cache: Any = None
-    upstream: Any = None  # the forward or link its cache fetches through
-    via: str | None = None  # the host that link reaches (None: the build machine's forward)
-    pullers: set = field(default_factory=set)  # hosts whose link into its cache is open
-    counts: dict = field(default_factory=dict)  # the cache's closing counts
-
-    @property
-    def host(self) -> str:
-        return self.member.host
 
 
 class FanOut:
@@ -149,7 +128,8 @@ class FanOut:
                 continue
             self._refuse(node, f"it did not deliver the image (its {self.label} needed none, or ended before)")
             self._finish(node)
-            if node.state == "serving" and self.own is None:  # else it serves on fan-out's own connection until begin or close
+            if self.own is None and (node.state == "serving" or node.broke):  # a broken cache's link up ends here too; a rollout's
+                # serve on fan-out's own connection until begin or close
                 self._wait_below(ref, node, conn)
                 self._close(node)
 
@@ -189,7 +169,7 @@ class FanOut:
         def done(moved: int, source: str | None) -> Delivery:
             if present:
                 return Delivery("present", 0, image_id)
-            return Delivery("fan-out", moved, image_id, note=_note(conn.name, whys, source), source=source or BUILD_MACHINE)
+            return Delivery("fan-out", moved, image_id, note=_note(conn.name, node.broke + whys, source), source=source or BUILD_MACHINE)
 
         progress = self.progress_for(conn, t)
         nodes = self.nodes[ref]
@@ -214,9 +194,10 @@ class FanOut:
                     try:
                         moved = self._through(ref, node, engine, conn, feed, t, link, above, None, progress, say, pull=not present)
                     except delivery.DeliveryError as err:
-                        # a host that serves no one tries further up (only the layers still missing move); one that
-                        # serves, or a full disk, fails as today's delivery does
-                        if node.upstream is link or conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                        # the host tries further up (only the layers still missing move), a serving one too: its own pull
+                        # failed through its cache and straight (_pull), so it serves no one now; a full disk fails as
+                        # today's delivery does
+                        if conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
                             raise
                         why = f"could not pull from {above}'s layer cache: {err.problem}"
                     else:
@@ -287,11 +268,28 @@ class FanOut:
                 say(f"serves {', '.join(h for h, p in self.plans[ref].items() if p == node.host)} from its layer cache")
         if not pull:
             return 0
-        where = f"{source}'s layer cache" if source else BUILD_MACHINE
-        how = (f"from {where}" + (" through its own layer cache" if port != upstream.port else ""), f"from {where}")
-        fetched = self.hosts.pull(engine, conn, ref, t.image.id, port, (lambda: meter.down) if meter else (lambda: None),
-                                  self.build.staged(ref), progress, say, how)
-        return fetched
+        where = f"from {source}'s layer cache" if source else f"from {BUILD_MACHINE}"
+        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, meter, progress, say, where)
+
+    def _pull(self, ref: str, node: Node, engine: Engine, conn: Connection, image_id: str, upstream: int, port: int, meter: Meter | None,
+              progress, say, where: str) -> int:
+        """The host's pull from its loopback's ``port``; where that is its own cache and the pull fails (the cache died, say),
+        it serves no one from then on and pulls straight through ``upstream`` (its forward or link), saying why."""
+        moved = (lambda: meter.down) if meter else (lambda: None)
+        if port != upstream:
+            via = f"{where} through its own layer cache"
+            how = (via, via)
+            try:
+                return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how)
+            except delivery.DeliveryError as err:
+                if conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
+                    raise
+                with self.cond:
+                    node.broke.append(f"could not pull {how[1]}: {err.problem}")
+                    node.state, node.why = "closing", f"its layer cache failed: {err.problem}"  # no new host pulls through it
+                    self.cond.notify_all()
+                say(f"{node.broke[-1]}; pulls straight {where}, serving no one")
+        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (where, where))
 
     # --- waiting on a parent, and a parent on the hosts below it ---------------------------------------
 
@@ -381,6 +379,10 @@ class FanOut:
         for conn in held:  # what still ran on them ends with them (each key's guard takes its line out as its channel ends)
             _close_quietly(conn)
         self.build.close()
+
+    def serves(self, host: str) -> set[str]:
+        """The images ``host`` is to serve to other hosts (its layer cache keeps them under its login user's home)."""
+        return {ref for ref, nodes in self.nodes.items() if host in nodes and nodes[host].member.peer and host in self.plans[ref].values()}
 
     def sent(self, ref: str) -> int:
         """Bytes the build machine sent out for ``ref`` (every forward's, down)."""

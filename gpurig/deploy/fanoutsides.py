@@ -1,12 +1,14 @@
 """What fan-out (gpurig.deploy.fanout) asks of the build machine and of the hosts, and of what a host needs: the shapes its real
-sides (gpurig.deploy.fanoutwire) and the unit tests' fakes fill."""
+sides (gpurig.deploy.fanoutwire) and the unit tests' fakes fill; and ``Node``, one host's place and state in an image's tree."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpurig.deploy.delivery import Delivery
+from gpurig.deploy.fanouttree import Member
 from gpurig.deploy.stages import Staged
 
 if TYPE_CHECKING:
@@ -54,3 +56,27 @@ class HostSide(Protocol):
 
 
 __all__ = ["BuildSide", "Deliver", "HostSide", "NotThisWay", "Wanted"]
+
+
+@dataclass(eq=False)
+class Node:
+    """One host in one image's tree, and what it holds while it serves (guarded by FanOut.cond)."""
+
+    member: Member
+    parent: str | None
+    state: str = "waiting"  # waiting | serving | refused | closing
+    why: str = ""  # why it does not serve
+    started: bool = False  # its work began
+    finished: bool = False  # its delivery ended (pulled, failed, or none)
+    conn: Any = None
+    port: int = 0  # its cache's, on its loopback
+    cache: Any = None
+    upstream: Any = None  # the forward or link its cache fetches through
+    via: str | None = None  # the host that link reaches (None: the build machine's forward)
+    pullers: set = field(default_factory=set)  # hosts whose link into its cache is open
+    counts: dict = field(default_factory=dict)  # the cache's closing counts
+    broke: list = field(default_factory=list)  # why its own pull through its cache failed (it then pulled straight, serving no one)
+
+    @property
+    def host(self) -> str:
+        return self.member.host

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpurig.connect.connection import Connection, quote
 from gpurig.deploy.preflight import Refusal, parse_listening
+from gpurig.facts.parsers import Disk, parse_df
 from gpurig.facts.probes import Probe, Section, facts_script, read, split_sections
 from gpurig.strict.validate import whole_number
 
@@ -49,6 +50,8 @@ PROBES = (
     Probe("dockerd", "pid=$(pidof dockerd 2>/dev/null | cut -d' ' -f1); "
                      "if [ -n \"$pid\" ]; then grep -i 'locked memory' /proc/$pid/limits; grep '^CapEff' /proc/$pid/status; fi",
           _dockerd_limits),
+    # the login user's home (SUDO_USER: the login where this runs through sudo), where a host serving others keeps its layer cache
+    Probe("home", 'h=$(getent passwd "${SUDO_USER:-$(id -un)}" | cut -d: -f6); df -Pk "${h:-$HOME}"', lambda s: next(iter(parse_df(s)), None)),
 )
 SCRIPT = facts_script(PROBES)
 
@@ -59,6 +62,7 @@ class HostState:
     exists: dict = field(default_factory=dict)  # volume source -> bool
     memlock_hard: int | None = None  # dockerd's hard RLIMIT_MEMLOCK in bytes; -1 unlimited; None unknown
     can_raise_limits: bool | None = None  # whether dockerd holds CAP_SYS_RESOURCE (so containers may exceed its limits)
+    home: Disk | None = None  # the disk of the login user's home; None unknown
 
 
 def read_host(conn: Connection, sources: list[str]) -> HostState:
@@ -71,7 +75,7 @@ def parse_host_state(output: str, sources: list[str]) -> HostState:
     answers = values["paths"]
     exists = {s: answers[i] for i, s in enumerate(sources) if i < len(answers)}
     memlock, capable = values["dockerd"]
-    return HostState(values["tcp"], exists, memlock, capable)
+    return HostState(values["tcp"], exists, memlock, capable, values["home"])
 
 
 def check_memlock(spec: ContainerSpec, state: HostState, by_flag: bool = False) -> list[Refusal]:

@@ -8,11 +8,13 @@ refusal gets nothing: no image moves, no container is touched.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpurig.connect.engineinfo import ContainerInfo, EngineInfo, ImageInfo
 from gpurig.deploy.sharing import HostGpus
 from gpurig.facts import Facts
+from gpurig.facts.parsers import Disk
 from gpurig.image import compat
 
 MIN_DRIVER_LABEL = "io.gpurig.min-driver"
@@ -98,18 +100,33 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a in wildcard or b in wildcard
 
 
-def check_disk(to_move: list[Planned], facts: Facts, root_dir: str) -> list[Refusal]:
-    """Room in the engine's storage for the images that must move (their full size: a bound, not a guess)."""
+def check_disk(to_move: list[Planned], facts: Facts, root_dir: str, serving: Collection[str] = (), home: Disk | None = None) -> list[Refusal]:
+    """Room in the engine's storage for the images that must move (their full size: a bound, not a guess), and, on a host that
+    serves the images ``serving`` to others (fleet delivery), for its layer cache under the login user's ``home`` (about their
+    size again, on the engine's disk too where the home is there)."""
     images = {p.image_ref: p.image for p in to_move if p.image}
     need = sum(image.size for image in images.values())
     if not need:
         return []
+    cache = sum(image.size for ref, image in images.items() if ref in serving) if home is not None else 0
     disk = _disk_for(facts, root_dir)
-    if disk is None or disk.free_bytes >= need * DISK_MARGIN:
-        return []
+    shared = disk is not None and home is not None and home.mount == disk.mount
     names = ", ".join(sorted({p.name for p in to_move}))
-    return [Refusal(names, f"{disk.mount} has {disk.free_bytes / GIB:.1f} GiB free; the images need about {need * DISK_MARGIN / GIB:.1f} GiB",
-                    "free space (`docker image prune`, old images) or move Docker's data-root to a larger disk")]
+    keeps = "the layer cache it keeps for the hosts it serves (fleet delivery)"
+    refusals = []
+    if disk is not None and disk.free_bytes < need * DISK_MARGIN + (cache if shared else 0):
+        also = f" and {keeps} {cache / GIB:.1f} GiB more" if shared and cache else ""
+        refusals.append(Refusal(names, f"{disk.mount} has {disk.free_bytes / GIB:.1f} GiB free; the images need about "
+                                       f"{need * DISK_MARGIN / GIB:.1f} GiB{also}",
+                                "free space (`docker image prune`, old images) or move Docker's data-root to a larger disk"
+                                + (SERVE_NO_ONE if also else "")))
+    if home is not None and not shared and cache and home.free_bytes < cache:
+        refusals.append(Refusal(names, f"{home.mount} has {home.free_bytes / GIB:.1f} GiB free; {keeps} needs about {cache / GIB:.1f} GiB "
+                                       "under the login user's home", f"free space there{SERVE_NO_ONE}"))
+    return refusals
+
+
+SERVE_NO_ONE = ", or set gpurig_delivery: {peer: false} on this host so that it serves no other host"
 
 
 def _disk_for(facts: Facts, path: str):

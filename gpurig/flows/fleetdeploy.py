@@ -56,6 +56,7 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
         matrix_cudas=tuple(e.cuda for e in image_spec.matrix), check=opts.check,
         progress=printer.phase if printer is not None else (lambda host, text: None),
         show_token=show_token or (err_console if opts.json == "-" else console).is_terminal,
+        serving=fan.serves if fan else (lambda host: ()),
     )
 
     def work(conn: Connection) -> Outcome:

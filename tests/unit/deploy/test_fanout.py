@@ -73,6 +73,8 @@ class Hosts:
         self.hold: dict[str, threading.Event] = {}
         self.pulling: dict[str, threading.Event] = {}
         self.fail_once: set[str] = set()  # hosts whose first pull breaks off
+        self.fails: dict[str, int] = {}  # hosts whose first n pulls break off (their cache died, say)
+        self.done: dict[str, threading.Event] = {}  # a host's pull that completed
         self.ports = iter(range(40000, 41000))
         self.lock = threading.Lock()
 
@@ -104,7 +106,13 @@ class Hosts:
             self.fail_once.discard(conn.name)
             raise DeliveryError("pulling from h1's layer cache failed: unexpected EOF", "deploy again", host=conn.name)
         with self.lock:
+            failing = self.fails.get(conn.name, 0)
+            self.fails[conn.name] = failing - 1
+            if failing > 0:
+                self.log.append(("failed pull", conn.name, port))
+                raise DeliveryError(f"pulling {how[1]} failed: connection refused", "deploy again", host=conn.name)
             self.log.append(("pull", conn.name, port))
+        self.done.setdefault(conn.name, threading.Event()).set()
         return IMAGE.size
 
     def open_things(self) -> list[Thing]:
@@ -322,3 +330,47 @@ def test_a_full_disk_is_not_tried_again_elsewhere():
     got = run(fanout(names, hosts), names)
     assert isinstance(got["h1"], DeliveryError) and got["h1"].fix == DISK_FULL_FIX
     assert not hosts.open_things()
+
+
+def test_a_serving_host_whose_own_pull_through_its_cache_breaks_pulls_straight_and_serves_no_one_after():
+    names = ["h0", "h1", "h2"]
+    hosts = Hosts()
+    hosts.fails["h0"] = 1  # its cache died under its own pull
+    hosts.hold["h0"] = threading.Event()
+    fan = fanout(names, hosts, start_grace_s=0.3)
+    results: dict = {}
+    done = threading.Event()
+    threading.Thread(target=lambda: (results.update(run(fan, names, never={"h2"})), done.set()), daemon=True).start()
+    assert hosts.done.setdefault("h1", threading.Event()).wait(10)  # h1 pulled through h0's cache before it broke
+    hosts.hold["h0"].set()
+    assert done.wait(10)
+    cache, forward = (next(t for t in hosts.things if t.what == what and t.host == "h0") for what in ("cache", "forward"))
+    assert hosts.log.index(("failed pull", "h0", cache.port)) < hosts.log.index(("pull", "h0", forward.port))  # then straight
+    assert results["h0"].source == "the build machine" and results["h0"].note == (
+        "h0 could not pull from the build machine through its own layer cache: pulling from the build machine through its own layer "
+        "cache failed: connection refused: delivered from the build machine")
+    assert results["h1"].source == "h0"
+    late = run(fan, ["h2"])["h2"]  # a host that comes after the break is sent up, and says why
+    assert late.source == "the build machine"
+    assert late.note == ("h2 h0 does not serve: its layer cache failed: pulling from the build machine through its own layer cache "
+                         "failed: connection refused: delivered from the build machine")
+    assert not hosts.open_things() and [t.what for t in hosts.things].count("cache") == 1
+
+
+def test_a_serving_host_whose_link_up_breaks_too_goes_further_up_for_itself():
+    names = ["h0", "h1", "h2"]
+    hosts = Hosts()
+    hosts.fails["h1"] = 2  # through its own cache, then straight through its link to h0: both refused
+    got = run(fanout(names, hosts, k=1), names)  # h0 <- h1 <- h2
+    assert got["h1"].method == "fan-out" and got["h1"].source == "the build machine"
+    assert got["h1"].note.startswith("h1 could not pull from h0's layer cache through its own layer cache: pulling from h0's layer "
+                                     "cache through its own layer cache failed: connection refused; ")
+    assert "; could not pull from h0's layer cache: pulling from h0's layer cache failed: connection refused: " in got["h1"].note
+    assert got["h1"].note.endswith(": delivered from the build machine")
+    assert isinstance(got["h2"], Delivery) and got["h2"].source in ("h0", "h1")
+    assert not hosts.open_things()
+
+
+def test_the_hosts_that_serve_are_known_before_anything_moves():
+    fan = fanout(["h0", "h1", "h2", "h3", "h4"], Hosts(), peers={"h1": False})
+    assert [sorted(fan.serves(h)) for h in ("h0", "h1", "h2", "h4")] == [[REF], [], [REF], []]  # h4 joined h2 (h1 serves no one)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpurig.deploy.fields import Ulimit
 from gpurig.deploy.hoststate import SCRIPT, check_memlock, parse_host_state
+from gpurig.facts.parsers import Disk
 
 # The sections as the script prints them on a host whose dockerd lacks CAP_SYS_RESOURCE (a container host here).
 OUTPUT = """\
@@ -23,6 +24,12 @@ n
 @@gpurig-fact dockerd
 Max locked memory         8388608              8388608              bytes
 CapEff:\ta80425fb
+
+@@gpurig-rc 0
+
+@@gpurig-fact home
+Filesystem     1024-blocks     Used Available Capacity Mounted on
+overlay          264212084 58678084  47712828      56% /
 
 @@gpurig-rc 0
 """
@@ -72,3 +79,9 @@ def test_the_script_run_by_sh_reads_a_hostile_path_as_one_argument(tmp_path):
     out = subprocess.run(["sh", "-c", SCRIPT, "sh", str(there), str(tmp_path / "missing")], capture_output=True, text=True, timeout=30).stdout
     assert parse_host_state(out, [str(there), "missing"]).exists == {str(there): True, "missing": False}
     assert not (tmp_path / "pwned").exists()
+
+
+def test_the_login_users_homes_disk_is_read_where_a_serving_host_keeps_its_layer_cache():
+    assert parse_host_state(OUTPUT, []).home == Disk("/", 264212084 * 1024, 47712828 * 1024)
+    assert 'getent passwd "${SUDO_USER:-$(id -un)}"' in SCRIPT
+    assert parse_host_state(OUTPUT.split("@@gpurig-fact home")[0], []).home is None  # an older answer: not known

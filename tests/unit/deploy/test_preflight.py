@@ -96,6 +96,24 @@ def test_not_enough_disk_for_the_layers_to_move():
     assert check_disk([], f, "/var/lib/docker") == []
 
 
+def test_a_host_that_serves_others_needs_room_for_its_layer_cache_too():
+    from gpurig.facts.parsers import Disk
+
+    f = facts("debian12-container-fresh.txt")
+    [root] = f.disks  # /var/lib/docker is on / there, and so is the login user's home
+    image = ImageInfo(CPU.id, CPU.tags, CPU.labels, int(root.free_bytes / 2))  # fits once (with the margin), not twice
+    moving = [planned(image=image)]
+    assert check_disk(moving, f, "/var/lib/docker", (), root) == []  # serves no one
+    [refusal] = check_disk(moving, f, "/var/lib/docker", (image.tags[0],), root)
+    assert refusal.problem.startswith(f"/ has {root.free_bytes / 2**30:.1f} GiB free; the images need about ")
+    assert "and the layer cache it keeps for the hosts it serves (fleet delivery)" in refusal.problem
+    assert "gpurig_delivery: {peer: false}" in refusal.fix
+    home = Disk("/home", 10 << 30, image.size - 1)  # a home of its own, too small for the cache alone
+    [refusal] = check_disk(moving, f, "/var/lib/docker", (image.tags[0],), home)
+    assert refusal.problem.startswith("/home has ") and "under the login user's home" in refusal.problem
+    assert check_disk(moving, f, "/var/lib/docker", (image.tags[0],), None) == []  # the home not known: the engine's disk alone
+
+
 @pytest.mark.parametrize("text", ["", "garbage line\n", "   0: ZZ:0016 00000000:0000 0A\n", "   0: 0102:0016 00000000:0000 0A\n"])
 def test_unreadable_ss_lines_are_skipped(text):
     assert parse_listening(text) == set()
