@@ -160,6 +160,7 @@ class Connection:
         self.command_timeout = command_timeout
         self._sudo_password = sudo_password
         self._interrupted = threading.Event()
+        self._passed_on: list[Connection] = []  # interrupted with this one (pass_interrupts_to)
 
     def __enter__(self) -> Connection:
         return self
@@ -192,6 +193,15 @@ class Connection:
         a fraction of a second, stops it, and raises ``CommandInterrupted``.
         """
         self._interrupted.set()
+        for other in list(self._passed_on):
+            other.interrupt()
+
+    def pass_interrupts_to(self, other: Connection) -> None:
+        """``other`` is interrupted whenever this one is: a second connection to the host that this one's work opened and waits
+        on (fan-out's own, in a rollout), which the fleet's Ctrl-C does not know of."""
+        self._passed_on.append(other)
+        if self.interrupted:
+            other.interrupt()
 
     @property
     def interrupted(self) -> bool:

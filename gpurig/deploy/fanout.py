@@ -243,6 +243,7 @@ class FanOut:
             return conn
         with self.cond:
             self.held.append(held)
+        conn.pass_interrupts_to(held)  # a Ctrl-C stops what this host's work waits on there too, not only on its own connection
         if self.closed:  # the run ended while it connected
             _close_quietly(held)
         return held

@@ -120,3 +120,14 @@ def test_a_forward_that_cannot_start_a_thread_refuses_that_connection_and_never_
     closed: list[str] = []
     forward._accept(SimpleNamespace(close=lambda: closed.append("chan")), ("127.0.0.1", 1), ("127.0.0.1", 2))
     assert closed == ["chan"] and forward._threads == []
+
+
+def test_a_connection_passes_its_interrupt_on_to_one_its_work_opened_even_when_it_came_first():
+    from tests.fakes import ScriptedConnection
+
+    work, opened, late = ScriptedConnection("gpu-01"), ScriptedConnection("gpu-01"), ScriptedConnection("gpu-01")
+    work.pass_interrupts_to(opened)
+    work.interrupt()
+    assert opened.interrupted
+    work.pass_interrupts_to(late)  # opened after the Ctrl-C: stopped at once
+    assert late.interrupted

@@ -34,6 +34,11 @@ class Conn:
 
     def interrupt(self) -> None:
         self._stop.set()
+        for other in getattr(self, "passed_on", ()):
+            other.interrupt()
+
+    def pass_interrupts_to(self, other) -> None:  # as gpurig.connect.connection.Connection's
+        self.passed_on = [*getattr(self, "passed_on", ()), other]
 
 
 class Engine:

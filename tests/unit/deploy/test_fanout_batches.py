@@ -86,6 +86,17 @@ def test_a_later_batch_pulls_from_an_earlier_batchs_host_whose_own_work_has_ende
     assert fan.summary()[0]["sent"] == IMAGE.size
 
 
+def test_a_ctrl_c_on_a_serving_hosts_connection_reaches_the_connection_fan_out_holds_for_it():
+    hosts, opened, conns = HeldHosts(), {}, {}
+    fan = batched(["h0", "h1"], hosts, opened, wait_s=60, start_grace_s=60)
+    fan.begin(["h0"])
+    run(fan, ["h0"], conns=conns)
+    assert not opened["h0"].interrupted
+    conns["h0"].interrupt()  # the fleet's Ctrl-C knows only the host's own connection
+    assert opened["h0"].interrupted  # what its work waited on there (a cache starting, a link opening) stops too
+    fan.close()
+
+
 def test_a_host_that_holds_the_image_already_still_serves_the_later_batches_through_a_cache():
     hosts, opened = HeldHosts(), {}
     fan = batched(["h0", "h1", "h2"], hosts, opened)
