@@ -57,20 +57,27 @@ def load_root_conftest():
     return module
 
 
+def bench_kit():
+    """(the tests' Docker, their container_kit) as one session that is its own run (no xdist workers to share host images with)."""
+    from gpurig.image.dockercli import find_client
+
+    root = load_root_conftest()
+    session = "bench" + uuid.uuid4().hex[:7]
+    kit = types.SimpleNamespace(session=session, run=session, run_label=root.RUN_LABEL, label=root.TEST_LABEL, login=root.LOGIN,
+                                mirror=root.MIRROR, host=root.ContainerHost, banner=root._banner)
+    return root.Docker(find_client().path, local_engine()), kit
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 class Bench:
     def __init__(self, work: Path, cuda: str) -> None:
         from deploy.cpuimages import CpuImages, images_kit, make_project
         from systemd_kit import SystemdHosts, SystemdImages, authorized_keys
 
-        from gpurig.image.dockercli import find_client
-
-        root = load_root_conftest()
-        session = "bench" + uuid.uuid4().hex[:7]
-        client = find_client()
-        self.docker = root.Docker(client.path, local_engine())
-        # the tests' container_kit, as one session that is its own run (no xdist workers to share the host images with)
-        self.kit = types.SimpleNamespace(session=session, run=session, run_label=root.RUN_LABEL, label=root.TEST_LABEL,
-                                         login=root.LOGIN, mirror=root.MIRROR, host=root.ContainerHost, banner=root._banner)
+        self.docker, self.kit = bench_kit()
         self.work = work
         self.cuda = cuda
         key = work / "id_ed25519"
@@ -139,10 +146,6 @@ class Bench:
 
 def human(size: float) -> str:
     return f"{size / MB:.1f} MB" if size >= MB else f"{size / 1e3:.1f} kB"
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def main() -> None:

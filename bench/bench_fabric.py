@@ -25,14 +25,11 @@ Everything made is removed at the end.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import types
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -40,18 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
 
-
-def load_root_conftest():
-    """tests/integration/conftest.py's Docker, ContainerHost and banner check (a conftest cannot be imported by name)."""
-    spec = importlib.util.spec_from_file_location("gpurig_bench_root_conftest", REPO / "tests" / "integration" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+from bench_deploy import bench_kit, say  # noqa: E402 - the tests' container kit, as bench_deploy makes it
 
 
 def main() -> None:
@@ -66,14 +52,7 @@ def main() -> None:
     from deploy.gpuhost import prepare_host
     from systemd_kit import SystemdHosts, SystemdImages, authorized_keys
 
-    from gpurig.connect.engineopen import local_engine
-    from gpurig.image.dockercli import find_client
-
-    root = load_root_conftest()
-    session = "bench" + uuid.uuid4().hex[:7]
-    docker = root.Docker(find_client().path, local_engine())
-    kit = types.SimpleNamespace(session=session, run=session, run_label=root.RUN_LABEL, label=root.TEST_LABEL, login=root.LOGIN,
-                                mirror=root.MIRROR, host=root.ContainerHost, banner=root._banner)
+    docker, kit = bench_kit()
     work = Path(tempfile.mkdtemp(prefix="gpurig-bench-fabric-"))
     key = work / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -94,7 +73,7 @@ def main() -> None:
         with ThreadPoolExecutor(3) as pool:
             hosts = list(pool.map(boot, range(3)))
         base = images.base("debian12")
-        spec = f"gpurig-bench-{session[-7:]}"
+        spec = f"gpurig-bench-{kit.session[-7:]}"
         built = CpuImages(make_project(work / "image-project", spec, base, wheels), spec, f"{kit.label}={kit.session}", base=base, wheels=wheels)
         say("image: gpurig build --variant slim --cuda cpu ...")
         image = built["slim"]

@@ -37,13 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
+
+from bench_deploy import bench_kit, say  # noqa: E402 - the tests' container kit, as bench_deploy makes it
 
 MB = 1e6
 # Receives one connection's bytes to the end, answers "ok"; sends N MiB to ADDR:PORT and prints the bytes a second it took.
@@ -56,25 +56,14 @@ SEND = ("import socket,sys,time\naddr, port, n = sys.argv[1], int(sys.argv[2]), 
         "c.shutdown(socket.SHUT_WR); c.recv(2); print(n * (1 << 20) / (time.monotonic() - t))\n")
 
 
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 class Fleet:
     """The bench's hosts on their network, the image(s), and a deploy to the first N of them."""
 
     def __init__(self, work: Path) -> None:
-        from bench_fabric import load_root_conftest
         from systemd_kit import SystemdImages, authorized_keys
 
-        from gpurig.connect.engineopen import local_engine
-        from gpurig.image.dockercli import find_client
-
-        root = load_root_conftest()
-        session = "bench" + uuid.uuid4().hex[:7]
-        self.docker = root.Docker(find_client().path, local_engine())
-        self.kit = types.SimpleNamespace(session=session, run=session, run_label=root.RUN_LABEL, label=root.TEST_LABEL, login=root.LOGIN,
-                                         mirror=root.MIRROR, host=root.ContainerHost, banner=root._banner)
+        self.docker, self.kit = bench_kit()
+        session = self.kit.session
         self.work, self.key = work, work / "id_ed25519"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
         self.keys = authorized_keys(work / "keys", self.kit.login, self.key)
