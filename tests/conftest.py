@@ -87,6 +87,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ids = sorted(set(found.stdout.split()))
         if ids:
             subprocess.run([docker, "image", "rm", "-f", *ids], capture_output=True, timeout=300)
+        # the run's names for the kept bases (systemd_kit.kept_base): the names go, the bases stay for the next run
+        names = subprocess.run([docker, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference=gpurig-test-base-*:{run}"],
+                               capture_output=True, text=True, timeout=60).stdout.split()
+        if names:
+            subprocess.run([docker, "image", "rm", *names], capture_output=True, timeout=300)
     for lock in Path(tempfile.gettempdir()).glob(f"gpurig-test-{run}-*.lock"):
         lock.unlink(missing_ok=True)
 

@@ -3,9 +3,10 @@
 Shared by tests/integration/hosts_systemd (provision), tests/integration/deploy
 and bench/bench_deploy.py; a conftest cannot be imported, this module can
 (tests/integration is on sys.path under pytest's default import mode).
-Each host image is built once per session, on first use, from a base
-debootstrapped from Debian's archive under the session's own name (no other
-session can remove it from under this one). The ``docker run`` flags are the
+Each host image is built once per run, on first use, from a base
+debootstrapped from Debian's archive and kept from run to run under a name
+keyed by its recipe and the week (``kept_base``), so that builds on it find
+the engine's build cache; the run's own names for them go at its end. The ``docker run`` flags are the
 ones TEST-ENVIRONMENT.md records as working without --privileged. NVIDIA's
 and Docker's repositories resolve to 127.0.0.1 inside the hosts, so a step
 that reaches for them fails at once and no traffic leaves for them.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import signal
 import tempfile
@@ -30,6 +32,7 @@ from typing import Any
 import yaml
 
 SUITES = {"debian12": "bookworm", "debian13": "trixie"}
+KEPT_LABEL = "io.gpurig.test.kept-base"  # its value: the suite of a base kept from run to run (kept_base)
 UNREACHABLE = ("nvidia.github.io", "download.docker.com", "developer.download.nvidia.com")
 
 DOCKERFILE = """\
@@ -87,22 +90,39 @@ def run_lock(kit, key: str):
         yield
 
 
-def build_image(docker, kit, key: str, bases: list) -> str:
-    """The host image for ``key`` (debian12, debian13) on a freshly debootstrapped base; the base's id goes to ``bases``.
+def kept_base(docker, kit, suite: str) -> str:
+    """The suite's debootstrapped base, kept from run to run (never labelled with a run or session) under a name keyed by what
+    makes it: the suite, the mirror, gpurig's bootstrap code and the ISO week. A later run finds it, and with it the engine's
+    build cache for every image built FROM it (the host images' apt installs, the CPU images' torch), instead of bootstrapping
+    a base whose new id missed that cache in every build. The suite's base of an earlier key is removed when a new one is made."""
+    from gpurig.image import baseimage
+    from gpurig.image.spec import Bootstrap
+
+    recipe = "\n".join((suite, kit.mirror, Path(baseimage.__file__).read_text(), time.strftime("%G-W%V", time.gmtime())))
+    tag = f"gpurig-test-base-{suite}:kept-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    with open(Path(tempfile.gettempdir()) / f"gpurig-test-{tag.replace(':', '-')}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # one bootstrap at a time for this key, across the runs of this machine too
+        if docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).returncode != 0:
+            baseimage.bootstrap_base(docker.engine, tag, Bootstrap(suite, kit.mirror), {KEPT_LABEL: suite})
+            older = docker("image", "ls", "--filter", f"label={KEPT_LABEL}={suite}", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+            for ref in older:
+                if ref != tag and ref.startswith(f"gpurig-test-base-{suite}:kept-"):
+                    docker("image", "rm", ref, check=False)  # not -f: a base a host of another run still runs on stays
+    return tag
+
+
+def build_image(docker, kit, key: str) -> str:
+    """The host image for ``key`` (debian12, debian13) on the suite's kept base (tagged for this run as ``base_tag``).
 
     Once per run: the workers of an xdist run take turns, and a worker that finds the image built uses it.
     """
-    from gpurig.image.baseimage import bootstrap_base
-    from gpurig.image.spec import Bootstrap
-
     suite, tag = SUITES[key], host_tag(kit, key)
     labels = {kit.label: kit.session, kit.run_label: kit.run}
     with run_lock(kit, key):
         if docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).returncode == 0:
             return tag
         base = base_tag(kit, suite)
-        # Removed by id at teardown: the bootstrap also tags it gpurig-base:<suite>-minbase, which a tag removal would leave.
-        bases.append(bootstrap_base(docker.engine, base, Bootstrap(suite, kit.mirror), labels).image_id)
+        docker("tag", kept_base(docker, kit, suite), base)  # a name of this run's: removed at its end, the kept base stays
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
         docker("build", "-q", "-t", tag, *(f"--label={k}={v}" for k, v in labels.items()), "-",
                input=DOCKERFILE.format(base=base, login=kit.login), env=env, timeout=600)
@@ -114,7 +134,6 @@ class SystemdImages:
 
     def __init__(self, docker, kit) -> None:
         self.docker, self.kit = docker, kit
-        self.bases: list[str] = []
         self._lock = threading.Lock()
         self._builds: dict[str, Future] = {}
         self._pool = ThreadPoolExecutor(len(SUITES))
@@ -134,7 +153,7 @@ class SystemdImages:
     def _build(self, key: str) -> Future:
         with self._lock:
             if key not in self._builds:
-                self._builds[key] = self._pool.submit(build_image, self.docker, self.kit, key, self.bases)
+                self._builds[key] = self._pool.submit(build_image, self.docker, self.kit, key)
             return self._builds[key]
 
     def remove(self) -> None:
@@ -148,11 +167,9 @@ class SystemdImages:
         docker("network", "prune", "-f", "--filter", f"label={kit.label}={kit.session}", check=False)
         if shared(kit):
             return  # the images are the run's: its controller removes them once every worker is done (tests/conftest.py)
-        for key, suite in SUITES.items():
+        for key, suite in SUITES.items():  # the run's names; the kept bases stay (kept_base)
             docker("image", "rm", "-f", host_tag(kit, key), check=False)
             docker("image", "rm", "-f", base_tag(kit, suite), check=False)
-        for image_id in self.bases:
-            docker("image", "rm", "-f", image_id, check=False)
 
 
 @dataclass

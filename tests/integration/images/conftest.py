@@ -143,7 +143,8 @@ def docker_client(systemd_images):
             break
         docker("image", "rm", "-f", *sorted(set(ids)), check=False)
     docker("volume", "prune", "-f", "--filter", f"label={TEST_LABEL}={SESSION}", check=False)
-    # Each session's base is new, so the cache built on an older one is never hit again: bound it
+    docker("image", "rm", BASE, check=False)  # the session's name for the kept base (systemd_kit.kept_base), which stays
+    # The base is kept from run to run, so the next run's builds hit the cache built on it; bound the cache all the same
     # (least recently used goes first; about 18 GB is this suite's own, CUDA images included).
     docker("builder", "prune", "-f", "--keep-storage", os.environ.get("GPURIG_TEST_KEEP_BUILD_CACHE", "25GB"), check=False)
 
@@ -188,7 +189,8 @@ def base(docker_client, engine, project, systemd_images):
 
     One base for the whole suite: the CPU images built here and the deploy tests' (tests/integration/deploy/
     cpuimages.py, the same spec on that base) share BuildKit's cache, so whichever builds second takes every
-    layer from it instead of installing torch again. The systemd images' teardown removes the base by id.
+    layer from it instead of installing torch again. The base is kept for the next run (systemd_kit.kept_base);
+    BASE, this session's name for it, goes at the end.
     """
     from gpurig.image.baseimage import ensure_base
     from gpurig.image.spec import load_spec
