@@ -16,6 +16,7 @@ use them skip, with the reason, where no Docker engine or no root is.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -86,6 +87,25 @@ class ContainerHost:
 
     def write(self, path: str, content: str, mode: str = "0644") -> None:
         self.sh(f"mkdir -p $(dirname {path}) && cat > {path} && chmod {mode} {path}", input=content)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def xdg_cache_home(tmp_path_factory) -> Path:
+    """One XDG_CACHE_HOME for every gpurig this worker starts (each test's HOME is its own folder), as a user's ~/.cache
+    outlives each run: gpurig's local registry (gpurig.deploy.registry) keeps the layers pushed and its port there, so the
+    engine here skips a layer it pushed before instead of compressing it again (a 1.1 GB CPU image took about 40 s of a core
+    each time). A test that needs an empty registry gives its gpurig XDG_CACHE_HOME of its own."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        yield cache
+    finally:
+        if before is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

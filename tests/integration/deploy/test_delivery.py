@@ -29,9 +29,10 @@ MB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def registry_cache(tmp_path_factory) -> Path:
-    """The local registry's storage for this module: layers pushed by one test are there for the next, as in ~/.cache."""
-    return tmp_path_factory.mktemp("registry-cache")
+def registry_cache(xdg_cache_home) -> Path:
+    """The local registry's storage: the one every gpurig of this worker uses (tests/integration/conftest.py), where layers
+    pushed by one test are there for the next, as in ~/.cache."""
+    return xdg_cache_home / "gpurig" / "registry"
 
 
 class Link:

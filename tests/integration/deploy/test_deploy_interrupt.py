@@ -28,6 +28,7 @@ def test_ctrl_c_mid_push_ends_within_seconds_names_nothing_half_moved_and_the_ne
     cache = tmp_path / ".cache" / "gpurig" / "registry"  # under HOME=tmp_path: empty, so the whole image is pushed
     env = {**os.environ, "HOME": str(tmp_path), "COLUMNS": "200", "PYTHONPATH": str(REPO), "GPURIG_ROOT": str(cpu_images.project)}
     env.pop("SSH_AUTH_SOCK", None)
+    env.pop("XDG_CACHE_HOME", None)  # not the session's registry cache (tests/integration/conftest.py): this one starts empty
     code = "import sys; from gpurig.cli import main; main(['gpurig', *sys.argv[1:]])"
     proc = subprocess.Popen([sys.executable, "-c", code, "deploy", "-i", str(inventory), "--json", "interrupted.json"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
