@@ -162,3 +162,39 @@ def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | 
         assert proc is None or proc.poll() is None, f"gpurig ended before {what}: {proc.communicate()}"
         assert time.monotonic() < end, f"{what} never happened"
         time.sleep(0.1)  # polling interval while waiting for the event, not a synchronisation sleep
+
+
+LEFTOVER_PROCESSES = "layer_cache.py|peer_tunnel.py|gpurig-peer-"
+
+
+def peer_keys(h: DeployHost) -> list[str]:
+    found = h.sh(f"cat /home/{h.user}/.ssh/authorized_keys 2>/dev/null || true").stdout
+    return [line for line in found.splitlines() if "gpurig-peer-" in line]
+
+
+def listening(h: DeployHost) -> set[str]:
+    """The host's listening TCP sockets (address:port in /proc's hex), read from /proc: no ss or netstat needed."""
+    table = h.sh("cat /proc/net/tcp /proc/net/tcp6").stdout
+    return {f[1] for f in (line.split() for line in table.splitlines()[1:]) if len(f) > 3 and f[3] == "0A"}
+
+
+def leftovers(hosts) -> dict[str, object]:
+    """What a run must not leave on any host: peer keys, cache or tunnel processes."""
+    out: dict[str, object] = {}
+    for h, _ in hosts:
+        procs = h.sh(f"pgrep -af '{LEFTOVER_PROCESSES}' | grep -v pgrep || true").stdout.strip()
+        if peer_keys(h) or procs:
+            out[h.name] = (peer_keys(h), procs)
+    return out
+
+
+def settle(hosts, baseline: dict[str, set[str]], deadline_s: float = 30) -> tuple[dict, dict]:
+    """(leftovers, new listening sockets), once both are empty or the deadline passed (the hosts' side ends as channels close)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        left = leftovers(hosts)
+        extra = {h.name: listening(h) - baseline[h.name] for h, _ in hosts}
+        extra = {k: v for k, v in extra.items() if v}
+        if (not left and not extra) or time.monotonic() > end:
+            return left, extra
+        time.sleep(0.2)  # polling interval while the hosts' processes end, not a synchronisation sleep
