@@ -130,6 +130,10 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
                           highlight=False)
         console.print(outside(submitted.script), highlight=False, soft_wrap=True)
         return
+    if submitted.fan_out:
+        from gpurig.flows.fleetdeploy import print_fanout
+
+        print_fanout(list(submitted.fan_out), notes=True)
     err_console.print(f"slurm job {submitted.job} on {cluster.controller.name} (through {submitted.via}): follow it with "
                       f"gpurig logs --job {submitted.job} --follow; "
                       f"stop it with gpurig cancel {submitted.job}", highlight=False)
@@ -138,7 +142,8 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
         from gpurig.report.tables import document
 
         write_report(opts.json, document(SCHEMA, {"job": {"id": submitted.job, "scheduler": "slurm", "via": submitted.via,
-                                                          "nodes": list(submitted.nodes)}}))
+                                                          "nodes": list(submitted.nodes),
+                                                          **({"fan_out": list(submitted.fan_out)} if submitted.fan_out else {})}}))
     if not wait:
         return
     try:

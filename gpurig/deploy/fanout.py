@@ -397,7 +397,8 @@ class FanOut:
             got = self.delivered.get(ref, {})
             out.append({"image": ref, "size": self.sizes.get(ref, 0), "sent": self.sent(ref),
                         "received": sum(d.bytes_moved for d in got.values()),
-                        "hosts": {h: {"source": d.source, "bytes": d.bytes_moved, "method": d.method} for h, d in got.items()},
+                        "hosts": {h: {"source": d.source, "bytes": d.bytes_moved, "method": d.method, **({"note": d.note} if d.note else {})}
+                                  for h, d in got.items()},
                         "tree": dict(self.plans[ref])})
         return out
 

@@ -100,8 +100,9 @@ def show_tree(chosen: Sequence[Host], targets: dict[str, list[Target]], opts: Ho
             err_console.print(f"  {outside(line)}", highlight=False, soft_wrap=True)
 
 
-def print_fanout(summary: list[dict]) -> None:
-    """One line per image: the bytes out of the build machine against the image's size, and what the hosts received."""
+def print_fanout(summary: list[dict], notes: bool = False) -> None:
+    """One line per image: the bytes out of the build machine against the image's size, and what the hosts received; with
+    ``notes`` (where no table carries them: a Slurm job's nodes), each host's source and why it did not pull from its parent."""
     from gpurig.deploy.progress import human_size
 
     for s in summary:
@@ -109,6 +110,11 @@ def print_fanout(summary: list[dict]) -> None:
             continue  # nothing moved this way (the image was on every host, say)
         err_console.print(f"fan-out of {outside(s['image'])}: {human_size(s['sent'])} out of the build machine for {len(s['hosts'])} hosts "
                           f"(the image is {human_size(s['size'])}; {human_size(s['received'])} received in all)", highlight=False, soft_wrap=True)
+        for host, h in s["hosts"].items() if notes else ():
+            got = "had it already" if h["method"] == "present" else \
+                f"{human_size(h['bytes'])} by {h['method']}" + (f" from {h['source']}" if h["source"] else "")
+            err_console.print(f"  {outside(host)}: {outside(got)}" + (f" ({outside(h['note'])})" if h.get("note") else ""),
+                              highlight=False, soft_wrap=True)
 
 
 def deploy_cells(s: StepResult, check: bool) -> list[str]:

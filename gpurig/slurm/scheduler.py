@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpurig.errors import ConfigError, HostError, InventoryError, counted
 from gpurig.jobs.views import NoSuchJob
@@ -86,6 +86,7 @@ class Submitted:
     script: str  # for --check
     via: str = "sbatch"  # or slurmrestd (gpurig_slurm.rest)
     left_out: str = ""  # the partition's nodes Slurm gives no job (not prepared), each with its state and reason
+    fan_out: tuple[dict, ...] = ()  # where the nodes passed the image on to each other: FanOut.summary()
 
 
 # What submit is doing, as it tells ``phase``: before QUEUEING no Slurm job exists; from QUEUEING sbatch may have queued one whose id
@@ -112,7 +113,7 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     partition = partition_name(cluster, slurm.partition)
     phase(PREPARING)
     usable, left_out = usable_nodes(reach, cluster, partition, slurm.nodes)
-    ready = prepare_nodes(reach, usable, target, login, check)
+    ready, fan_out = prepare_nodes(reach, usable, target, login, check)
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
@@ -141,19 +142,20 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     if not queued.succeeded:
         raise HostError(queued.reason, queued.fix, host=queued.host)
     phase(QUEUED)
-    return Submitted(str(queued.data), tuple(h.name for h in usable), script, via, left_out)
+    return Submitted(str(queued.data), tuple(h.name for h in usable), script, via, left_out, tuple(fan_out))
 
 
-def prepare_nodes(reach: Reach, nodes, target, login: str, check: bool):
-    """Each node's ``prepare`` over the fleet; where several nodes need the image built here, they pass it on to each other as a
-    deploy's hosts do (gpurig.deploy.fanout: the build machine sends it about once), and whatever that left open is closed after."""
+def prepare_nodes(reach: Reach, nodes, target, login: str, check: bool) -> tuple[Any, list[dict]]:
+    """Each node's ``prepare`` over the fleet, and FanOut.summary() where several nodes needed the image built here and passed it
+    on to each other as a deploy's hosts do (gpurig.deploy.fanout: the build machine sends it about once; whatever that left open
+    is closed after); else no summary."""
     fanned = None if check or target.fan_out is None else target.fan_out(nodes)
     if fanned is None:
-        return fleet(reach, nodes, lambda conn: prepare(conn, target, login, check))
+        return fleet(reach, nodes, lambda conn: prepare(conn, target, login, check)), []
     fan, deliver = fanned
     fed = dataclasses.replace(target, deliver=deliver)
     try:
-        return fleet(reach, nodes, fan.wrap(lambda conn: prepare(conn, fed, login, check)))
+        return fleet(reach, nodes, fan.wrap(lambda conn: prepare(conn, fed, login, check))), fan.summary()
     finally:
         fan.close()
 

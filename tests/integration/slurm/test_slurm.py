@@ -10,14 +10,18 @@ the test's own SSH and docker exec, not through gpurig.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from deploy.gpuhost import gpurig
+import yaml
+from deploy.fanoutkit import OPEN_TO_PEERS, address, listening, settle
+from deploy.gpuhost import IMAGE_SCRIPT, JOB_BINARIES, gpurig
 
 IMAGE = "gpurig-test-jobs:1"
 # Debian 12's cluster submits through slurmrestd (JWT); Debian 13's (test_slurm_debian13.py) through sbatch over SSH
@@ -99,11 +103,11 @@ def test_provision_makes_a_working_cluster_and_a_second_run_changes_nothing(clus
         pass  # no CPU torch wheel here: the fabric tests skip too
 
 
-def run_job(work: Path, inv: Path, *flags: str, timeout: float = 300):
+def run_job(work: Path, inv: Path, *flags: str, timeout: float = 300, image: str = IMAGE):
     (work / "job").mkdir(exist_ok=True)
     (work / "job" / "show.sh").write_text('for f in /dev/nvidia*; do printf "%s " "${f#/dev/}"; done; echo\n'
                                           'echo "rank $NODE_RANK of $NNODES at $MASTER_ADDR"\nexit ${CODE:-0}\n')
-    return gpurig(work, "run", "-i", str(inv), "--scheduler", "slurm", "--image", IMAGE, "--ulimit", "memlock=8388608",
+    return gpurig(work, "run", "-i", str(inv), "--scheduler", "slurm", "--image", image, "--ulimit", "memlock=8388608",
                   "--workdir", str(work / "job"), *flags, timeout=timeout)
 
 
@@ -139,6 +143,39 @@ def test_a_two_node_job_runs_on_both_with_the_rendezvous_from_slurm(cluster):
     ranks = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     master = sorted(n.name for n in hosts.nodes)[0]
     assert ranks == [f"rank 0 of 2 at {master}", f"rank 1 of 2 at {master}"], proc.stdout
+
+
+def test_a_jobs_image_built_here_leaves_this_machine_once_and_the_second_node_gets_it_from_the_first(cluster, docker_engine):
+    """Issue 37: a Slurm job's nodes pass the image built here on to each other as a deploy's hosts do, each saying from where."""
+    hosts, inv, work = cluster
+    ref = f"gpurig-slurm-fan-{uuid.uuid4().hex[:8]}:1"
+    env = {**os.environ, "PATH": f"{Path(docker_engine.path).parent}:{os.environ.get('PATH', '')}"}
+    subprocess.run(["sh", "-s", "--", ref, *JOB_BINARIES], input=IMAGE_SCRIPT, text=True, env=env, check=True, capture_output=True)
+    doc = yaml.safe_load(inv.read_text())
+    for node in hosts.nodes:  # each node reached by the other at its address on the cluster's network; sshd reads ~/.ssh too
+        doc["all"]["children"]["slurm_nodes"]["hosts"][node.name]["gpurig_delivery"] = {"address": address(docker_engine, node.cid)}
+        node.sh(OPEN_TO_PEERS)
+    fan_inv = inv.with_name("fan-out.yaml")
+    fan_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    pairs = [(node, None) for node in hosts.nodes]
+    baseline = {node.name: listening(node) for node in hosts.nodes}
+    try:
+        proc = run_job(work, fan_inv, "--nodes", "2", "--launcher", "none", "--json", str(work / "fan-out.json"), "--wait", "--",
+                       "sh", "show.sh", image=ref)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert len([line for line in proc.stdout.splitlines() if line.startswith("rank ")]) == 2, proc.stdout
+        [fan] = json.loads((work / "fan-out.json").read_text())["job"]["fan_out"]
+        sources = {h: d["source"] for h, d in fan["hosts"].items()}
+        first = next(h for h, src in sources.items() if src == "the build machine")
+        assert sorted(sources.values()) == sorted(["the build machine", first]), sources  # the other node pulled from the first
+        assert fan["sent"] < 1.1 * fan["size"], fan  # the image left this machine once, not once per node
+        assert f"fan-out of {ref}: " in proc.stderr and "out of the build machine for 2 hosts" in proc.stderr, proc.stderr
+        assert f"by fan-out from {first}" in proc.stderr, proc.stderr
+        assert settle(pairs, baseline) == ({}, {})  # no one-time key, cache, tunnel or listener left on a node
+    finally:
+        docker_engine("image", "rm", "-f", ref, check=False)
+        for node in hosts.nodes:
+            node.sh(f"docker image rm -f {ref}", check=False)
 
 
 def put_image(hosts, docker_engine, image: str) -> None:

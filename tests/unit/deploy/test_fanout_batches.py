@@ -249,10 +249,12 @@ def test_a_slurm_jobs_nodes_share_the_image_through_fan_out_and_close_it(monkeyp
         return fanoutwire.job_fanout(chosen, REF, IMAGE, "hosts.yaml", registry=None, local=object(), plain=send_from)
 
     target = JobTarget(None, "slurm", "key", None, image_ref=REF, image=IMAGE, deliver=send_from, fan_out=fan_out)
-    scheduler.prepare_nodes(None, nodes, target, "root", check=True)
+    assert scheduler.prepare_nodes(None, nodes, target, "root", check=True)[1] == []
     assert not delivered  # --check: no fan-out is made (and nothing delivers)
-    scheduler.prepare_nodes(None, nodes, target, "root", check=False)
+    _, summary = scheduler.prepare_nodes(None, nodes, target, "root", check=False)
     assert delivered["node0"].source == "the build machine" and {delivered[f"node{i}"].source for i in (1, 2, 3)} == {"node0"}
+    assert [(s["image"], s["sent"], {h: d["source"] for h, d in s["hosts"].items()}) for s in summary] == [
+        (REF, IMAGE.size, {"node0": "the build machine", "node1": "node0", "node2": "node0", "node3": "node0"})]
     assert not sent and not hosts.open_things()
     assert fanoutwire.job_fanout(nodes[:1], REF, IMAGE, "hosts.yaml", registry=None, local=object(), plain=send_from) is None
 
@@ -277,3 +279,22 @@ def test_a_rollout_row_says_what_the_hosts_delivery_moved_and_from_where():
     labels = {"gpu02": "1", "gpu03": "1", "gpu04": "2"}
     assert row_for("gpu02", labels, results, state)[-1] == "1.10 GB (fan-out from gpu01)"
     assert row_for("gpu03", labels, results, state)[-1] == row_for("gpu04", labels, results, state)[-1] == ""
+
+
+def test_a_slurm_jobs_recap_names_each_nodes_source_and_why_it_did_not_pull_from_its_parent(capsys):
+    from gpurig.flows.fleetdeploy import print_fanout
+
+    summary = [{"image": REF, "size": 300_000_000, "sent": 100_000_000, "received": 200_000_000, "tree": {},
+                "hosts": {"node0": {"source": "the build machine", "bytes": 100_000_000, "method": "fan-out"},
+                          "node1": {"source": "the build machine", "bytes": 100_000_000, "method": "fan-out",
+                                    "note": "node1 cannot reach node0 at 10.0.0.5:22: refused: delivered from the build machine"},
+                          "node2": {"source": "", "bytes": 0, "method": "present"}}}]
+    print_fanout(summary)  # a deploy's: its table carries each host
+    assert capsys.readouterr().err.count("\n") == 1
+    print_fanout(summary, notes=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"fan-out of {REF}: 100.00 MB out of the build machine for 3 hosts")
+    assert lines[1:] == ["  node0: 100.00 MB by fan-out from the build machine",
+                         "  node1: 100.00 MB by fan-out from the build machine (node1 cannot reach node0 at 10.0.0.5:22: refused: "
+                         "delivered from the build machine)",
+                         "  node2: had it already"]
