@@ -152,8 +152,8 @@ def test_a_jobs_image_built_here_leaves_this_machine_once_and_the_second_node_ge
     env = {**os.environ, "PATH": f"{Path(docker_engine.path).parent}:{os.environ.get('PATH', '')}"}
     subprocess.run(["sh", "-s", "--", ref, *JOB_BINARIES], input=IMAGE_SCRIPT, text=True, env=env, check=True, capture_output=True)
     doc = yaml.safe_load(inv.read_text())
-    for node in hosts.nodes:  # each node reached by the other at its address on the cluster's network; sshd reads ~/.ssh too
-        doc["all"]["children"]["slurm_nodes"]["hosts"][node.name]["gpurig_delivery"] = {"address": address(docker_engine, node.cid)}
+    for node in hosts.nodes:  # each reaches the other's sshd on the cluster's network (its ansible_port is published here)
+        doc["all"]["children"]["slurm_nodes"]["hosts"][node.name]["gpurig_delivery"] = {"address": address(docker_engine, node.cid), "port": 22}
         node.sh(OPEN_TO_PEERS)
     fan_inv = inv.with_name("fan-out.yaml")
     fan_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -167,7 +167,7 @@ def test_a_jobs_image_built_here_leaves_this_machine_once_and_the_second_node_ge
         [fan] = json.loads((work / "fan-out.json").read_text())["job"]["fan_out"]
         sources = {h: d["source"] for h, d in fan["hosts"].items()}
         first = next(h for h, src in sources.items() if src == "the build machine")
-        assert sorted(sources.values()) == sorted(["the build machine", first]), sources  # the other node pulled from the first
+        assert sorted(sources.values()) == sorted(["the build machine", first]), proc.stderr  # the other node pulled from the first
         assert fan["sent"] < 1.1 * fan["size"], fan  # the image left this machine once, not once per node
         assert f"fan-out of {ref}: " in proc.stderr and "out of the build machine for 2 hosts" in proc.stderr, proc.stderr
         assert f"by fan-out from {first}" in proc.stderr, proc.stderr
