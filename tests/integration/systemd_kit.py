@@ -167,9 +167,13 @@ class SystemdImages:
         docker("network", "prune", "-f", "--filter", f"label={kit.label}={kit.session}", check=False)
         if shared(kit):
             return  # the images are the run's: its controller removes them once every worker is done (tests/conftest.py)
-        for key, suite in SUITES.items():  # the run's names; the kept bases stay (kept_base)
-            docker("image", "rm", "-f", host_tag(kit, key), check=False)
-            docker("image", "rm", "-f", base_tag(kit, suite), check=False)
+        # what the run made from them (deploy/gpuhost.gpu_host_image) first, then its names for them; the kept bases stay
+        made = docker("image", "ls", "-q", "--filter", f"label={kit.run_label}={kit.run}", check=False).stdout.split()
+        for key, suite in SUITES.items():
+            made.append(host_tag(kit, key))
+            made.append(base_tag(kit, suite))
+        for ref in dict.fromkeys(made):
+            docker("image", "rm", "-f", ref, check=False)
 
 
 @dataclass

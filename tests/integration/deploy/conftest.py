@@ -36,7 +36,7 @@ import pytest
 from systemd_kit import SystemdHosts, authorized_keys, inventory_for
 
 from .cpuimages import CpuImages, images_kit, make_project
-from .gpuhost import DEFAULT_DRIVER, DRIVER_FILE, FAKE_GPUS, PROBE_IMAGE, check_gpu_requests, gpurig, prepare_host, restart_docker
+from .gpuhost import DEFAULT_DRIVER, DRIVER_FILE, FAKE_GPUS, PROBE_IMAGE, check_gpu_requests, gpu_host_image, gpurig, ready_host, restart_docker
 
 
 def pytest_collection_modifyitems(items):
@@ -119,14 +119,23 @@ class DeployHost:
 
 
 @pytest.fixture(scope="session")
-def deploy_host(docker_engine, container_kit, systemd_images, host_key, tmp_path_factory) -> DeployHost:
+def gpu_hosts(docker_engine, container_kit, systemd_images, host_key, tmp_path_factory) -> dict[str, str]:
+    """The images to boot provisioned hosts with stand-in GPUs from (SystemdHosts' ``images``): gpuhost.gpu_host_image, made
+    once for the run by `gpurig provision` (the provision tests provision hosts of their own from scratch)."""
+    work = tmp_path_factory.mktemp("gpu-host-image")
+    keys = authorized_keys(work / "authorized_keys", container_kit.login, host_key)
+    return {"debian12": gpu_host_image(docker_engine, container_kit, systemd_images, keys, host_key, work)}
+
+
+@pytest.fixture(scope="session")
+def deploy_host(docker_engine, container_kit, gpu_hosts, host_key, tmp_path_factory) -> DeployHost:
     """The session's provisioned Debian 12 host with fake GPUs; removed (with its engine's volume) at the end."""
     work = tmp_path_factory.mktemp("deploy-host")
     keys = authorized_keys(work / "authorized_keys", container_kit.login, host_key)
-    maker = SystemdHosts(docker_engine, container_kit, systemd_images, keys, host_key)
+    maker = SystemdHosts(docker_engine, container_kit, gpu_hosts, keys, host_key)
     try:
         host = maker.make("debian12", storage="volume")
-        prepare_host(host, work)
+        ready_host(host)
         check_gpu_requests(host, f"{container_kit.label}={container_kit.session}")
         deploy = DeployHost(host)
         deploy.baseline = frozenset(deploy.containers())
@@ -136,7 +145,7 @@ def deploy_host(docker_engine, container_kit, systemd_images, host_key, tmp_path
 
 
 @pytest.fixture(scope="session")
-def fleet(deploy_host, docker_engine, container_kit, systemd_images, host_key, tmp_path_factory) -> list[DeployHost]:
+def fleet(deploy_host, docker_engine, container_kit, gpu_hosts, host_key, tmp_path_factory) -> list[DeployHost]:
     """Three provisioned hosts with stand-in GPUs, each its own network namespace and Docker engine, on Docker's default
     bridge: the session's deploy host and two more, booted side by side on first use; removed at the end.
 
@@ -145,11 +154,11 @@ def fleet(deploy_host, docker_engine, container_kit, systemd_images, host_key, t
     """
     work = tmp_path_factory.mktemp("fleet-hosts")
     keys = authorized_keys(work / "keys", container_kit.login, host_key)
-    maker = SystemdHosts(docker_engine, container_kit, systemd_images, keys, host_key)
+    maker = SystemdHosts(docker_engine, container_kit, gpu_hosts, keys, host_key)
 
     def boot(i: int) -> DeployHost:
         host = maker.make("debian12", storage="volume")
-        prepare_host(host, work / f"host{i}")
+        ready_host(host)
         return DeployHost(host)
 
     try:

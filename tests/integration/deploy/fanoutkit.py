@@ -1,7 +1,7 @@
 """Fleet delivery's kit, shared by tests/integration/deploy/test_fanout.py and bench/bench_fanout.py.
 
 - hosts: systemd hosts given Docker as the deploy tests' hosts are
-  (gpuhost.prepare_host), whose sshd also reads the login user's
+  (booted from gpuhost.gpu_host_image), whose sshd also reads the login user's
   ~/.ssh/authorized_keys beside the kit's read-only file, so a peer's
   one-time key can be put there as on a real host; each with its address on
   its Docker network (their ``gpurig_delivery.address``);
@@ -34,7 +34,7 @@ import yaml
 
 from .conftest import DeployHost
 from .fabrickit import netns
-from .gpuhost import prepare_host
+from .gpuhost import ready_host
 from .test_deploy import HOST_ULIMITS
 
 KEYS_CONF = "/etc/ssh/sshd_config.d/gpurig-test.conf"
@@ -49,12 +49,13 @@ def address(docker, cid: str) -> str:
 
 def boot_hosts(maker, work: Path, n: int, *, storage: str = "tmpfs", network: str | None = None, prepare: bool = True,
                workers: int = 4) -> list[tuple[DeployHost, str]]:
-    """``n`` booted hosts with their addresses; ``prepare``: given Docker by `gpurig provision` (else the image has it)."""
+    """``n`` booted hosts with their addresses, from ``maker``'s images; ``prepare``: they are gpuhost.gpu_host_image's (made
+    ready, and open to peers' keys), else the image has all it needs."""
 
     def boot(i: int) -> tuple[DeployHost, str]:
         host = maker.make("debian12", storage=storage, network=network)
         if prepare:
-            prepare_host(host, work / f"host{i}")
+            ready_host(host)
             host.sh(OPEN_TO_PEERS)
         return DeployHost(host), address(maker.docker, host.cid)
 

@@ -13,6 +13,8 @@ arguments. `nvidia-container-runtime-hook` on PATH when dockerd starts is
 what makes dockerd register its ``nvidia`` device driver for ``--gpus``;
 as the OCI prestart hook it then runs at each such container start and
 must succeed. `nvidia-container-runtime` hands its arguments to runc.
+The deploy tests' hosts boot from ``gpu_host_image``: one such host, made once
+per run and committed.
 """
 
 from __future__ import annotations
@@ -197,6 +199,11 @@ def gpurig(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None)
 def restart_docker(host, deadline_s: float = 60) -> None:
     """`systemctl restart docker` in the host, then wait until its engine answers."""
     host.sh("systemctl restart docker")
+    wait_engine(host, deadline_s)
+
+
+def wait_engine(host, deadline_s: float = 60) -> None:
+    """Until the host's engine answers."""
     end = time.monotonic() + deadline_s
     while host.sh("docker info --format '{{.ServerVersion}}'", check=False).returncode != 0:
         if time.monotonic() > end:
@@ -213,6 +220,39 @@ def prepare_host(host, work: Path) -> None:
     install_standins(host)
     host.write("/etc/docker/daemon.json", nvidia_runtime_json(host.read("/etc/docker/daemon.json") or ""))
     restart_docker(host)
+    make_probe_image(host, PROBE_IMAGE)
+
+
+def gpu_host_image(docker, kit, images, keys: Path, key: Path, work: Path) -> str:
+    """A host made by ``prepare_host`` (`gpurig provision` and the stand-ins), committed with its engine stopped and its SSH
+    host keys out (each host booted from it makes its own) as this run's image: hosts booted from it need only
+    ``ready_host``, not a provision each (apt installing Docker took about 20 s of a core per host). Made once per run,
+    under the lock the systemd images are built under; its label is the run's, so it goes at the run's end with them."""
+    from systemd_kit import SystemdHosts, run_lock
+
+    tag = gpu_host_tag(kit)
+    with run_lock(kit, "gpuhost-debian12"):
+        if docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).returncode == 0:
+            return tag
+        maker = SystemdHosts(docker, kit, images, keys, key)
+        try:
+            host = maker.make("debian12")
+            prepare_host(host, work)
+            host.sh("systemctl stop docker docker.socket && rm -f /etc/ssh/ssh_host_*")
+            # not labelled with a session (a session's teardown removes what carries its own): the run's label, inherited
+            docker("commit", "--change", f"LABEL {kit.label}=gpuhost-{kit.run}", host.cid, tag)
+        finally:
+            maker.remove()
+    return tag
+
+
+def gpu_host_tag(kit) -> str:
+    return f"gpurig-test-gpuhost-debian12:{kit.run}"
+
+
+def ready_host(host) -> None:
+    """A host booted from ``gpu_host_image``: its engine answers and holds the probe image (the engine's store is the host's own)."""
+    wait_engine(host, 120)
     make_probe_image(host, PROBE_IMAGE)
 
 

@@ -28,11 +28,11 @@ CHILDREN = ("fan-1", "fan-2", "fan-3")
 
 
 @pytest.fixture(scope="module")
-def four(docker_engine, container_kit, systemd_images, host_key, tmp_path_factory):
+def four(docker_engine, container_kit, gpu_hosts, host_key, tmp_path_factory):
     """Four provisioned hosts, each with its address on the default bridge; removed at the end."""
     work = tmp_path_factory.mktemp("fanout-hosts")
     keys = authorized_keys(work / "keys", container_kit.login, host_key)
-    maker = SystemdHosts(docker_engine, container_kit, systemd_images, keys, host_key)
+    maker = SystemdHosts(docker_engine, container_kit, gpu_hosts, keys, host_key)
     try:
         yield boot_hosts(maker, work, 4)
     finally:

@@ -145,21 +145,23 @@ def test_a_base_whose_tag_moved_on_its_registry_is_newer(tmp_path, index, docker
             tar.add(folder / "release", arcname="release")
         docker_engine("import", str(tmp_path / f"{name}.tar"), ref)
 
+    made: list[str] = []  # both images by id: the new one loses its name when the old one takes it back
     with LocalRegistry(tmp_path / "registry") as registry:
         ref = f"{registry.address}/outdated-base:bookworm"
         try:
             image("old", "12.1")
             docker_engine("push", ref)
             old_id = docker_engine("image", "inspect", "-f", "{{.Id}}", ref).stdout.strip()
+            made.append(old_id)
             proj = project(tmp_path, index(MATRIX_BUILDS), base=ref)
             current = gpurig(proj, "outdated", "--no-fleet", "--json", "-")
             assert json.loads(current.stdout)["bases"][0]["state"] == "current", current.stderr
             image("new", "12.2")  # the registry's tag moves on; this machine keeps the old image under it
+            made.append(docker_engine("image", "inspect", "-f", "{{.Id}}", ref).stdout.strip())
             docker_engine("push", ref)
             docker_engine("tag", old_id, ref)
             moved = gpurig(proj, "outdated", "--no-fleet", "--json", "-")
         finally:
-            docker_engine("rmi", "-f", ref, check=False)
-            docker_engine("image", "prune", "-f", "--filter", f"label=none-{ref}", check=False)
+            docker_engine("rmi", "-f", ref, *made, check=False)
     base = json.loads(moved.stdout)["bases"][0]
     assert moved.returncode == 1 and base["state"] == "newer" and f"docker pull {ref}" in base["detail"]
