@@ -125,18 +125,19 @@ def run_fleet(
     except KeyboardInterrupt as stop:
         interrupted, stop_code = True, getattr(stop, "exit_code", SIGINT_EXIT)
         stopping.set()
-        for fut in pending:
-            fut.cancel()  # only those not begun: they touch nothing
+        # Those not begun are cancelled: they touch nothing, and no one waits for them (a future of our own, cancelled, is not
+        # "done" to wait() until a pool thread would have picked it up: waiting on it cost every Ctrl-C the full 15 s).
+        begun = [fut for fut in pending if not fut.cancel()]
         connector.stop()
         pool.shutdown(wait=False, cancel_futures=True)
         with lock:
             conns = list(open_conns.values())
         for conn in conns:
             conn.interrupt()  # each host's thread stops its command, with what it started there
-        wait(pending, timeout=STOP_WAIT_S)
+        wait(begun, timeout=STOP_WAIT_S)
         for conn in conns:
             conn.close()  # unblocks threads still waiting on the network
-        done, _ = wait(pending, timeout=5)
+        done, _ = wait(begun, timeout=5)
         for fut in done:
             if not fut.cancelled():
                 results[pending[fut].name] = fut.result()

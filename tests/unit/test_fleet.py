@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 
 from rich.console import Console
 
@@ -163,10 +164,12 @@ def test_ctrl_c_as_the_run_starts_is_an_interrupted_run_not_a_crash(tmp_path):
         def start(self, total: int, label: str) -> None:
             raise KeyboardInterrupt  # the person's Ctrl-C before the hosts are all handed out
 
+    began = time.monotonic()
     with pytest.raises(FleetInterrupted) as stop:
         run_fleet(hosts(2), lambda c: None, connector=connector(tmp_path), events=CtrlCAtStart())
     assert [(r.host, r.reason) for r in stop.value.report.results] == [("l0", "interrupted"), ("l1", "interrupted")]
     assert stop.value.exit_code == 130
+    assert time.monotonic() - began < 5  # no host began, so nothing is waited for (it waited out the 15 s stop grace)
 
 
 def test_ctrl_c_while_the_hosts_are_handed_out_keeps_what_a_started_host_did_and_starts_no_other(tmp_path, monkeypatch):
@@ -196,5 +199,6 @@ def test_ctrl_c_while_the_hosts_are_handed_out_keeps_what_a_started_host_did_and
         run_fleet(hosts(3), work, connector=connector(tmp_path))
     results = {r.host: (r.status, r.reason, r.data) for r in stop.value.report.results}
     assert results["l0"] == (Status.OK, "", "did it")  # found, although the Ctrl-C came before every host was handed out
+    assert stop.value.report.duration_s < 5  # the hosts not begun are not waited for
     assert results["l1"][1] == results["l2"][1] == "interrupted"
     assert ran == ["l0"]
