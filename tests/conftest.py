@@ -21,7 +21,7 @@ collect_ignore = ["tools"]
 LONG_FOLDERS = ("integration/images", "integration/deploy", "integration/verify", "integration/hosts_systemd", "integration/hosts_containers",
                 "integration/slurm")
 LONG_TIMEOUT_S = 3600
-# Run with pytest-xdist (`-n 2 --dist loadfile`, the README's test command), each test module runs whole on one worker:
+# Run with pytest-xdist (`-n 3 --dist loadfile`, the README's test command), each test module runs whole on one worker:
 # its tests share module fixtures (a booted cluster the first test provisions and the next ones use). Not xdist's
 # groups (--dist loadgroup): pytest 9.2 ignores the group xdist writes into a test's id, and every test became a group
 # of its own, spread over the workers away from its module's first test.
@@ -30,13 +30,14 @@ LONG_TIMEOUT_S = 3600
 # timing); one worker then runs them in turn instead of the other sitting idle on a run-wide lock.
 ONE_WORKER_FOLDERS = ("integration/images", "integration/slurm", "integration/hosts")
 # The work in the order it is handed out (--no-loadscope-reorder keeps it), longest first, so that no long one starts
-# last while the other worker sits idle; a path here is a folder or a module (the longest match places a test).
-# Measured with GPURIGTEST_TIMELINE (tests/tools/timeline.py) on 2 cores: images ~480 s, test_delivery ~420 s,
-# slurm ~340 s, test_deploy ~240 s, test_ci_chain ~170 s, each of the rest under 120 s; the unit tier fills the gaps.
+# last while the other workers sit idle; a path here is a folder or a module (the longest match places a test).
+# Measured with GPURIGTEST_TIMELINE (tests/tools/timeline.py) on 2 cores, a run whose machine had run the suite before:
+# test_delivery ~320 s, slurm ~350 s, images ~300 s, test_fabric_faults ~190 s, test_fanout ~170 s, test_deploy ~130 s,
+# each of the rest under 90 s; the unit tier fills the gaps.
 LONGEST_FIRST = ("integration/images", "integration/deploy/test_delivery.py", "integration/slurm",
-                 "integration/deploy/test_deploy.py", "integration/deploy/test_ci_chain.py",
-                 "integration/hosts_systemd/test_provision_docker.py", "integration/deploy", "integration/hosts_systemd",
-                 "integration/installed", "integration/verify", "integration/monitor", "integration/hosts",
+                 "integration/deploy/test_fabric_faults.py", "integration/deploy/test_fanout.py",
+                 "integration/deploy/test_deploy.py", "integration/hosts_systemd/test_provision_docker.py", "integration/deploy",
+                 "integration/hosts_systemd", "integration/installed", "integration/verify", "integration/monitor", "integration/hosts",
                  "integration/hosts_containers")
 
 

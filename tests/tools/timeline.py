@@ -1,6 +1,6 @@
 """Where a suite run's time went: reads the lines GPURIGTEST_TIMELINE=FILE made the run write (tests/conftest.py).
 
-    GPURIGTEST_TIMELINE=/tmp/t.jsonl python3 -m pytest tests -n 2 --dist loadfile ...
+    GPURIGTEST_TIMELINE=/tmp/t.jsonl python3 -m pytest tests -n 3 --dist loadfile ...
     python3 tests/tools/timeline.py /tmp/t.jsonl
 
 Prints, per worker, when it started and finished and how long it was busy, then the modules by their time
