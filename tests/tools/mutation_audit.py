@@ -52,7 +52,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("token/--json", "(b) access lines (Jupyter's token) in deploy --json", "gpurig/deploy/apply.py",
              '"exit_code": d.get("exit_code")}', '"exit_code": d.get("exit_code"), "access": list(d.get("access", ()))}',
              (U + "deploy/test_plan.py", U + "deploy/test_deploy_output.py")),
-    Mutation("token/--json", "(c) access lines on stdout under --json -", "gpurig/cli/deploy.py",
+    Mutation("token/--json", "(c) access lines on stdout under --json -", "gpurig/flows/fleetdeploy.py",
              '    out = err_console if opts.json == "-" else console\n', "    out = console\n",
              (U + "deploy/test_deploy_output.py",)),
     Mutation("inventory", "(d) group depth from its last parent, not its deepest", "gpurig/inventory/loader.py",
