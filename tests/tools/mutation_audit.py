@@ -165,7 +165,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if _plain(was) != _plain(now):\n", "        if was is None and now is None and was != now:\n",
              (U + "test_lock.py",)),
     Mutation("lock", "the locked base checked by name only", "gpurig/image/lock.py",
-             'if found is None or found.get("Id") != image_id:', "if found is None:", (U + "test_lock.py",)),
+             "if found is None or found.id != image_id:", "if found is None:", (U + "test_lock.py",)),
     # --- INI parsing ---------------------------------------------------------------------------
     Mutation("INI", "a host var given twice keeps the last", "gpurig/inventory/ini.py",
              "            if key in hvars:\n                raise", "            if key in () :\n                raise",
@@ -179,7 +179,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              (U + "test_inventory_ini.py",)),
     # --- outdated's exit codes ----------------------------------------------------------------
     Mutation("outdated", "cannot-tell exits 1 like 'newer'", "gpurig/image/outdated.py",
-             "    if problems:\n        return 2", "    if problems:\n        return 1",
+             "    if problems or unknown:\n        return 2", "    if problems or unknown:\n        return 1",
              (U + "test_outdated.py",)),
     Mutation("outdated", "newer releases exit 0", "gpurig/image/outdated.py",
              "    if newer:\n        return 1", "    if newer:\n        return 0",
