@@ -93,7 +93,7 @@ class Fleet:
         self.makers[0].remove()
         say(f"hosts: {n} booted from it on network {self.network} (bridge {self.bridge}) ...")
         self.makers.append(SystemdHosts(self.docker, self.kit, {"debian12": self.template}, self.keys, self.key))
-        self.hosts = boot_hosts(self.makers[1], self.work, n, storage="volume", network=self.network, prepare=False)
+        self.hosts = boot_hosts(self.makers[1], n, storage="volume", network=self.network, prepare=False)
         for h, _ in self.hosts:
             self.wait_engine(h)
         make_project(self.project, f"gpurig-bench-{self.kit.session[-7:]}", "gpurig-fanout-unused:base", "/nonexistent")

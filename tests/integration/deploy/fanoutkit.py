@@ -47,7 +47,7 @@ def address(docker, cid: str) -> str:
     return docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", cid).stdout.strip()
 
 
-def boot_hosts(maker, work: Path, n: int, *, storage: str = "tmpfs", network: str | None = None, prepare: bool = True,
+def boot_hosts(maker, n: int, *, storage: str = "tmpfs", network: str | None = None, prepare: bool = True,
                workers: int = 4) -> list[tuple[DeployHost, str]]:
     """``n`` booted hosts with their addresses, from ``maker``'s images; ``prepare``: they are gpuhost.gpu_host_image's (made
     ready, and open to peers' keys), else the image has all it needs."""

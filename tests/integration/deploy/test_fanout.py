@@ -34,7 +34,7 @@ def four(docker_engine, container_kit, gpu_hosts, host_key, tmp_path_factory):
     keys = authorized_keys(work / "keys", container_kit.login, host_key)
     maker = SystemdHosts(docker_engine, container_kit, gpu_hosts, keys, host_key)
     try:
-        yield boot_hosts(maker, work, 4)
+        yield boot_hosts(maker, 4)
     finally:
         maker.remove()
 
