@@ -183,19 +183,22 @@ def push_staged(local: Engine, address: str, ref: str, image_id: str, progress: 
 
 
 def pull_through(remote: Engine, conn: Connection, ref: str, parsed: Reference, image_id: str, port: int, moved: Callable[[], int | None],
-                 staged: Staged, progress: Progress, say, how: tuple[str, str] = ("through the SSH connection", "through the SSH forward")) -> int:
+                 staged: Staged, progress: Progress, say, how: tuple[str, str] = ("through the SSH connection", "through the SSH forward"),
+                 gone: Callable[[], str | None] | None = None) -> int:
     """The host pulls the stages, then the image under a temporary name, from a registry on its own 127.0.0.1:``port`` (the build
     machine's through a reverse forward, or a layer cache: Docker pulls plain HTTP from loopback); the real name goes only on the
     complete, same-id image. ``moved()``: the bytes that reached the host so far (None: the pull's own count), for progress;
-    ``how``: where from, as the progress line and a failure say it. Returns the bytes the host's engine fetched."""
+    ``how``: where from, as the progress line and a failure say it; ``gone()``: why what it pulls through is gone (a layer
+    cache that died), asked at each of the engine's events (it says one a second while it waits to retry), which ends the
+    pull at once. Returns the bytes the host's engine fetched."""
     say(f"the host pulls the layers it lacks {how[0]}")  # the line is shown after the host's name already
     via = f"127.0.0.1:{port}"
     temp = parsed.on(via)
     tracker = PullProgress(progress, staged.sizes, moved)
     try:
         for stage in staged.stages:  # each completed one keeps its layers on the host should the next be interrupted
-            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker, conn)
-        fetched = _host_pull(remote, temp, tracker, conn)  # one tracker for all: the layers of every pull
+            _host_pull(remote, f"{via}/{parsed.path}:{stage}", tracker, conn, gone)
+        fetched = _host_pull(remote, temp, tracker, conn, gone)  # one tracker for all: the layers of every pull
         found = remote.image(temp)
         if found is None or found.id != image_id:
             raise DeliveryError(f"the pulled image is {found.id[:19] if found else 'missing'}, not {image_id[:19]}",
@@ -259,8 +262,8 @@ def _push(local: Engine, image_id: str, staged: str, progress: Progress, conn: C
 PULL_ATTEMPTS = 3
 
 
-def _host_pull(remote: Engine, source: str, tracker: PullProgress, conn: Connection) -> int:
-    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched.
+def _host_pull(remote: Engine, source: str, tracker: PullProgress, conn: Connection, gone: Callable[[], str | None] | None = None) -> int:
+    """The host's dockerd pulls ``source`` (progress through ``tracker``); the bytes fetched; PullFailed once ``gone()`` says why.
 
     A stream to the engine that breaks off before the pull said it was done is asked again (a pull is
     idempotent, and the layers of completed stages stay). Seen once, on a loaded machine: the engine's
@@ -268,6 +271,9 @@ def _host_pull(remote: Engine, source: str, tracker: PullProgress, conn: Connect
     """
     def on_event(event: dict) -> None:
         _checkpoint(conn)  # an interrupted run stops the pull at the next event
+        why = gone() if gone is not None else None
+        if why:
+            raise PullFailed(why)  # the engine sees its client leave and stops the pull
         tracker.feed(event)
 
     for attempt in range(1, PULL_ATTEMPTS + 1):

@@ -18,7 +18,10 @@ the link was refused, the wait ran out) it goes to the parent's parent, up
 to the build machine, and its note says why. A serving host whose own pull
 through its cache fails (the cache died) pulls straight through its forward
 or link and serves no one from then on (further up where that fails too);
-the hosts pulling through it go up as well. Where fan-out cannot be used at
+the hosts pulling through it go up as well. A cache whose channel ends
+unasked (its process killed, its host's connection lost) ends every pull
+through it, and through the caches it feeds, at the engine's next event
+(``_gone``), not after the engine's own retries. Where fan-out cannot be used at
 all for a host (no docker-registry here, the forward refused), that host
 takes today's path (``plain``). A parent keeps its cache and its own link
 until every started host below it has finished its pull and closed its
@@ -48,7 +51,7 @@ from gpurig.connect.connection import ChannelError
 from gpurig.connect.forward import Meter
 from gpurig.deploy import delivery
 from gpurig.deploy.delivery import Delivery
-from gpurig.deploy.fanoutsides import BuildSide, Deliver, HostSide, Node, NotThisWay, Wanted
+from gpurig.deploy.fanoutsides import BuildSide, Deliver, HostSide, Node, NotThisWay, Wanted, close_quietly, gone_through, note, summarise
 from gpurig.deploy.fanouttree import BUILD_MACHINE, K, Member, chain, descendants, plan_tree
 from gpurig.errors import GpurigError
 
@@ -169,7 +172,7 @@ class FanOut:
         def done(moved: int, source: str | None) -> Delivery:
             if present:
                 return Delivery("present", 0, image_id)
-            return Delivery("fan-out", moved, image_id, note=_note(conn.name, node.broke + whys, source), source=source or BUILD_MACHINE)
+            return Delivery("fan-out", moved, image_id, note=note(conn.name, node.broke + whys, source), source=source or BUILD_MACHINE)
 
         progress = self.progress_for(conn, t)
         nodes = self.nodes[ref]
@@ -217,14 +220,14 @@ class FanOut:
                 return done(0, None)
             why = err.problem if isinstance(err, ChannelError) else str(err)
             d = self.plain(engine, conn, t, say)
-            return replace(d, note="; ".join(n for n in (_note(conn.name, whys, None), f"no fan-out: {why}", d.note) if n))
+            return replace(d, note="; ".join(n for n in (note(conn.name, whys, None), f"no fan-out: {why}", d.note) if n))
         with self.cond:
             self.forwards.append((ref, meter))
         try:
             self._through(ref, node, engine, conn, feed, t, forward, None, meter, progress, say, pull=not present)
         finally:
             if node.upstream is not forward:
-                _close_quietly(forward)
+                close_quietly(forward)
         return done(meter.total, None)
 
     def _serves(self, ref: str, node: Node) -> bool:
@@ -245,7 +248,7 @@ class FanOut:
             self.held.append(held)
         conn.pass_interrupts_to(held)  # a Ctrl-C stops what this host's work waits on there too, not only on its own connection
         if self.closed:  # the run ended while it connected
-            _close_quietly(held)
+            close_quietly(held)
         return held
 
     def _through(self, ref: str, node: Node, engine: Engine, conn: Connection, feed: Connection, t: Wanted, upstream: Any,
@@ -256,7 +259,7 @@ class FanOut:
         port = upstream.port
         if self._serves(ref, node):
             try:
-                cache = self.hosts.start_cache(feed, upstream.port)
+                cache = self.hosts.start_cache(feed, upstream.port, lambda why: self._cache_ended(node, why))
             except GpurigError as err:
                 delivery._checkpoint(conn)
                 self._refuse(node, f"its layer cache did not start: {err.problem}")
@@ -270,18 +273,20 @@ class FanOut:
         if not pull:
             return 0
         where = f"from {source}'s layer cache" if source else f"from {BUILD_MACHINE}"
-        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, meter, progress, say, where)
+        return self._pull(ref, node, engine, conn, t.image.id, upstream.port, port, source, meter, progress, say, where)
 
-    def _pull(self, ref: str, node: Node, engine: Engine, conn: Connection, image_id: str, upstream: int, port: int, meter: Meter | None,
-              progress, say, where: str) -> int:
+    def _pull(self, ref: str, node: Node, engine: Engine, conn: Connection, image_id: str, upstream: int, port: int, source: str | None,
+              meter: Meter | None, progress, say, where: str) -> int:
         """The host's pull from its loopback's ``port``; where that is its own cache and the pull fails (the cache died, say),
-        it serves no one from then on and pulls straight through ``upstream`` (its forward or link), saying why."""
+        it serves no one from then on and pulls straight through ``upstream`` (its forward or link to ``source``), saying why.
+        A cache on the way that dies ends the pull at once (``_gone``)."""
         moved = (lambda: meter.down) if meter else (lambda: None)
         if port != upstream:
             via = f"{where} through its own layer cache"
             how = (via, via)
             try:
-                return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how)
+                return self.hosts.pull(engine, conn, ref, image_id, port, moved, self.build.staged(ref), progress, say, how,
+                                       lambda: self._gone(ref, node.host))
             except delivery.DeliveryError as err:
                 if conn.interrupted or err.fix == delivery.DISK_FULL_FIX:
                     raise
@@ -290,7 +295,20 @@ class FanOut:
                     node.state, node.why = "closing", f"its layer cache failed: {err.problem}"  # no new host pulls through it
                     self.cond.notify_all()
                 say(f"{node.broke[-1]}; pulls straight {where}, serving no one")
-        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (where, where))
+        return self.hosts.pull(engine, conn, ref, image_id, upstream, moved, self.build.staged(ref), progress, say, (where, where),
+                               lambda: self._gone(ref, source))
+
+    def _cache_ended(self, node: Node, why: str) -> None:
+        """``node``'s cache ended unasked: no host attaches to it now, and every pull through it ends at its next event."""
+        with self.cond:
+            node.dead = why
+            if node.state in ("waiting", "serving"):
+                node.state, node.why = "closing", why
+            self.cond.notify_all()
+
+    def _gone(self, ref: str, host: str | None) -> str | None:
+        with self.cond:
+            return gone_through(self.nodes[ref], host)
 
     # --- waiting on a parent, and a parent on the hosts below it ---------------------------------------
 
@@ -323,7 +341,7 @@ class FanOut:
             self.cond.notify_all()
 
     def _let_go(self, parent: Node, host: str, link: Any) -> None:
-        _close_quietly(link)  # the one-time key out of the parent's authorized_keys (through the parent's connection)
+        close_quietly(link)  # the one-time key out of the parent's authorized_keys (through the parent's connection)
         self._detach(parent, host)
 
     def _refuse(self, node: Node, why: str) -> None:
@@ -363,7 +381,7 @@ class FanOut:
             if parent is not None:
                 self._let_go(parent, node.host, upstream)
             else:
-                _close_quietly(upstream)
+                close_quietly(upstream)
 
     # --- the run's end ---------------------------------------------------------------------------------
 
@@ -378,7 +396,7 @@ class FanOut:
         with self.cond:
             held, self.held = self.held, []
         for conn in held:  # what still ran on them ends with them (each key's guard takes its line out as its channel ends)
-            _close_quietly(conn)
+            close_quietly(conn)
         self.build.close()
 
     def serves(self, host: str) -> set[str]:
@@ -390,28 +408,10 @@ class FanOut:
         with self.cond:
             return sum(m.down for r, m in self.forwards if r == ref)
 
+    def plan(self, sizes: Mapping[str, int]) -> list[dict[str, Any]]:
+        """Before anything moves: per image, its size (``sizes``, the build machine's) and who is to pull from whom."""
+        return [{"image": ref, "size": sizes.get(ref, 0), "tree": dict(tree)} for ref, tree in self.plans.items()]
+
     def summary(self) -> list[dict[str, Any]]:
         """Per image: its size, the bytes out of the build machine, the bytes the hosts received, and who pulled from whom."""
-        out = []
-        for ref in self.plans:
-            got = self.delivered.get(ref, {})
-            out.append({"image": ref, "size": self.sizes.get(ref, 0), "sent": self.sent(ref),
-                        "received": sum(d.bytes_moved for d in got.values()),
-                        "hosts": {h: {"source": d.source, "bytes": d.bytes_moved, "method": d.method, **({"note": d.note} if d.note else {})}
-                                  for h, d in got.items()},
-                        "tree": dict(self.plans[ref])})
-        return out
-
-
-def _note(host: str, whys: list[str], source: str | None) -> str:
-    """Why a host did not pull from its planned parent: 'a100-03 cannot reach a100-01 at ...: delivered from the build machine'."""
-    if not whys:
-        return ""
-    return f"{host} {'; '.join(whys)}: delivered from {source or BUILD_MACHINE}"
-
-
-def _close_quietly(thing: Any) -> None:
-    try:
-        thing.close()
-    except Exception as err:  # noqa: BLE001 - a forward or link whose connection is gone: nothing more to do
-        log.info("closing %s: %s", type(thing).__name__, err)
+        return [summarise(ref, self.sizes.get(ref, 0), self.sent(ref), self.delivered.get(ref, {}), self.plans[ref]) for ref in self.plans]

@@ -73,8 +73,8 @@ class RegistrySide:
 class RealHosts:
     """The side effects on hosts: checks/layer_cache.py, peer links, reverse forwards, the engine's pull."""
 
-    def start_cache(self, conn: Connection, upstream_port: int) -> Any:
-        return start_cache(conn, upstream_port)
+    def start_cache(self, conn: Connection, upstream_port: int, on_end: Callable[[str], None]) -> Any:
+        return start_cache(conn, upstream_port, on_end)
 
     def open_link(self, server: Connection, puller: Connection, address: str, port: int, ssh_port: int) -> Any:
         return open_peer_link(server, puller, address, port, ssh_port)
@@ -83,9 +83,9 @@ class RealHosts:
         return conn.reverse_forward(("127.0.0.1", port), meter)  # open already
 
     def pull(self, engine: Engine, conn: Connection, ref: str, image_id: str, port: int, moved, staged: Staged, progress, say,
-             how: tuple[str, str]) -> int:
+             how: tuple[str, str], gone: Callable[[], str | None]) -> int:
         parsed = staging_reference(parse_reference(ref))
-        return delivery.pull_through(engine, conn, ref, parsed, image_id, port, moved, staged, progress, say, how)
+        return delivery.pull_through(engine, conn, ref, parsed, image_id, port, moved, staged, progress, say, how, gone)
 
 
 def members(chosen: Sequence[Host], targets: Mapping[str, Sequence[Wanted]], inventory: str | Path) -> dict[str, list[Member]]:

@@ -5,6 +5,11 @@ closes it (the run's end, a failure, Ctrl-C: the interrupt closes every
 channel) the cache stops and nothing of it listens. The shell line that
 starts it removes its store folder once it has exited, whichever way, so no
 layer is left in the login user's home.
+
+A thread reads the channel from the start: the cache says nothing more until
+it stops, so a channel that ends before ``stop`` asked means the cache is gone
+(its process ended, its host's connection dropped), and ``on_end`` hears it at
+once, while the engines pulling through it would wait out their retries.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import logging
 import secrets
 import shlex
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,21 +47,46 @@ class LayerCache:
     port: int
     store: str
     _stream: Any = field(default=None, repr=False)
+    _said: bytearray = field(default_factory=bytearray, repr=False)  # what the cache printed after "listening"
+    _reader: threading.Thread | None = field(default=None, repr=False)
+    _stopping: bool = field(default=False, repr=False)
+
+    def watch(self, on_end: Callable[[str], None] | None) -> None:
+        """Read the channel in a thread from now on; ``on_end(why)`` once it ends without ``stop`` having asked."""
+        stream = self._stream
+
+        def read() -> None:
+            try:
+                while True:
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        break
+                    self._said += chunk
+            except OSError as err:
+                log.info("%s: reading the layer cache's channel: %s", self.host, err)
+            if not self._stopping and on_end is not None:
+                on_end(f"the layer cache on {self.host} ended before its pulls did (its process ended, or the connection to the host dropped)")
+
+        self._reader = threading.Thread(target=read, name=f"layer-cache-{self.host}", daemon=True)
+        self._reader.start()
 
     def stop(self) -> dict[str, int]:
         """Stop it (stdin ends) and return its closing counts (fetched, served, blobs; empty when it said none); safe twice."""
         stream, self._stream = self._stream, None
         if stream is None:
             return {}
-        data = b""
+        self._stopping = True
         try:
             stream.settimeout(STOP_TIMEOUT_S)
             stream.shutdown_write()
-            while True:
-                chunk = stream.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            if self._reader is not None:
+                self._reader.join(STOP_TIMEOUT_S)
+            else:
+                while True:
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        break
+                    self._said += chunk
         except OSError as err:
             log.info("%s: stopping the layer cache: %s", self.host, err)
         finally:
@@ -62,7 +94,7 @@ class LayerCache:
                 stream.close()
             except OSError:
                 pass
-        for line in reversed(data.decode(errors="replace").splitlines()):
+        for line in reversed(bytes(self._said).decode(errors="replace").splitlines()):
             try:
                 said = json.loads(line)
             except ValueError:
@@ -72,9 +104,9 @@ class LayerCache:
         return {}
 
 
-def start_cache(conn: Connection, upstream_port: int) -> LayerCache:
+def start_cache(conn: Connection, upstream_port: int, on_end: Callable[[str], None] | None = None) -> LayerCache:
     """A cache on ``conn``'s host whose upstream is its own 127.0.0.1:``upstream_port`` (a forward to the build machine's registry,
-    or a peer link to its parent's cache); LayerCacheError when it does not say it listens."""
+    or a peer link to its parent's cache); LayerCacheError when it does not say it listens. ``on_end(why)``: it ended unasked."""
     store = f".cache/gpurig/layer-cache-{secrets.token_hex(6)}"  # under the login user's home, where the channel starts
     args = ["--upstream", f"http://127.0.0.1:{int(upstream_port)}", "--store", store]
     line = embedded_line(shipped_text(SCRIPT), "layer_cache.py", args)
@@ -93,6 +125,7 @@ def start_cache(conn: Connection, upstream_port: int) -> LayerCache:
                                   "", host=conn.name)
         cache.port = int(said["port"])
         stream.settimeout(None)
+        cache.watch(on_end)
         return cache
     except BaseException:
         cache.stop()

@@ -242,6 +242,21 @@ def test_a_pull_of_an_interrupted_run_stops_at_once_and_is_not_asked_again():
         _host_pull(streaming, "x:y", PullProgress(lambda done, total: None), conn)
 
 
+def test_a_pull_whose_source_is_gone_ends_at_the_engines_next_event_and_is_not_asked_again():
+    from gpurig.connect.local import LocalConnection
+    from gpurig.deploy.delivery import _host_pull
+
+    # a dead layer cache: the engine counts down to its retry, an event a second
+    retrying = [{"id": "aaaa", "status": f"Retrying in {n} seconds"} for n in (5, 4, 3, 2, 1)]
+    engine = PullingEngine([*PULL_EVENTS, *retrying])
+    seen: list[dict] = []
+    told = iter([None, None, "the layer cache on a100-01 ended before its pulls did"])
+    with pytest.raises(PullFailed, match="^the layer cache on a100-01 ended before its pulls did$"):
+        _host_pull(engine, "x:y", PullProgress(lambda done, total: seen.append(done)), LocalConnection("gpu-01"),
+                   lambda: next(told, "gone"))
+    assert engine.pulls == 1 and len(seen) <= 2  # stopped at the third event, never asked again
+
+
 def test_a_delivery_line_names_the_host_once_and_a_count_without_a_total_says_no_total(monkeypatch):
     from types import SimpleNamespace
 

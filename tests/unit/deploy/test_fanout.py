@@ -80,6 +80,8 @@ class Hosts:
         self.fail_once: set[str] = set()  # hosts whose first pull breaks off
         self.fails: dict[str, int] = {}  # hosts whose first n pulls break off (their cache died, say)
         self.done: dict[str, threading.Event] = {}  # a host's pull that completed
+        self.stalls: dict[str, int] = {}  # hosts whose first n pulls get no byte until gone() says why
+        self.stalled: dict[str, threading.Event] = {}  # ... and are waiting
         self.ports = iter(range(40000, 41000))
         self.lock = threading.Lock()
 
@@ -90,8 +92,10 @@ class Hosts:
             self.log.append(("open", what, host))
         return thing
 
-    def start_cache(self, conn, upstream_port):
-        return self._make("cache", conn.name)
+    def start_cache(self, conn, upstream_port, on_end):
+        cache = self._make("cache", conn.name)
+        cache.on_end = on_end  # a test ends it unasked, as a killed cache's channel does
+        return cache
 
     def open_link(self, server, puller, address, port, ssh_port):
         if address in self.refused:
@@ -103,10 +107,22 @@ class Hosts:
         meter.add(down=IMAGE.size)  # what the host's side fetched through it
         return self._make("forward", conn.name)
 
-    def pull(self, engine, conn, ref, image_id, port, moved, staged, progress, say, how):
+    def pull(self, engine, conn, ref, image_id, port, moved, staged, progress, say, how, gone):
         self.pulling.setdefault(conn.name, threading.Event()).set()
         if conn.name in self.hold:
             assert self.hold[conn.name].wait(10)
+        with self.lock:
+            stalls = self.stalls.get(conn.name, 0)
+            self.stalls[conn.name] = stalls - 1
+        if stalls > 0:  # no byte comes, as through a dead cache: the engine says an event a second (its retry countdown)
+            self.stalled.setdefault(conn.name, threading.Event()).set()
+            for _ in range(200):
+                why = gone()
+                if why:
+                    self.log.append(("ended pull", conn.name, port))
+                    raise DeliveryError(f"pulling {how[1]} failed: {why}", "deploy again", host=conn.name)
+                threading.Event().wait(0.05)
+            raise AssertionError(f"{conn.name}'s stalled pull was never told its source is gone")
         if conn.name in self.fail_once:
             self.fail_once.discard(conn.name)
             raise DeliveryError("pulling from h1's layer cache failed: unexpected EOF", "deploy again", host=conn.name)
@@ -379,3 +395,49 @@ def test_a_serving_host_whose_link_up_breaks_too_goes_further_up_for_itself():
 def test_the_hosts_that_serve_are_known_before_anything_moves():
     fan = fanout(["h0", "h1", "h2", "h3", "h4"], Hosts(), peers={"h1": False})
     assert [sorted(fan.serves(h)) for h in ("h0", "h1", "h2", "h4")] == [[REF], [], [REF], []]  # h4 joined h2 (h1 serves no one)
+
+
+DIED = "the layer cache on h0 ended before its pulls did (its process ended, or the connection to the host dropped)"
+
+
+def stalled_run(fan: FanOut, hosts: Hosts, names: list[str]) -> dict:
+    """``run`` in a thread, until every host in ``hosts.stalls`` waits on a stalled pull; then h0's cache ends unasked."""
+    results: dict = {}
+    done = threading.Event()
+    stalling = [h for h, n in hosts.stalls.items() if n > 0]
+    threading.Thread(target=lambda: (results.update(run(fan, names)), done.set()), daemon=True).start()
+    for host in stalling:
+        assert hosts.stalled.setdefault(host, threading.Event()).wait(10), f"{host} never pulled"
+    next(t for t in hosts.things if t.what == "cache" and t.host == "h0").on_end(DIED)
+    assert done.wait(10)  # not the engine's retries: every pull through the dead cache ended at its next event
+    return results
+
+
+def test_a_serving_hosts_cache_that_ends_unasked_ends_every_pull_through_it_at_once_and_they_go_up():
+    names = ["h0", "h1", "h2"]
+    hosts = Hosts()
+    hosts.stalls = {"h0": 1, "h1": 1, "h2": 1}
+    got = stalled_run(fanout(names, hosts), hosts, names)  # h1, h2 <- h0
+    assert got["h0"].source == "the build machine" and got["h0"].note == (
+        f"h0 could not pull from the build machine through its own layer cache: pulling from the build machine through its own "
+        f"layer cache failed: {DIED}: delivered from the build machine")
+    for child in ("h1", "h2"):
+        assert got[child].source == "the build machine", got[child]
+        assert got[child].note == (f"{child} could not pull from h0's layer cache: pulling from h0's layer cache failed: {DIED}: "
+                                   "delivered from the build machine")
+    assert [e[1] for e in hosts.log if e[0] == "ended pull"] and not hosts.open_things()
+
+
+def test_a_cache_that_ends_unasked_ends_the_pulls_through_the_caches_it_feeds_too():
+    names = ["h0", "h1", "h2"]
+    hosts = Hosts()
+    hosts.stalls = {"h1": 2, "h2": 1}  # h1 through its own cache (fed by h0's), then straight through its link to h0
+    got = stalled_run(fanout(names, hosts, k=1), hosts, names)  # h0 <- h1 <- h2
+    assert got["h0"].source == "the build machine" and not got["h0"].note  # its own pull had ended before
+    assert got["h1"].source == "the build machine"
+    assert got["h1"].note.startswith("h1 could not pull from h0's layer cache through its own layer cache: ")
+    assert f"could not pull from h0's layer cache: pulling from h0's layer cache failed: {DIED}: delivered" in got["h1"].note
+    assert got["h2"].source == "the build machine"  # neither cache above it serves now, and its note says why
+    assert got["h2"].note == (f"h2 could not pull from h1's layer cache: pulling from h1's layer cache failed: {DIED}; "
+                              f"h0 does not serve: {DIED}: delivered from the build machine")
+    assert not hosts.open_things()

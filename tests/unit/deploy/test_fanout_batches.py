@@ -41,9 +41,9 @@ class HeldHosts(Hosts):
         super().__init__()
         self.on: list[tuple[str, str, str]] = []
 
-    def start_cache(self, conn, upstream_port):
+    def start_cache(self, conn, upstream_port, on_end):
         self.on.append(("cache", conn.name, type(conn).__name__))
-        return super().start_cache(conn, upstream_port)
+        return super().start_cache(conn, upstream_port, on_end)
 
     def open_forward(self, conn, port, meter):
         self.on.append(("forward", conn.name, type(conn).__name__))
