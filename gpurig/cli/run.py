@@ -126,6 +126,10 @@ def run_slurm(c, opts: HostOptions, request: jobspec.RunRequest, *, nodes: int, 
         err_console.print(f"[yellow]slurm gives these nodes no job, so they get neither the tree nor the image: {outside(submitted.left_out)}[/]",
                           highlight=False)
     if opts.check:
+        from gpurig.flows.fleetdeploy import print_plan
+
+        for plan in submitted.fan_out:  # who would pull the image from whom
+            print_plan(plan["image"], plan["tree"], plan["size"])
         err_console.print(f"would sync {request.workdir} to {', '.join(submitted.nodes)} and submit to Slurm on {cluster.controller.name}:",
                           highlight=False)
         console.print(outside(submitted.script), highlight=False, soft_wrap=True)

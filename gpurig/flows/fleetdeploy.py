@@ -87,17 +87,24 @@ def deploy_fleet(opts: HostOptions, chosen: Sequence[Host], image_spec: ImageSpe
 
 def show_tree(chosen: Sequence[Host], targets: dict[str, list[Target]], opts: HostOptions, registry: str | None, local) -> None:
     """Who would pull from whom (--check, -v), on stderr, with the bytes each source sends where this machine's engine has the image."""
-    from gpurig.deploy.fanouttree import describe, plan_tree
+    from gpurig.deploy.fanouttree import plan_tree
     from gpurig.deploy.fanoutwire import members
     from gpurig.deploy.registry import find_registry_binary
 
     if registry or local is None or find_registry_binary() is None:
         return
     for ref, ms in members(chosen, targets, opts.settings.inventory).items():
-        err_console.print(f"fan-out of {outside(ref)}:", highlight=False)
         size = next((t.image.size for ts in targets.values() for t in ts if t.image_ref == ref and t.image is not None), 0)
-        for line in describe(plan_tree(ms), size or 0):
-            err_console.print(f"  {outside(line)}", highlight=False, soft_wrap=True)
+        print_plan(ref, plan_tree(ms), size or 0)
+
+
+def print_plan(ref: str, tree: Mapping[str, str | None], size: int) -> None:
+    """One image's fan-out plan on stderr: who pulls from whom, and with its ``size`` the bytes each source sends."""
+    from gpurig.deploy.fanouttree import describe
+
+    err_console.print(f"fan-out of {outside(ref)}:", highlight=False)
+    for line in describe(tree, size):
+        err_console.print(f"  {outside(line)}", highlight=False, soft_wrap=True)
 
 
 def print_fanout(summary: list[dict], notes: bool = False) -> None:

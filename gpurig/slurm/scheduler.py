@@ -117,8 +117,8 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
     bad = [r for r in ready.results if not r.succeeded]
     if bad:
         raise HostError(f"{bad[0].host}: {bad[0].reason}", bad[0].fix or "fix the node and run again")
-    if check:
-        return Submitted("", tuple(h.name for h in usable), script, left_out=left_out)
+    if check:  # fan_out: the plan (each image's tree and size), nothing moved
+        return Submitted("", tuple(h.name for h in usable), script, left_out=left_out, fan_out=tuple(fan_out))
     comment = f"gpurig:{target.key} {' '.join(request.argv)}"[:900]
 
     via = "slurmrestd" if cluster.settings.rest else "sbatch"
@@ -148,10 +148,13 @@ def submit(reach: Reach, cluster: ClusterHosts, target, request, slurm: sbatch.S
 def prepare_nodes(reach: Reach, nodes, target, login: str, check: bool) -> tuple[Any, list[dict]]:
     """Each node's ``prepare`` over the fleet, and FanOut.summary() where several nodes needed the image built here and passed it
     on to each other as a deploy's hosts do (gpurig.deploy.fanout: the build machine sends it about once; whatever that left open
-    is closed after); else no summary."""
-    fanned = None if check or target.fan_out is None else target.fan_out(nodes)
-    if fanned is None:
-        return fleet(reach, nodes, lambda conn: prepare(conn, target, login, check)), []
+    is closed after); else no summary. With ``check``, nothing moves and the summary is the plan: the image, its size and tree."""
+    fanned = None if target.fan_out is None else target.fan_out(nodes)
+    if fanned is None or check:
+        plan = [] if fanned is None else fanned[0].plan({target.image_ref: target.image.size})
+        if fanned is not None:
+            fanned[0].close()  # nothing was started
+        return fleet(reach, nodes, lambda conn: prepare(conn, target, login, check)), plan
     fan, deliver = fanned
     fed = dataclasses.replace(target, deliver=deliver)
     try:

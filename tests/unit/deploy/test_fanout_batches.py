@@ -249,8 +249,10 @@ def test_a_slurm_jobs_nodes_share_the_image_through_fan_out_and_close_it(monkeyp
         return fanoutwire.job_fanout(chosen, REF, IMAGE, "hosts.yaml", registry=None, local=object(), plain=send_from)
 
     target = JobTarget(None, "slurm", "key", None, image_ref=REF, image=IMAGE, deliver=send_from, fan_out=fan_out)
-    assert scheduler.prepare_nodes(None, nodes, target, "root", check=True)[1] == []
-    assert not delivered  # --check: no fan-out is made (and nothing delivers)
+    # --check: the plan (who would pull from whom, the image's size), and nothing delivers or opens
+    assert scheduler.prepare_nodes(None, nodes, target, "root", check=True)[1] == [
+        {"image": REF, "size": IMAGE.size, "tree": {"node0": None, "node1": "node0", "node2": "node0", "node3": "node0"}}]
+    assert not delivered and not hosts.things
     _, summary = scheduler.prepare_nodes(None, nodes, target, "root", check=False)
     assert delivered["node0"].source == "the build machine" and {delivered[f"node{i}"].source for i in (1, 2, 3)} == {"node0"}
     assert [(s["image"], s["sent"], {h: d["source"] for h, d in s["hosts"].items()}) for s in summary] == [
