@@ -164,7 +164,7 @@ def test_a_jobs_image_built_here_leaves_this_machine_once_and_the_second_node_ge
         assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-3000:]
         plan = checked.stderr[checked.stderr.index(f"fan-out of {ref}:"):]  # the plan, as deploy --check shows it; nothing moved
         named = [n.name for n in hosts.nodes if f"\n  {n.name} <- the build machine: sends " in plan]
-        assert len(named) == 1 and f" <- {named[0]}: sends " in plan and "for 2 hosts (the image is " in plan, checked.stderr
+        assert len(named) == 1 and f" <- {named[0]}: serves " in plan and "for 2 hosts (the image is " in plan, checked.stderr
         assert not [n for n in hosts.nodes if n.sh(f"docker image inspect {ref}", check=False).returncode == 0]
         proc = run_job(work, fan_inv, "--nodes", "2", "--launcher", "none", "--json", str(work / "fan-out.json"), "--wait", "--",
                        "sh", "show.sh", image=ref)
