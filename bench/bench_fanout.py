@@ -22,8 +22,10 @@ local wheelhouse; about 1.1 GB, 0.3 GB compressed). Per image, each run: a deplo
 in ``--hosts`` three deploys to the first N hosts: fan-out; today's path (``gpurig_delivery: {peer: false}`` on every host,
 the inventory's own switch: no host serves, so each pulls through its own forward from this machine's registry, as a deploy
 did before fan-out); fan-out with fan-1 unreachable to its peers (its ``gpurig_delivery.port`` is 9: its children go to its
-parent). A warm-up deploy first pushes the image into this machine's registry (once per image, as for a user). Everything
-made is removed at the end (hosts, network, images, the qdisc), also on failure.
+parent); and the same fan-out with the uplink not throttled (the tbf's rate raised to 100gbit for that deploy): the least
+time this machine takes to put the image on N hosts at all, its cores unpacking every host's copy, whatever the uplink.
+A warm-up deploy first pushes the image into this machine's registry (once per image, as for a user). Everything made is
+removed at the end (hosts, network, images, the qdisc), also on failure.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,8 +186,22 @@ def scenarios(fleet: Fleet, counts: list[int]) -> list[tuple[str, int, dict | No
     for n in counts:
         addresses = [a for _, a in fleet.hosts[:n]]
         out += [("fan-out", n, None), ("today (peer: false)", n, {i: {"peer": False, "address": a} for i, a in enumerate(addresses)}),
-                ("fan-out, fan-1 unreachable", n, {1: {"address": addresses[1], "port": 9}})]
+                ("fan-out, fan-1 unreachable", n, {1: {"address": addresses[1], "port": 9}}), (UNTHROTTLED, n, None)]
     return out
+
+
+UNTHROTTLED = "fan-out, uplink not throttled"
+
+
+@contextmanager
+def rate(bridge: str, to: str, back: str) -> Iterator[None]:
+    """The bridge's tbf at ``to`` for a while (its counters kept: ``tc qdisc change``), then at ``back`` again."""
+    change = ["tc", "qdisc", "change", "dev", bridge, "root", "tbf", "burst", "256kb", "latency", "400ms", "rate"]
+    subprocess.run([*change, to], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*change, back], check=True, capture_output=True)
 
 
 def main() -> None:
@@ -216,7 +234,8 @@ def main() -> None:
                 results: dict[tuple[str, int], list[dict]] = {}
                 for run in range(args.runs):
                     for scenario, n, delivery_of in scenarios(fleet, counts):
-                        got = fleet.deploy(ref, n, delivery_of, sent_by_tc)
+                        with rate(fleet.bridge, "100gbit", args.rate) if scenario == UNTHROTTLED else nullcontext():
+                            got = fleet.deploy(ref, n, delivery_of, sent_by_tc)
                         results.setdefault((scenario, n), []).append(got)
                         say(f"run {run + 1}: {name} {scenario:27s} {n:2d} hosts: exit {got['rc']} {got['wall']:6.1f} s, "
                             f"{got['sent'] / MB:7.1f} MB out (tc {got['tc'] / MB:7.1f} MB), {got['from_build']} from the build machine")
@@ -252,6 +271,10 @@ def table(name: str, docker, ref: str, results: dict, runs: int) -> list[str]:
             bound = 1.5 if n <= 8 else 2.0
             lines.append(f"  targets at {n} hosts: out/size <= 1.1: {'met' if sent <= 1.1 else 'MISSED'} ({sent:.2f}); "
                          f"wall/one host <= {bound}: {'met' if wall <= bound else 'MISSED'} ({wall:.2f})")
+            floor = statistics.median(g["wall"] for g in results.get((UNTHROTTLED, n), ())) if (UNTHROTTLED, n) in results else 0
+            if floor:
+                lines.append(f"    this machine's own floor at {n} hosts (uplink not throttled): {floor / one:.2f}x one host; "
+                             f"the throttled fan-out took {wall * one / floor:.2f}x that floor")
     return lines
 
 

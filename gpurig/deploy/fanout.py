@@ -131,8 +131,8 @@ class FanOut:
                 continue
             self._refuse(node, f"it did not deliver the image (its {self.label} needed none, or ended before)")
             self._finish(node)
-            if self.own is None and (node.state == "serving" or node.broke):  # a broken cache's link up ends here too; a rollout's
-                # serve on fan-out's own connection until begin or close
+            # a broken or dead cache's link up ends here too; a rollout's serve on fan-out's own connection until begin or close
+            if self.own is None and (node.state == "serving" or node.broke or node.dead):
                 self._wait_below(ref, node, conn)
                 self._close(node)
 
