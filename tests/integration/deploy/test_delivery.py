@@ -106,11 +106,13 @@ def test_redeploy_after_a_one_file_checks_edit_moves_under_one_percent(link, cle
 
 def test_jupyter_onto_a_host_with_slim_moves_under_five_percent(link, clean_deploy_host, cpu_images):
     host, slim, jupyter = clean_deploy_host, cpu_images["slim"], cpu_images["jupyter"]
-    bare(host)
-    link.deliver(slim)
+    host.docker("image", "rm", "-f", jupyter, check=False)  # its own layers go with it (no other image here is built on them)
+    if host.image_id(slim) != link.local.image(slim).id:
+        link.deliver(slim)
     moved = link.deliver(jupyter)
     assert moved.method == "forward" and host.image_id(jupyter) == link.local.image(jupyter).id
-    assert moved.bytes_moved < 0.05 * link.size(jupyter), f"{moved.bytes_moved} bytes of {link.size(jupyter)}"
+    # its own layers moved (about 58 MB compressed), and only those
+    assert 0.01 * link.size(jupyter) < moved.bytes_moved < 0.05 * link.size(jupyter), f"{moved.bytes_moved} bytes of {link.size(jupyter)}"
 
 
 def test_without_a_registry_binary_save_load_moves_the_whole_image_and_says_why(link, clean_deploy_host, cpu_images, monkeypatch):
@@ -132,14 +134,15 @@ def test_an_interrupted_forward_leaves_no_tag_and_the_retry_moves_only_what_is_m
     host, slim = clean_deploy_host, cpu_images["slim"]
     want = link.local.image(slim).id
     bare(host)
-    full = link.deliver(slim).bytes_moved
-    bare(host)
+    totals: list[int] = []
 
     def stop_midway(done: int, total: int) -> None:
-        if done > 0.6 * full:
+        if total and done > 0.6 * total:
+            totals.append(total)  # the whole image's compressed layers, as the registry gives them
             raise Interrupt  # as Ctrl-C would, on the thread that runs the delivery
     with pytest.raises(Interrupt):
         link.deliver(slim, progress=stop_midway)
+    full = totals[0]
     names = host_images(host)
     assert slim not in names and want not in names.values()  # a half-moved image never carries its name
     kept = [n for n in names if ":gpurig-stage-" in n]
