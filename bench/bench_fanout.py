@@ -3,7 +3,7 @@ pulls the whole image from the build machine), with the build machine's uplink t
 
 Run as root, with Docker and Debian's docker-registry installed:
 
-    python bench/bench_fanout.py [--runs 1] [--hosts 8,16] [--images 200,slim] [--rate 160mbit]
+    python bench/bench_fanout.py [--runs 1] [--hosts 8,16] [--images 200,slim] [--rate 160mbit] [--kill]
 
 The hosts: fresh Debian 12 systemd containers (tests/integration/systemd_kit.py) on a Docker network of the bench's own. One is
 given Docker by `gpurig provision --only docker,daemon,python3` (tests/integration/deploy/gpuhost.py) and its sshd opened to
@@ -24,8 +24,10 @@ the inventory's own switch: no host serves, so each pulls through its own forwar
 did before fan-out); fan-out with fan-1 unreachable to its peers (its ``gpurig_delivery.port`` is 9: its children go to its
 parent); and the same fan-out with the uplink not throttled (the tbf's rate raised to 100gbit for that deploy): the least
 time this machine takes to put the image on N hosts at all, its cores unpacking every host's copy, whatever the uplink.
-A warm-up deploy first pushes the image into this machine's registry (once per image, as for a user). Everything made is
-removed at the end (hosts, network, images, the qdisc), also on failure.
+A warm-up deploy first pushes the image into this machine's registry (once per image, as for a user). With ``--kill``, last:
+a fan-out to the most hosts in which fan-0 (the host the build machine feeds, serving three) is killed with `docker kill` once
+its children pull through it; the line says how the deploy ended and whether every other host holds the image, from where,
+with no half-moved name. Everything made is removed at the end (hosts, network, images, the qdisc), also on failure.
 """
 
 from __future__ import annotations
@@ -171,6 +173,36 @@ class Fleet:
                 "from_build": sources.count("the build machine") + sources.count("forward"), "noted": sum(1 for c in containers if c.get("delivery_note")),
                 "hosts": len(containers)}
 
+    def kill_serving(self, ref: str, count: int) -> dict:
+        """The fan-out deploy to the first ``count`` hosts with fan-0 killed (`docker kill`: the whole host) once its three
+        children's links into its cache are open: how the deploy ended, and what the other hosts hold and from where."""
+        from deploy.fanoutkit import local_id, peer_keys, wait_for, write_inventory
+        from deploy.gpuhost import gpurig
+
+        self.wipe(count)
+        inventory = write_inventory(self.project / "inventory" / "hosts.yaml", self.hosts[:count], ref)
+        doc_path = self.project / "deploy.json"
+        doc_path.unlink(missing_ok=True)
+        first = self.hosts[0][0]
+        with ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            job = pool.submit(gpurig, self.project, "deploy", "-i", str(inventory), "--json", str(doc_path), timeout=1800,
+                              env={"GPURIG_ROOT": str(self.project)})
+            wait_for(lambda: job.done() or len(peer_keys(first)) >= 3, "fan-0's three children linked to its cache")
+            killed = time.monotonic() - started
+            self.docker("kill", first.cid)
+            proc = job.result()
+        wall = time.monotonic() - started
+        doc = json.loads(doc_path.read_text()) if doc_path.exists() else {}
+        rows = {h["host"]: (h.get("containers") or [{}])[0] for h in doc.get("hosts", ())}
+        want, others = local_id(self.docker, ref), self.hosts[1:count]
+        names = [h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split() for h, _ in others]
+        return {"rc": proc.returncode, "wall": wall, "killed": killed, "early": job.done() and killed >= wall - 0.5,
+                "holding": sum(1 for h, _ in others if h.image_id(ref) == want), "others": len(others),
+                "half": sum(1 for n in names if any(x.startswith("127.0.0.1:") for x in n)),
+                "from_build": sum(1 for i in range(1, count) if rows.get(f"fan-{i}", {}).get("delivery_source") == "the build machine"),
+                "noted": sum(1 for i in range(1, count) if rows.get(f"fan-{i}", {}).get("delivery_note"))}
+
     def close(self) -> None:
         for maker in self.makers:
             maker.remove()
@@ -210,6 +242,7 @@ def main() -> None:
     parser.add_argument("--hosts", default="8,16", help="comma-separated host counts (the first N of the booted hosts)")
     parser.add_argument("--images", default="200,slim", help="comma-separated: MB of a generated image, or slim (the CPU slim image)")
     parser.add_argument("--rate", default="160mbit", help="the build machine's uplink: tbf on the bench network's bridge (tc's grammar)")
+    parser.add_argument("--kill", action="store_true", help="last: a fan-out to the most hosts with fan-0 killed mid-transfer (last image)")
     args = parser.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
     if shutil.which("docker-registry") is None:
@@ -240,7 +273,17 @@ def main() -> None:
                         say(f"run {run + 1}: {name} {scenario:27s} {n:2d} hosts: exit {got['rc']} {got['wall']:6.1f} s, "
                             f"{got['sent'] / MB:7.1f} MB out (tc {got['tc'] / MB:7.1f} MB), {got['from_build']} from the build machine")
                 printed += table(name, fleet.docker, ref, results, args.runs)
-                fleet.wipe(len(fleet.hosts))  # the next image's room
+                if args.kill and name == args.images.split(",")[-1]:  # fan-0 is gone after it: the last thing the bench does
+                    say(f"{name}: fan-out to {max(counts)} hosts, fan-0 killed once its children pull through it ...")
+                    got = fleet.kill_serving(ref, max(counts))
+                    printed.append(f"  fan-0 killed {got['killed']:.1f} s into a fan-out to {max(counts)} hosts"
+                                   f"{' (after the deploy ended: not mid-transfer)' if got['early'] else ''}: exit {got['rc']}, "
+                                   f"{got['wall']:.1f} s in all; {got['holding']} of the other {got['others']} hosts hold the image "
+                                   f"({got['from_build']} from the build machine, {got['noted']} saying why), {got['half']} with a "
+                                   "half-moved name")
+                    say(printed[-1])
+                else:
+                    fleet.wipe(len(fleet.hosts))  # the next image's room
     finally:
         fleet.close()
         shutil.rmtree(work, ignore_errors=True)
