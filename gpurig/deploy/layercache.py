@@ -57,11 +57,7 @@ class LayerCache:
 
         def read() -> None:
             try:
-                while True:
-                    chunk = stream.recv(65536)
-                    if not chunk:
-                        break
-                    self._said += chunk
+                self._drain(stream)
             except OSError as err:
                 log.info("%s: reading the layer cache's channel: %s", self.host, err)
             if not self._stopping and on_end is not None:
@@ -69,6 +65,11 @@ class LayerCache:
 
         self._reader = threading.Thread(target=read, name=f"layer-cache-{self.host}", daemon=True)
         self._reader.start()
+
+    def _drain(self, stream: Any) -> None:
+        """What the cache says, to the channel's end."""
+        while chunk := stream.recv(65536):
+            self._said += chunk
 
     def stop(self) -> dict[str, int]:
         """Stop it (stdin ends) and return its closing counts (fetched, served, blobs; empty when it said none); safe twice."""
@@ -82,11 +83,7 @@ class LayerCache:
             if self._reader is not None:
                 self._reader.join(STOP_TIMEOUT_S)
             else:
-                while True:
-                    chunk = stream.recv(65536)
-                    if not chunk:
-                        break
-                    self._said += chunk
+                self._drain(stream)
         except OSError as err:
             log.info("%s: stopping the layer cache: %s", self.host, err)
         finally:
