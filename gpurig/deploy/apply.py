@@ -246,7 +246,14 @@ def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerIn
     if not has_health:
         code = engine.wait(name, job.settle_s)  # None: still running after the settle time: started
         info = engine.container(name) or _gone(name)
-        return info, code if code is not None else _restarted(info)
+        code = code if code is not None else _restarted(info)
+        if code == 0 and int(info.raw.get("RestartCount") or 0) > 0:
+            # the policy restarted it, and a start resets the engine's ExitCode: the 0 read may be the new run's, not the
+            # failed one's; its next exit says how it ends (ci25 saw "exited with code 0" for an `exit 3`)
+            again = engine.wait(name, job.settle_s)
+            info = engine.container(name) or _gone(name)
+            code = again if again is not None else _restarted(info)
+        return info, code
     deadline = time.monotonic() + job.health_s
     while True:
         info = engine.container(name) or _gone(name)

@@ -70,8 +70,10 @@ while args[i] != "img:1":
                 env[name] = value
     i += 1 + (args[i] in ("--env", "--env-file", "--name", "--label", "--network", "--mount", "--workdir", "--ulimit"))
 rank = env["NODE_RANK"]
-with open(os.path.join(here, "..", f"rank{rank}.json"), "w") as f:
+record = os.path.join(here, "..", f"rank{rank}.json")
+with open(record + ".part", "w") as f:  # whole or not at all: srun may stop this rank mid-write when the other one fails
     json.dump({"env": env, "env_file_mode": mode, "argv": args}, f)
+os.replace(record + ".part", record)
 then = open(os.path.join(here, f"exit{rank}")).read()
 if then.strip() == "wait":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
