@@ -244,15 +244,14 @@ def wait_started(engine: Engine, name: str, job: DeployJob) -> tuple[ContainerIn
     """
     has_health = bool(((engine.container(name) or _gone(name)).raw.get("Config") or {}).get("Healthcheck"))
     if not has_health:
-        code = engine.wait(name, job.settle_s)  # None: still running after the settle time: started
-        info = engine.container(name) or _gone(name)
-        code = code if code is not None else _restarted(info)
-        if code == 0 and int(info.raw.get("RestartCount") or 0) > 0:
-            # the policy restarted it, and a start resets the engine's ExitCode: the 0 read may be the new run's, not the
-            # failed one's; its next exit says how it ends (ci25 saw "exited with code 0" for an `exit 3`)
-            again = engine.wait(name, job.settle_s)
+        for _ in range(2):
+            code = engine.wait(name, job.settle_s)  # None: still running after the settle time: started
             info = engine.container(name) or _gone(name)
-            code = again if again is not None else _restarted(info)
+            code = code if code is not None else _restarted(info)
+            # a 0 after the policy restarted it may be the new run's (a start resets the engine's ExitCode), not the failed
+            # one's: its next exit says how it ends (ci25 saw "exited with code 0" for an `exit 3`)
+            if code != 0 or not int(info.raw.get("RestartCount") or 0):
+                break
         return info, code
     deadline = time.monotonic() + job.health_s
     while True:
